@@ -1,0 +1,284 @@
+"""The ALBERT/BERT encoder and its pretraining heads, as Flax linen modules.
+
+Follows google-research/albert `modeling.py` (post-LN layer, factorised embedding, group/inner-group sharing) with
+the encoder written as `nn.scan` over ONE shared layer (params broadcast, not stacked), after the Flax `nn.scan`
+docstring and big_vision `models/vit.py`. Every parameter carries logical axis names for `sharding.py`.
+
+Parameter tree (the same for the scan and the Python-loop paths):
+  albert/embeddings/{word_embeddings,position_embeddings,token_type_embeddings}/embedding, LayerNorm
+  albert/encoder/embedding_hidden_mapping_in            (only when E != H, or `embedding_projection=True`)
+  albert/encoder/group_{g}/inner_{i}/attention/{query,key,value,dense,LayerNorm}
+  albert/encoder/group_{g}/inner_{i}/ffn/{intermediate,output,LayerNorm}
+  albert/pooler
+  predictions/{dense,LayerNorm,bias}                     (decoder tied to the word embeddings)
+  sop_classifier                                          (kernel [H, 2])
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from albert_jax.model_config import ModelConfig
+
+Array = jax.Array
+
+
+def _init(c: ModelConfig, axes: Sequence[str | None]):
+  # The original's truncated_normal(0.02): 0.02 is the untruncated sigma, cut at +-2 sigma (jax has the same rule).
+  return nn.with_logical_partitioning(jax.nn.initializers.truncated_normal(c.initializer_range), tuple(axes))
+
+
+def dense(c: ModelConfig, features: int, axes: tuple[str | None, str | None], name: str | None = None) -> nn.Dense:
+  return nn.Dense(features, dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype),
+                  kernel_init=_init(c, axes),
+                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)), name=name)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm computed in float32 whatever the compute dtype, cast back to it (params `scale`, `bias`)."""
+  config: ModelConfig
+  axis: str = "embed"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    c = self.config
+    param = lambda name, init: self.param(name, nn.with_logical_partitioning(init, (self.axis,)), (x.shape[-1],),
+                                          jnp.dtype(c.param_dtype)).astype(jnp.float32)
+    scale, bias = param("scale", nn.initializers.ones_init()), param("bias", nn.initializers.zeros_init())
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + c.layer_norm_eps) * scale + bias
+    return y.astype(jnp.dtype(c.dtype))
+
+
+def activation(name: str) -> Callable[[Array], Array]:
+  return {"gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+          "gelu": functools.partial(jax.nn.gelu, approximate=False),
+          "relu": jax.nn.relu}[name]
+
+
+class Embeddings(nn.Module):
+  """word + position + token type embeddings (size E) -> LayerNorm -> dropout."""
+  config: ModelConfig
+
+  def setup(self):
+    c = self.config
+    embed = functools.partial(nn.Embed, dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype))
+    self.word_embeddings = embed(c.vocab_size, c.embedding_size, embedding_init=_init(c, ("vocab", "emb")))
+    self.position_embeddings = embed(c.max_position_embeddings, c.embedding_size,
+                                     embedding_init=_init(c, ("positions", "emb")))
+    self.token_type_embeddings = embed(c.type_vocab_size, c.embedding_size,
+                                       embedding_init=_init(c, ("token_types", "emb")))
+    self.LayerNorm = LayerNorm(c, axis="emb")
+    self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+  def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
+    seq_len = input_ids.shape[1]
+    if seq_len > self.config.max_position_embeddings:
+      raise ValueError(f"Sequence length {seq_len} exceeds model.max_position_embeddings="
+                       f"{self.config.max_position_embeddings}; shorten max_seq_length or use a model with more "
+                       "positions.")
+    x = (self.word_embeddings(input_ids) + self.position_embeddings(jnp.arange(seq_len))[None]
+         + self.token_type_embeddings(token_type_ids))
+    return self.dropout(self.LayerNorm(x), deterministic=deterministic)
+
+  def attend(self, x: Array) -> Array:
+    """x @ word_embeddings^T: the MLM decoder tied to the input embedding."""
+    return self.word_embeddings.attend(x)
+
+
+class SelfAttention(nn.Module):
+  """Post-LN multi-head self-attention block: LayerNorm(x + dropout(W_o · attention(x)))."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    c = self.config
+    batch, length, _ = x.shape
+    heads = lambda name: dense(c, c.hidden_size, ("embed", "qkv"), name)(x).reshape(
+        batch, length, c.num_attention_heads, c.head_dim)
+    q, k, v = heads("query"), heads("key"), heads("value")
+    if c.attention_probs_dropout_prob > 0 and not deterministic:
+      # jax.nn.dot_product_attention has no dropout on the probabilities: spell it out (training with v1 dropout).
+      logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(c.head_dim)
+      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+      probs = nn.Dropout(c.attention_probs_dropout_prob)(jax.nn.softmax(logits), deterministic=False)
+      out = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask)  # fused cuDNN kernel on GPU
+    out = dense(c, c.hidden_size, ("qkv", "embed"), "dense")(out.reshape(batch, length, c.hidden_size))
+    out = nn.Dropout(c.hidden_dropout_prob)(out, deterministic=deterministic)
+    return LayerNorm(c, name="LayerNorm")(x + out)
+
+
+class FeedForward(nn.Module):
+  """Post-LN feed-forward block: LayerNorm(x + dropout(W_2 · act(W_1 · x)))."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    c = self.config
+    h = activation(c.hidden_act)(dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x))
+    h = dense(c, c.hidden_size, ("mlp", "embed"), "output")(h)
+    h = nn.Dropout(c.hidden_dropout_prob)(h, deterministic=deterministic)
+    return LayerNorm(c, name="LayerNorm")(x + h)
+
+
+class TransformerLayer(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    x = SelfAttention(self.config, name="attention")(x, mask, deterministic)
+    return FeedForward(self.config, name="ffn")(x, deterministic)
+
+
+class LayerGroup(nn.Module):
+  """One application of a hidden group: `inner_group_num` distinct layers in sequence (the original's group)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool):
+    x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
+    for i in range(self.config.inner_group_num):
+      x = TransformerLayer(self.config, name=f"inner_{i}")(x, mask, deterministic)
+    return x, None  # (carry, per-step output) for nn.scan
+
+
+def layers_per_group(num_layers: int, num_groups: int) -> list[int]:
+  """How many consecutive layer applications each group gets: layer l uses group int(l / L * G)."""
+  counts = [0] * num_groups
+  for layer in range(num_layers):
+    counts[int(layer / num_layers * num_groups)] += 1
+  return counts
+
+
+def remat_policy(name: str):
+  return None if name == "full" else getattr(jax.checkpoint_policies, name)
+
+
+class Encoder(nn.Module):
+  """E->H projection, then L layer applications with cross-layer parameter sharing."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    c = self.config
+    if c.has_embedding_projection:
+      x = dense(c, c.hidden_size, ("emb", "embed"), "embedding_hidden_mapping_in")(x)
+    if c.sharing in ("attention", "ffn"):
+      return self._partially_shared(x, mask, deterministic)
+    # "none" (BERT) is the original's grouping with one group per layer: no layer parameters are stacked, so
+    # LAMB's trust ratio stays per layer.
+    num_groups = c.num_hidden_layers if c.sharing == "none" else c.num_hidden_groups
+    block = LayerGroup
+    if c.remat_policy != "none":
+      block = nn.remat(block, prevent_cse=not c.scan_layers, policy=remat_policy(c.remat_policy),
+                       static_argnums=(3,))
+    for g, count in enumerate(layers_per_group(c.num_hidden_layers, num_groups)):
+      if c.scan_layers:
+        scanned = nn.scan(block, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
+                          in_axes=(nn.broadcast, nn.broadcast), length=count)
+        x, _ = scanned(c, name=f"group_{g}")(x, mask, deterministic)
+      else:  # Python loop (debugging): the same module called `count` times, so the same parameters.
+        group = block(c, name=f"group_{g}")
+        for _ in range(count):
+          x, _ = group(x, mask, deterministic)
+    return x
+
+  def _partially_shared(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    """The paper's sharing ablation: one shared sub-block and one per-layer sub-block (Python loop)."""
+    c = self.config
+    shared_attention = SelfAttention(c, name="attention") if c.sharing == "attention" else None
+    shared_ffn = FeedForward(c, name="ffn") if c.sharing == "ffn" else None
+    for layer in range(c.num_hidden_layers):
+      attention = shared_attention or SelfAttention(c, name=f"attention_{layer}")
+      ffn = shared_ffn or FeedForward(c, name=f"ffn_{layer}")
+      x = ffn(attention(x, mask, deterministic), deterministic)
+    return x
+
+
+class AlbertModel(nn.Module):
+  """The backbone: embeddings, encoder and pooler. Returns (sequence_output [B,S,H], pooled_output [B,H])."""
+  config: ModelConfig
+
+  def setup(self):
+    self.embeddings = Embeddings(self.config)
+    self.encoder = Encoder(self.config)
+    self.pooler = dense(self.config, self.config.hidden_size, ("embed", "qkv"))
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None, token_type_ids: Array | None = None,
+               deterministic: bool = True) -> tuple[Array, Array]:
+    if attention_mask is None:
+      attention_mask = jnp.ones_like(input_ids)
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(input_ids)
+    x = self.embeddings(input_ids, token_type_ids, deterministic)
+    # Padding mask on keys only, broadcast over heads and queries: [B, 1, 1, S].
+    x = self.encoder(x, attention_mask[:, None, None, :].astype(bool), deterministic)
+    return x, jnp.tanh(self.pooler(x[:, 0]))
+
+  def attend(self, x: Array) -> Array:
+    return self.embeddings.attend(x)
+
+
+class MaskedLMHead(nn.Module):
+  """dense H->E, activation, LayerNorm(E), then the tied decoder plus an output bias."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, decoder: Callable[[Array], Array]) -> Array:
+    c = self.config
+    x = activation(c.hidden_act)(dense(c, c.embedding_size, ("embed", "emb"), "dense")(x))
+    x = LayerNorm(c, axis="emb", name="LayerNorm")(x)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+                      (c.vocab_size,), jnp.dtype(c.param_dtype))
+    return decoder(x).astype(jnp.float32) + bias.astype(jnp.float32)
+
+
+def gather_positions(sequence: Array, positions: Array) -> Array:
+  """[B,S,H] at [B,M] positions -> [B,M,H]."""
+  return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class AlbertForPreTraining(nn.Module):
+  """Backbone + MLM head (only at `masked_lm_positions` when given) + the 2-way SOP/NSP head."""
+  config: ModelConfig
+
+  def setup(self):
+    self.albert = AlbertModel(self.config)
+    self.predictions = MaskedLMHead(self.config)
+    self.sop_classifier = dense(self.config, 2, ("embed", "classes"))
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None, token_type_ids: Array | None = None,
+               masked_lm_positions: Array | None = None, deterministic: bool = True) -> dict[str, Array]:
+    sequence, pooled = self.albert(input_ids, attention_mask, token_type_ids, deterministic)
+    if masked_lm_positions is not None:
+      sequence = gather_positions(sequence, masked_lm_positions)
+    return {"mlm_logits": self.predictions(sequence, self.albert.attend),
+            "sop_logits": self.sop_classifier(pooled).astype(jnp.float32)}
+
+
+def dummy_inputs(batch: int = 1, seq_len: int = 8) -> dict[str, Array]:
+  ids = jnp.ones((batch, seq_len), jnp.int32)
+  return {"input_ids": ids, "attention_mask": ids, "token_type_ids": jnp.zeros_like(ids)}
+
+
+def init_params(module: nn.Module, rng: Array, seq_len: int = 8) -> Any:
+  """Initialised (boxed, logically annotated) parameters for any of the models here."""
+  return module.init(rng, **dummy_inputs(1, min(seq_len, module.config.max_position_embeddings)))["params"]
+
+
+def abstract_params(module: nn.Module) -> Any:
+  """Shapes and dtypes of the parameters, without allocating them."""
+  return jax.eval_shape(lambda rng: init_params(module, rng), jax.random.key(0))
+
+
+def count_params(params: Any) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(params)))

@@ -1,0 +1,150 @@
+"""Model hyperparameters: one frozen dataclass, the paper's size table, and validation.
+
+Field names follow the original `AlbertConfig` (google-research/albert `modeling.py`) and Hugging Face's, so a
+config.json from either maps one to one (see `interop.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+SHARING_MODES = ("all", "attention", "ffn", "none")
+ACTIVATIONS = ("gelu_new", "gelu", "relu")  # gelu_new = tanh approximation (the original's `gelu`)
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable",
+                  "everything_saveable")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything that fixes the function the encoder computes (and how it is computed)."""
+  vocab_size: int = 30000
+  embedding_size: int = 128
+  hidden_size: int = 768
+  num_hidden_layers: int = 12
+  num_attention_heads: int = 12
+  intermediate_size: int = 3072
+  num_hidden_groups: int = 1
+  inner_group_num: int = 1
+  hidden_act: str = "gelu_new"
+  hidden_dropout_prob: float = 0.0
+  attention_probs_dropout_prob: float = 0.0
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  # "all" (ALBERT), "attention" (attention shared, FFN per layer), "ffn" (FFN shared), "none" (BERT).
+  sharing: str = "all"
+  # The original has an E->H projection only when E != H; Hugging Face always creates one. True keeps it.
+  embedding_projection: bool | None = None
+  # Computation, not function:
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  scan_layers: bool = True
+  remat_policy: str = "none"
+
+  def __post_init__(self):
+    validate(self)
+
+  @property
+  def has_embedding_projection(self) -> bool:
+    if self.embedding_projection is None:
+      return self.embedding_size != self.hidden_size
+    return bool(self.embedding_projection)
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_attention_heads
+
+  def replace(self, **kwargs) -> "ModelConfig":
+    return dataclasses.replace(self, **kwargs)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":
+    """Builds from a dict or ConfigDict, rejecting unknown keys with the list of valid ones."""
+    values = dict(values)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"Unknown model config key(s) {unknown}. Valid keys: {sorted(known)}.")
+    return cls(**values)
+
+
+def validate(c: ModelConfig) -> None:
+  """Raises ValueError naming the bad field and how to fix it."""
+  positive = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "intermediate_size", "num_hidden_groups", "inner_group_num", "max_position_embeddings",
+              "type_vocab_size")
+  for name in positive:
+    if getattr(c, name) < 1:
+      raise ValueError(f"model.{name} must be >= 1, got {getattr(c, name)}.")
+  if c.hidden_size % c.num_attention_heads:
+    raise ValueError(
+        f"model.hidden_size={c.hidden_size} is not divisible by model.num_attention_heads="
+        f"{c.num_attention_heads}; choose a head count that divides it (the paper uses H/64 heads).")
+  if c.num_hidden_groups > c.num_hidden_layers:
+    raise ValueError(f"model.num_hidden_groups={c.num_hidden_groups} exceeds model.num_hidden_layers="
+                     f"{c.num_hidden_layers}; use at most one group per layer.")
+  if c.sharing not in SHARING_MODES:
+    raise ValueError(f"model.sharing={c.sharing!r}; choose one of {SHARING_MODES}.")
+  if c.sharing != "all" and (c.num_hidden_groups != 1 or c.inner_group_num != 1):
+    raise ValueError("model.sharing other than 'all' needs num_hidden_groups=1 and inner_group_num=1 "
+                     "(groups are the original's own form of partial sharing).")
+  if c.hidden_act not in ACTIVATIONS:
+    raise ValueError(f"model.hidden_act={c.hidden_act!r}; choose one of {ACTIVATIONS}.")
+  if c.remat_policy not in REMAT_POLICIES:
+    raise ValueError(f"model.remat_policy={c.remat_policy!r}; choose one of {REMAT_POLICIES}.")
+  for name in ("dtype", "param_dtype"):
+    if getattr(c, name) not in ("float32", "bfloat16", "float16"):
+      raise ValueError(f"model.{name}={getattr(c, name)!r}; choose float32, bfloat16 or float16.")
+  for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+    if not 0.0 <= getattr(c, name) < 1.0:
+      raise ValueError(f"model.{name} must be in [0, 1), got {getattr(c, name)}.")
+
+
+def _albert(L, H, heads, dropout, act):
+  return dict(embedding_size=128, hidden_size=H, num_hidden_layers=L, num_attention_heads=heads,
+              intermediate_size=4 * H, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+              hidden_act=act, sharing="all")
+
+
+def _bert(L, H, heads):
+  return dict(embedding_size=H, hidden_size=H, num_hidden_layers=L, num_attention_heads=heads,
+              intermediate_size=4 * H, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+              hidden_act="gelu", sharing="none")
+
+
+# The released configs (v1: dropout 0.1 except xxlarge; v2: no dropout, gelu_new). Head counts are explicit:
+# xlarge ships with 16 heads in the Hugging Face configs but 32 in the TF-Hub v2 tarball (google-research/albert
+# #180, transformers #3164); the paper's rule H/64 also gives 32. We follow the Hugging Face/TF v1 configs (16),
+# because head count is not visible in any weight shape and those are the checkpoints users load; pass
+# `--config.model.num_attention_heads=32` for the TF-Hub v2 weights.
+MODEL_SIZES: dict[str, dict[str, Any]] = {
+    "base": _albert(12, 768, 12, 0.0, "gelu_new"),
+    "large": _albert(24, 1024, 16, 0.0, "gelu_new"),
+    "xlarge": _albert(24, 2048, 16, 0.0, "gelu_new"),
+    "xxlarge": _albert(12, 4096, 64, 0.0, "gelu_new"),
+    "base_v1": _albert(12, 768, 12, 0.1, "gelu_new"),
+    "large_v1": _albert(24, 1024, 16, 0.1, "gelu_new"),
+    "xlarge_v1": _albert(24, 2048, 16, 0.1, "gelu_new"),
+    "xxlarge_v1": _albert(12, 4096, 64, 0.0, "gelu_new"),
+    "bert_base": _bert(12, 768, 12),
+    "bert_large": _bert(24, 1024, 16),
+    "bert_xlarge": _bert(24, 2048, 32),
+    # CPU tests and the laptop smoke run.
+    "tiny": dict(embedding_size=32, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                 intermediate_size=256, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                 hidden_act="gelu_new", sharing="all", max_position_embeddings=128),
+}
+# v2 is the default flavour, as in the released README's first table.
+for _size in ("base", "large", "xlarge", "xxlarge"):
+  MODEL_SIZES[f"{_size}_v2"] = MODEL_SIZES[_size]
+
+
+def model_config_for(size: str, **overrides) -> ModelConfig:
+  """Returns the ModelConfig of a named size, e.g. `model_config_for("large", dtype="bfloat16")`."""
+  if size not in MODEL_SIZES:
+    raise ValueError(f"Unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}.")
+  return ModelConfig(**{**MODEL_SIZES[size], **overrides})

@@ -1,0 +1,1 @@
+"""ALBERT pretraining data: tokenization, sources, sharded preparation, example building, masking, loading."""

@@ -1,0 +1,85 @@
+"""SentencePiece tokenization with ALBERT's text preprocessing (google-research/albert `tokenization.py`).
+
+`preprocess_text` collapses whitespace, maps `` and '' to ", applies NFKD and drops combining marks, and optionally
+lower-cases; `encode_pieces` applies the XLNet digit-comma rule (`▁1999,` -> `▁1999` + `,`).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import unicodedata
+
+import sentencepiece as spm
+
+SPIECE_UNDERLINE = "\u2581"
+
+
+def preprocess_text(text: str, lower: bool = True) -> str:
+  text = " ".join(text.strip().split())
+  text = text.replace("``", '"').replace("''", '"')
+  text = unicodedata.normalize("NFKD", text)
+  text = "".join(ch for ch in text if not unicodedata.combining(ch))
+  return text.lower() if lower else text
+
+
+class Tokenizer:
+  """A SentencePiece model plus ALBERT's preprocessing. Ids: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4."""
+
+  def __init__(self, model_path: str, do_lower_case: bool = True):
+    self.model_path = str(model_path)
+    self.do_lower_case = do_lower_case
+    self.sp = spm.SentencePieceProcessor()
+    try:
+      with open(self.model_path, "rb") as f:
+        self._proto = f.read()
+    except FileNotFoundError:
+      raise FileNotFoundError(f"SentencePiece model {self.model_path!r} not found; pass the path of a .model file "
+                              "(ALBERT's is spiece.model), or train one with `python -m data_pipeline.train_spm`.")
+    self.sp.LoadFromSerializedProto(self._proto)
+    self.pad_id, self.unk_id = self.sp.PieceToId("<pad>"), self.sp.unk_id()
+    self.cls_id, self.sep_id, self.mask_id = (self.sp.PieceToId(p) for p in ("[CLS]", "[SEP]", "[MASK]"))
+    for piece, got in (("[CLS]", self.cls_id), ("[SEP]", self.sep_id), ("[MASK]", self.mask_id)):
+      if got == self.unk_id:
+        raise ValueError(f"SentencePiece model {self.model_path!r} has no {piece} piece; train it with "
+                         "control symbols [CLS],[SEP],[MASK] (see data_pipeline.train_spm).")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.sp.GetPieceSize()
+
+  @functools.cached_property
+  def sha256(self) -> str:
+    return hashlib.sha256(self._proto).hexdigest()
+
+  def encode_pieces(self, text: str) -> list[str]:
+    """Pieces of already-preprocessed text, with the digit-comma split of the original."""
+    pieces = self.sp.EncodeAsPieces(text)
+    out: list[str] = []
+    for piece in pieces:
+      if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+        sub = self.sp.EncodeAsPieces(piece[:-1].replace(SPIECE_UNDERLINE, ""))
+        if piece[0] != SPIECE_UNDERLINE and sub and sub[0][0] == SPIECE_UNDERLINE:
+          sub[0] = sub[0][1:] if len(sub[0]) > 1 else sub[0]
+          if sub[0] == SPIECE_UNDERLINE:
+            sub = sub[1:]
+        out.extend(sub)
+        out.append(piece[-1])
+      else:
+        out.append(piece)
+    return out
+
+  def tokenize(self, text: str) -> list[str]:
+    return self.encode_pieces(preprocess_text(text, lower=self.do_lower_case))
+
+  def encode(self, text: str) -> list[int]:
+    return [self.sp.PieceToId(p) for p in self.tokenize(text)]
+
+  def id_to_piece(self, i: int) -> str:
+    return self.sp.IdToPiece(i)
+
+  def check_vocab(self, model_vocab_size: int) -> None:
+    """The model's embedding table must have exactly one row per piece."""
+    if model_vocab_size != self.vocab_size:
+      raise ValueError(f"SentencePiece model {self.model_path!r} has {self.vocab_size} pieces but "
+                       f"model.vocab_size={model_vocab_size}; set --config.model.vocab_size={self.vocab_size} or "
+                       "use the tokenizer the model was trained with.")

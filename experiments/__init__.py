@@ -1,0 +1,1 @@
+"""Experiment files: each exports `get_config(arg)` returning an ml_collections.ConfigDict."""

@@ -1,0 +1,7 @@
+"""ALBERT-xxlarge pretraining with the paper's recipe. Variants: `experiments/pretrain_xxlarge.py:version=v1`."""
+from experiments import common
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, version="v2")
+  return common.pretraining_config("xxlarge" if args.version == "v2" else "xxlarge_v1")

@@ -1,0 +1,32 @@
+"""albert_jax: ALBERT (Lan et al., ICLR 2020) and BERT baselines in JAX/Flax, TPU-first."""
+from setuptools import find_packages, setup
+
+setup(
+    name="albert_jax",
+    version="0.1.0",
+    description="Pretrain and fine-tune ALBERT and BERT in JAX/Flax, from a laptop CPU to a TPU pod.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["albert_jax*", "data_pipeline*", "experiments*", "bench*"]),
+    package_data={"data_pipeline": ["assets/*"]},
+    install_requires=[
+        "jax>=0.7.1",  # jax.set_mesh, AxisType.Auto, jax.nn.dot_product_attention
+        "flax>=0.12.0",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11.0",
+        "ml-collections>=1.0.0",
+        "absl-py>=2.1.0",
+        "sentencepiece>=0.2.0",
+        "tensorflow-datasets>=4.9.7",
+        "grain>=0.2.12",
+        "array-record>=0.7.0",
+        "tensorboardX>=2.6.2",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": ["pytest>=8.0", "scipy>=1.11", "scikit-learn>=1.4"],
+        # CPU torch: `pip install torch==2.13.0` first (see README) or pip pulls a multi-GB CUDA build.
+        "hf": ["transformers>=5.0", "torch>=2.4", "safetensors>=0.4"],
+    },
+)
