@@ -152,10 +152,14 @@ class LayerGroup(nn.Module):
 
 
 def layers_per_group(num_layers: int, num_groups: int) -> list[int]:
-  """How many consecutive layer applications each group gets: layer l uses group int(l / L * G)."""
+  """How many consecutive layer applications each group gets: layer l uses group floor(l * G / L).
+
+  The original writes `int(l / L * G)`; its float rounding skips a group for some (L, G) (L=22, G=22 runs group 14
+  twice and group 15 never), so the floor is taken in exact integer arithmetic. Equal for every G=1 config.
+  """
   counts = [0] * num_groups
   for layer in range(num_layers):
-    counts[int(layer / num_layers * num_groups)] += 1
+    counts[layer * num_groups // num_layers] += 1
   return counts
 
 

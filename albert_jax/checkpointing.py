@@ -1,0 +1,88 @@
+"""Training checkpoints behind one small module (after MaxText `common/checkpointing.py`, slimmed down).
+
+One orbax CheckpointManager with two items per step: `state` (params, optimizer state, step) and `data` (each
+process's loader state as JSON, through grain's orbax handler). Orbax writes every step into a temporary directory
+and renames it once complete, so a kill -9 at any moment — mid-save included — leaves the last complete checkpoint
+intact; unfinished temporary directories are ignored on restore. Saves are asynchronous; preemption (SIGTERM, or
+orbax's multi-host preemption notice) forces a save at the next step boundary.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+
+class _DataState:
+  """What grain's CheckpointHandler needs: get_state() -> bytes at save, set_state(bytes) at restore."""
+
+  def __init__(self, state: Any = None):
+    self.state = state
+
+  def get_state(self) -> bytes:
+    return json.dumps(self.state).encode()
+
+  def set_state(self, state: bytes) -> None:
+    self.state = json.loads(state)
+
+  def start_prefetch(self) -> None:
+    pass
+
+
+class Checkpointer:
+  def __init__(self, directory: str, every: int, keep: int, async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=policies.AnySavePolicy([policies.FixedIntervalPolicy(every),
+                                                     policies.PreemptionCheckpointingPolicy()]),
+        preservation_policy=policies.LatestN(keep),
+        enable_async_checkpointing=async_save,
+        create=True)
+    self.manager = ocp.CheckpointManager(
+        self.directory, item_names=("state", "data"),
+        item_handlers={"state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler()},
+        options=options)
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
+    return self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(_DataState(data_state))),
+        force=force)
+
+  def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
+    """Restores into `abstract_state`'s shapes and shardings; returns (state, this process's data state)."""
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(_DataState())))
+    return restored["state"], restored["data"].state
+
+  def restore_params(self, step: int | None = None) -> Any:
+    """Only the parameters of a step (latest by default), as host arrays: for warm starts and evaluation."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"No complete checkpoint in {self.directory}.")
+    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return restored["state"]["params"]
+
+  def reached_preemption(self, step: int) -> bool:
+    return self.manager.reached_preemption(step)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(workdir, "checkpoints")
+

@@ -1,0 +1,61 @@
+"""Converts weights between Hugging Face ALBERT directories and our pretrained-weights directories.
+
+  python -m albert_jax.convert --from=hf --src=HF_DIR --dst=OUR_DIR   # then train/fine-tune from OUR_DIR
+  python -m albert_jax.convert --to=hf --src=OUR_DIR --dst=HF_DIR     # AlbertForPreTraining.from_pretrained(HF_DIR)
+
+The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags, logging
+
+from albert_jax import interop, pretrained
+
+FORMATS = ["hf"]
+flags.DEFINE_enum("from", None, FORMATS, "Convert from this format into our pretrained-weights directory.")
+flags.DEFINE_enum("to", None, FORMATS, "Convert our pretrained-weights directory into this format.")
+flags.DEFINE_string("src", None, "Directory to read.")
+flags.DEFINE_string("dst", None, "Directory to write.")
+flags.DEFINE_bool("overwrite", False, "Write into --dst even when it is not empty.")
+FLAGS = flags.FLAGS
+
+
+def from_hf(src: str, dst: str) -> None:
+  model_config, params = interop.load_hf(src)
+  pretrained.save_pretrained(dst, model_config, params)
+  logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
+
+
+def to_hf(src: str, dst: str) -> None:
+  model_config, params = pretrained.load_pretrained(src)
+  interop.save_hf(model_config, params, dst)
+  logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
+
+
+def convert(source: str | None, target: str | None, src: str | None, dst: str | None, overwrite: bool = False):
+  """Checks the arguments (ValueError/FileNotFoundError/FileExistsError naming the fix), then converts."""
+  if (source is None) == (target is None):
+    raise ValueError("Pass exactly one of --from=hf (HF -> ours) or --to=hf (ours -> HF).")
+  if not src or not dst:
+    raise ValueError("Pass both --src (directory to read) and --dst (directory to write).")
+  if not os.path.isdir(src):
+    raise FileNotFoundError(f"--src={src} is not a directory.")
+  if os.path.isdir(dst) and os.listdir(dst) and not overwrite:
+    raise FileExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
+  (from_hf if source == "hf" else to_hf)(src, dst)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments {argv[1:]}; use --from/--to, --src, --dst.")
+  try:
+    convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite)
+  except (ValueError, FileNotFoundError, FileExistsError) as e:
+    sys.exit(f"convert: error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)

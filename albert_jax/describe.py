@@ -1,0 +1,52 @@
+"""`--mode=describe`: a readable model summary and, as the LAST line, one JSON object (counts and FLOPs)."""
+from __future__ import annotations
+
+import json
+import math
+
+import flax
+import jax
+
+from albert_jax import flops
+from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
+from albert_jax.model_config import ModelConfig
+
+
+def describe(model_config: ModelConfig, seq_len: int, num_predictions: int | None) -> dict:
+  params = flax.linen.unbox(abstract_params(AlbertForPreTraining(model_config)))
+  backbone = params["albert"]
+  encoder = backbone["encoder"]
+  projection = encoder.get("embedding_hidden_mapping_in", {})
+  return {
+      "params_total": count_params(params),
+      "params_backbone": count_params(backbone),
+      "params_embeddings": count_params(backbone["embeddings"]),
+      "params_embedding_projection": count_params(projection),
+      "params_layers": count_params(encoder) - count_params(projection),
+      "params_pooler": count_params(backbone["pooler"]),
+      "params_heads": count_params(params) - count_params(backbone),
+      "train_flops_per_token": flops.train_flops_per_token(model_config, seq_len, num_predictions),
+      "seq_len": seq_len,
+      "max_predictions_per_seq": num_predictions,
+      "layer_applications": model_config.num_hidden_layers * model_config.inner_group_num,
+      "model": model_config.to_dict(),
+  }
+
+
+def print_description(model_config: ModelConfig, seq_len: int, num_predictions: int | None) -> dict:
+  info = describe(model_config, seq_len, num_predictions)
+  c = model_config
+  params = flax.linen.unbox(abstract_params(AlbertForPreTraining(model_config)))
+  print(f"ALBERT encoder: L={c.num_hidden_layers} H={c.hidden_size} E={c.embedding_size} heads="
+        f"{c.num_attention_heads} FFN={c.intermediate_size} V={c.vocab_size} sharing={c.sharing} "
+        f"groups={c.num_hidden_groups} inner={c.inner_group_num} dtype={c.dtype}")
+  print(f"{'parameter':<72}{'shape':>18}{'count':>14}")
+  for path, leaf in flax.traverse_util.flatten_dict(params, sep="/").items():
+    print(f"{path:<72}{str(tuple(leaf.shape)):>18}{math.prod(leaf.shape):>14,}")
+  for key in ("params_embeddings", "params_embedding_projection", "params_layers", "params_pooler",
+              "params_backbone", "params_heads", "params_total"):
+    print(f"{key:<40}{info[key]:>16,}")
+  print(f"{'train_flops_per_token':<40}{info['train_flops_per_token']:>16,.0f}  (seq {seq_len}, "
+        f"{num_predictions or seq_len} predictions; every layer application counted)")
+  print(json.dumps(info), flush=True)
+  return info

@@ -1,0 +1,250 @@
+"""Hugging Face `transformers` ALBERT checkpoints <-> our (ModelConfig, params).
+
+Follows the name mapping of transformers' `load_tf_weights_in_albert` (REFERENCE d.8), written out as one explicit
+table (`name_map`) so that loading and saving cannot drift apart. Reads config.json and the weights directly
+(safetensors, or torch for pytorch_model.bin), so loading needs neither transformers nor, for safetensors, torch.
+The TF1 names are documented in docs/checkpoints.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from absl import logging
+import flax.linen as nn
+from flax import traverse_util
+import jax
+import numpy as np
+import safetensors.numpy
+
+from albert_jax import model as model_lib
+from albert_jax.model_config import ModelConfig
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+
+# HF `AlbertConfig` defaults (REFERENCE b.1), for config.json files that leave a field out.
+_HF_DEFAULTS = {"vocab_size": 30000, "embedding_size": 128, "hidden_size": 4096, "num_hidden_layers": 12,
+                "num_hidden_groups": 1, "num_attention_heads": 64, "intermediate_size": 16384,
+                "inner_group_num": 1, "hidden_act": "gelu_new", "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0, "max_position_embeddings": 512, "type_vocab_size": 2,
+                "initializer_range": 0.02, "layer_norm_eps": 1e-12}
+# HF activation name -> ours. gelu_pytorch_tanh is the same tanh formula as gelu_new, fused in torch.
+_HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+# Non-persistent buffers that older transformers versions wrote into checkpoints.
+_HF_BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
+_HEADS = ("predictions", "sop_classifier")
+
+Path = tuple[str, ...]
+
+
+def _linear(ours: Path, hf: str) -> list[tuple[Path, str, bool]]:
+  # torch.nn.Linear stores weight [out, in]; flax Dense kernel is [in, out].
+  return [(ours + ("kernel",), f"{hf}.weight", True), (ours + ("bias",), f"{hf}.bias", False)]
+
+
+def _layer_norm(ours: Path, hf: str) -> list[tuple[Path, str, bool]]:
+  return [(ours + ("scale",), f"{hf}.weight", False), (ours + ("bias",), f"{hf}.bias", False)]
+
+
+def name_map(c: ModelConfig) -> list[tuple[Path, str, bool]]:
+  """(our param path, HF `AlbertForPreTraining` state_dict key, transpose?) for every parameter.
+
+  The HF decoder (`predictions.decoder.{weight,bias}`) is tied to `albert.embeddings.word_embeddings.weight` and
+  `predictions.bias`, so it has no entry of its own.
+  """
+  m = [(("albert", "embeddings", f"{n}_embeddings", "embedding"), f"albert.embeddings.{n}_embeddings.weight", False)
+       for n in ("word", "position", "token_type")]
+  m += _layer_norm(("albert", "embeddings", "LayerNorm"), "albert.embeddings.LayerNorm")
+  m += _linear(("albert", "encoder", "embedding_hidden_mapping_in"), "albert.encoder.embedding_hidden_mapping_in")
+  for g in range(c.num_hidden_groups):
+    for i in range(c.inner_group_num):
+      ours, hf = ("albert", "encoder", f"group_{g}", f"inner_{i}"), f"albert.encoder.albert_layer_groups.{g}.albert_layers.{i}"
+      for n in ("query", "key", "value", "dense"):
+        m += _linear(ours + ("attention", n), f"{hf}.attention.{n}")
+      m += _layer_norm(ours + ("attention", "LayerNorm"), f"{hf}.attention.LayerNorm")
+      m += _linear(ours + ("ffn", "intermediate"), f"{hf}.ffn")
+      m += _linear(ours + ("ffn", "output"), f"{hf}.ffn_output")
+      m += _layer_norm(ours + ("ffn", "LayerNorm"), f"{hf}.full_layer_layer_norm")
+  m += _linear(("albert", "pooler"), "albert.pooler")
+  m += _linear(("predictions", "dense"), "predictions.dense")
+  m += _layer_norm(("predictions", "LayerNorm"), "predictions.LayerNorm")
+  m.append((("predictions", "bias"), "predictions.bias", False))
+  # sop_classifier.classifier.weight is [2, H]: transposed like every Linear.
+  m += _linear(("sop_classifier",), "sop_classifier.classifier")
+  return m
+
+
+def _check_groups(c: ModelConfig) -> None:
+  """HF picks layer l's group as int(l / (L / G)); refuse the (L, G) where its float rounding differs from ours."""
+  L, G = c.num_hidden_layers, c.num_hidden_groups
+  if any(int(layer / (L / G)) != layer * G // L for layer in range(L)):
+    raise ValueError(f"num_hidden_layers={L} with num_hidden_groups={G}: transformers assigns layers to groups as "
+                     f"int(l / (L / G)), whose float rounding differs from the exact floor(l * G / L) used here, so "
+                     "the two would compute different functions; choose a G that divides L.")
+
+
+def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
+  """ModelConfig from a transformers AlbertConfig dict; raises on what our model cannot represent."""
+  hf = {**_HF_DEFAULTS, **hf}
+  if hf.get("model_type", "albert") != "albert":
+    raise ValueError(f"config.json has model_type={hf['model_type']!r}; only 'albert' checkpoints can be loaded.")
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    raise ValueError(f"config.json has position_embedding_type={hf['position_embedding_type']!r}; albert_jax only "
+                     "implements absolute position embeddings (the original ALBERT's).")
+  if not hf.get("tie_word_embeddings", True):
+    raise ValueError("config.json has tie_word_embeddings=false; albert_jax's MLM decoder is always tied to the "
+                     "word embeddings (as in the original ALBERT).")
+  if hf["hidden_act"] not in _HF_ACTIVATIONS:
+    raise ValueError(f"config.json has hidden_act={hf['hidden_act']!r}; supported: {sorted(_HF_ACTIVATIONS)}.")
+  fields = {k: hf[k] for k in _HF_DEFAULTS}
+  fields["hidden_act"] = _HF_ACTIVATIONS[hf["hidden_act"]]
+  # HF always has the E->H projection, even when E == H.
+  c = ModelConfig(**fields, sharing="all", embedding_projection=True)
+  _check_groups(c)
+  return c
+
+
+def _hf_layout(c: ModelConfig) -> ModelConfig:
+  """Our config as HF lays it out: E->H projection always present, `sharing="none"` (BERT) as one group per layer."""
+  if c.sharing not in ("all", "none"):
+    raise ValueError(f"model.sharing={c.sharing!r} has no transformers equivalent (HF ALBERT only shares whole "
+                     "layers); export a model with sharing 'all' or 'none'.")
+  groups = c.num_hidden_layers if c.sharing == "none" else c.num_hidden_groups
+  layout = c.replace(embedding_projection=True, sharing="all", num_hidden_groups=groups)
+  _check_groups(layout)
+  return layout
+
+
+def config_to_hf(c: ModelConfig) -> dict[str, Any]:
+  """The transformers AlbertConfig dict (config.json) of `c`, less `architectures` and `dtype`."""
+  layout = _hf_layout(c)
+  return {"model_type": "albert", **{k: getattr(layout, k) for k in _HF_DEFAULTS}, "tie_word_embeddings": True}
+
+
+def _expected_shapes(c: ModelConfig) -> dict[Path, tuple[int, ...]]:
+  """Our param shapes for `c` (from model.py itself, without allocating), keyed by path."""
+  abstract = nn.unbox(model_lib.abstract_params(model_lib.AlbertForPreTraining(c)))
+  shapes = {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(abstract).items()}
+  mapped = {path for path, _, _ in name_map(c)}
+  if mapped != set(shapes):
+    raise RuntimeError(f"interop.name_map is out of sync with model.py: only in the model "
+                       f"{sorted(set(shapes) - mapped)}, only in the map {sorted(mapped - set(shapes))}.")
+  return shapes
+
+
+def _read_tensors(path: str) -> dict[str, np.ndarray]:
+  index = os.path.join(path, SAFETENSORS_INDEX)
+  if os.path.isfile(os.path.join(path, SAFETENSORS_FILE)):
+    return safetensors.numpy.load_file(os.path.join(path, SAFETENSORS_FILE))
+  if os.path.isfile(index):  # sharded checkpoint
+    with open(index) as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+    return {k: v for name in files for k, v in safetensors.numpy.load_file(os.path.join(path, name)).items()}
+  if os.path.isfile(os.path.join(path, TORCH_FILE)):
+    try:
+      import torch
+    except ImportError as e:
+      raise ImportError(f"{path} holds {TORCH_FILE}, which needs torch to read: `pip install torch` (CPU build is "
+                        "enough), or re-save the checkpoint as safetensors.") from e
+    state = torch.load(os.path.join(path, TORCH_FILE), map_location="cpu", weights_only=True)
+    return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
+  raise FileNotFoundError(f"No weights in {path!r}: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "
+                          f"{TORCH_FILE} (as written by transformers' save_pretrained).")
+
+
+def _check_shape(key: str, path: Path, found: tuple[int, ...], expected: tuple[int, ...], where: str) -> None:
+  if tuple(found) != tuple(expected):
+    raise ValueError(f"{where}: parameter {key} (ours {'/'.join(path)}) has shape {list(found)}, but the config "
+                     f"expects {list(expected)}; the config does not describe these weights (check vocab_size, "
+                     "embedding_size, hidden_size, intermediate_size, num_hidden_groups, inner_group_num).")
+
+
+def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
+  """Reads a transformers ALBERT directory (config.json + weights) as (ModelConfig, float32 numpy params).
+
+  Returns the heads the checkpoint has: an `AlbertForPreTraining` gives {"albert", "predictions",
+  "sop_classifier"}, an `AlbertForMaskedLM` no "sop_classifier", and an `AlbertModel` the backbone only
+  ({"albert": ...}); initialise missing heads before calling `AlbertForPreTraining`. Other heads (e.g. a fine-tuned
+  `classifier`) are skipped with a warning. Weights are upcast to float32 (lossless). The head count is invisible in
+  the weights: it comes from config.json alone.
+  """
+  path = os.path.abspath(path)
+  config_path = os.path.join(path, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{config_path} not found; point to a directory written by transformers' "
+                            "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
+  with open(config_path) as f:
+    c = config_from_hf(json.load(f))
+  tensors = _read_tensors(path)
+  if "albert.embeddings.word_embeddings.weight" not in tensors:  # AlbertModel: keys have no "albert." prefix
+    tensors = {f"albert.{k}": v for k, v in tensors.items()}
+  heads = {h for h in _HEADS if any(k.startswith(h + ".") for k in tensors)}
+  shapes = _expected_shapes(c)
+  params = {}
+  for ours, key, transpose in name_map(c):
+    if ours[0] != "albert" and ours[0] not in heads:
+      continue
+    if key not in tensors:
+      raise ValueError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint.")
+    value = tensors.pop(key)
+    _check_shape(key, ours, value.shape, shapes[ours][::-1] if transpose else shapes[ours], path)
+    params[ours] = np.ascontiguousarray(value.T if transpose else value, dtype=np.float32)
+  word, bias = params[("albert", "embeddings", "word_embeddings", "embedding")], params.get(("predictions", "bias"))
+  for key, tied_to in (("predictions.decoder.weight", word), ("predictions.decoder.bias", bias)):
+    if key in tensors and not np.array_equal(tensors.pop(key), tied_to):
+      raise ValueError(f"{path}: {key} differs from the tensor it should be tied to; albert_jax ties the MLM "
+                       "decoder to the word embeddings and predictions.bias, so untied weights cannot be loaded.")
+  for key in _HF_BUFFERS:
+    tensors.pop(key, None)
+  ours_left = sorted(k for k in tensors if k.split(".")[0] in ("albert",) + _HEADS)
+  if ours_left:
+    raise ValueError(f"{path}: unexpected parameters {ours_left} for the architecture in config.json "
+                     f"(num_hidden_groups={c.num_hidden_groups}, inner_group_num={c.inner_group_num}); the config "
+                     "does not describe these weights.")
+  if tensors:
+    logging.warning("load_hf(%s): skipping parameters albert_jax has no module for: %s", path, sorted(tensors))
+  return c, traverse_util.unflatten_dict(params)
+
+
+def save_hf(model_config: ModelConfig, params: Any, path: str) -> None:
+  """Writes config.json + model.safetensors that transformers' `AlbertForPreTraining.from_pretrained` loads.
+
+  `params` may be boxed (nn.Partitioned) and may lack heads (backbone only: the file is an `AlbertModel`, and
+  `AlbertForPreTraining.from_pretrained` initialises the missing heads). Without an E->H projection (E == H and
+  `embedding_projection` off) an identity projection is written, which HF requires and which changes nothing.
+  """
+  c = model_config
+  hf_config = config_to_hf(c)
+  layout = _hf_layout(c)
+  flat = {p: np.asarray(jax.device_get(x)) for p, x in traverse_util.flatten_dict(nn.unbox(params)).items()}
+  mapping = ("albert", "encoder", "embedding_hidden_mapping_in")
+  dtype = np.result_type(*flat.values())  # of the identity projection and config.json
+  if not c.has_embedding_projection:
+    flat[mapping + ("kernel",)] = np.eye(c.embedding_size, c.hidden_size, dtype=dtype)
+    flat[mapping + ("bias",)] = np.zeros(c.hidden_size, dtype)
+  heads = {p[0] for p in flat} - {"albert"}
+  unknown = sorted("/".join(p) for p in flat if p[0] not in ("albert",) + _HEADS)
+  if unknown:
+    raise ValueError(f"params have entries with no place in an HF AlbertForPreTraining checkpoint: {unknown}.")
+  shapes = _expected_shapes(layout)
+  tensors = {}
+  for ours, key, transpose in name_map(layout):
+    if ours[0] != "albert" and ours[0] not in heads:
+      continue
+    if ours not in flat:
+      raise ValueError(f"params lack {'/'.join(ours)} (HF {key}), which the model config requires.")
+    value = flat.pop(ours)
+    _check_shape(key, ours, value.shape, shapes[ours], "params")
+    tensors[key] = np.ascontiguousarray(value.T if transpose else value)
+  if flat:
+    raise ValueError(f"params have entries the model config does not describe: {sorted('/'.join(p) for p in flat)}.")
+  architecture = ("AlbertForPreTraining" if "sop_classifier" in heads else
+                  "AlbertForMaskedLM" if "predictions" in heads else "AlbertModel")
+  os.makedirs(path, exist_ok=True)
+  safetensors.numpy.save_file(tensors, os.path.join(path, SAFETENSORS_FILE), metadata={"format": "pt"})
+  with open(os.path.join(path, CONFIG_FILE), "w") as f:
+    json.dump({"architectures": [architecture], **hf_config, "dtype": dtype.name}, f, indent=2)

@@ -1,0 +1,70 @@
+"""Metric output: `workdir/metrics.jsonl`, TensorBoard event files and a console progress line.
+
+Only process 0 writes (big_vision / flax lm1b). Throughput and MFU come from the step time measured on the host
+between fetched steps, with FLOPs from `flops.train_flops_per_token` (the `--mode=describe` formula).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+from tensorboardX import SummaryWriter
+
+
+class MetricWriter:
+  def __init__(self, workdir: str, total_steps: int):
+    self.enabled = jax.process_index() == 0
+    self.total_steps = total_steps
+    self.start_time = time.time()
+    if self.enabled:
+      os.makedirs(workdir, exist_ok=True)
+      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, metrics: dict[str, float], prefix: str = "") -> None:
+    if not self.enabled:
+      return
+    record = {"step": int(step), **({f"{prefix}{k}": float(v) for k, v in metrics.items()})}
+    self._jsonl.write(json.dumps(record) + "\n")
+    for key, value in record.items():
+      if key != "step" and math.isfinite(value):
+        self._tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
+    self._tb.flush()
+
+  def progress(self, step: int, metrics: dict[str, float], first_step: int) -> None:
+    """One console line: step, losses, accuracy, throughput, ETA."""
+    if not self.enabled:
+      return
+    elapsed = time.time() - self.start_time
+    done = max(step - first_step, 1)
+    eta = elapsed / done * (self.total_steps - step)
+    shown = " | ".join(f"{k} {metrics[k]:.4g}" for k in ("loss", "mlm_loss", "mlm_accuracy", "sop_accuracy",
+                                                            "accuracy", "learning_rate") if k in metrics)
+    rate = f"{metrics['tokens_per_sec']:,.0f} tok/s" if "tokens_per_sec" in metrics else ""
+    mfu = f" | mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
+    print(f"step {step}/{self.total_steps} | {shown} | {rate}{mfu} | eta {_hms(eta)}", file=sys.stderr, flush=True)
+
+  def close(self) -> None:
+    if self.enabled:
+      self._jsonl.close()
+      self._tb.close()
+
+
+def _hms(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def throughput(steps: int, seconds: float, examples_per_step: int, tokens_per_step: int, flops_per_token: float,
+               num_devices: int, peak_per_device: float | None) -> dict[str, Any]:
+  seconds = max(seconds, 1e-9)
+  out = {"step_time": seconds / steps, "examples_per_sec": steps * examples_per_step / seconds,
+         "tokens_per_sec": steps * tokens_per_step / seconds}
+  if peak_per_device:
+    out["mfu"] = out["tokens_per_sec"] * flops_per_token / (peak_per_device * num_devices)
+  return out

@@ -1,0 +1,195 @@
+"""What every fine-tuning task shares: the Split container, the read -> featurize flow, input packing, losses.
+
+A task turns files into fixed-shape int32 arrays (`Split.features`, one row per model input), runs the model on
+them (`predict_step`), maps per-feature outputs back to per-example predictions (`postprocess`), scores them with
+the benchmark's own rules (`score`) and writes them in the benchmark's submission format (`write_predictions`).
+The training engine only sees `features`; everything else stays on the host.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from albert_jax.model_config import ModelConfig
+from data_pipeline.tokenization import Tokenizer
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclasses.dataclass
+class Split:
+  """A featurized split. `features` rows are model inputs (+ labels); `examples` are what scoring reads;
+  `info` holds per-feature host-side arrays that postprocessing needs (e.g. SQuAD token -> char offsets)."""
+  name: str
+  path: str
+  examples: list[Any]
+  features: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  info: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+  @property
+  def num_features(self) -> int:
+    return len(next(iter(self.features.values()))) if self.features else 0
+
+
+class InputError(ValueError):
+  """Bad input data; the message names the file and the line (or record) at fault."""
+
+  def __init__(self, path: str, where: str | int | None, message: str):
+    location = f"{path}:{where}" if where is not None else path
+    super().__init__(f"{location}: {message}")
+
+
+def make_tokenizer(config) -> Tokenizer:
+  if not config.data.spm_model:
+    raise ValueError("config.data.spm_model is empty; pass the SentencePiece model the checkpoint was trained "
+                     "with (ALBERT's is spiece.model / 30k-clean.model), e.g. --config.data.spm_model=PATH.")
+  return Tokenizer(config.data.spm_model, do_lower_case=config.data.do_lower_case)
+
+
+def check_seq_length(max_seq_length: int, model_config: ModelConfig) -> None:
+  """Positions are a slice of the learned table, so longer inputs have no embedding (the original asserts too)."""
+  if max_seq_length > model_config.max_position_embeddings:
+    raise ValueError(f"data.max_seq_length={max_seq_length} exceeds model.max_position_embeddings="
+                     f"{model_config.max_position_embeddings}; lower --config.data.max_seq_length.")
+
+
+def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
+         max_seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`[CLS] first [SEP] (second [SEP])`, right-padded with 0: (input_ids, attention_mask, token_type_ids).
+  Segment 0 covers [CLS], first and its [SEP]; segment 1 the second part and the last [SEP]."""
+  ids = [cls_id, *first, sep_id]
+  types = [0] * len(ids)
+  if second is not None:
+    ids += [*second, sep_id]
+    types += [1] * (len(second) + 1)
+  if len(ids) > max_seq_length:
+    raise AssertionError(f"packed length {len(ids)} > {max_seq_length}: truncate before packing")
+  out = np.zeros((3, max_seq_length), np.int32)
+  out[0, :len(ids)] = ids
+  out[1, :len(ids)] = 1
+  out[2, :len(ids)] = types
+  return out[0], out[1], out[2]
+
+
+def stack_packed(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+  """Rows of `pack` outputs -> {input_ids, attention_mask, token_type_ids}, each reshaped to `shape` + [S]."""
+  if not rows:
+    raise ValueError("no examples to featurize")
+  arrays = np.stack([np.stack(r) for r in rows], axis=1)  # [3, N, S]
+  return {name: a.reshape(*shape, -1) for name, a in zip(MODEL_INPUTS, arrays)}
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+  return {name: batch[name] for name in MODEL_INPUTS}
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Mean softmax cross-entropy and accuracy over the batch (labels are integer classes)."""
+  logits = logits.astype(jnp.float32)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  return loss, (logits.argmax(-1) == labels).mean()
+
+
+def read_text(path: str) -> str:
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found; check --config.data.path (see docs/finetuning.md for the layout).")
+  with open(path, encoding="utf-8-sig") as f:  # MRPC's TSVs start with a byte-order mark
+    return f.read()
+
+
+class Task:
+  """The interface the training engine drives; subclasses fill in the task-specific steps.
+
+  Flow: load_split / read_user_file -> read examples -> featurize -> Split; the engine batches
+  `Split.features` through `loss_and_metrics` (training) or `predict_step` (evaluation, concatenated over
+  batches in feature order), then calls `postprocess`, `score` and `write_predictions`.
+  """
+  metric_name: str = "accuracy"
+  higher_is_better: bool = True
+  label_keys: tuple[str, ...] = ()
+
+  def __init__(self, config):
+    self.config = config
+    if "model" in config:
+      check_seq_length(config.data.max_seq_length, ModelConfig.from_mapping(config.model))
+
+  # --- data -----------------------------------------------------------------------------------------------
+  def split_path(self, split: str) -> str:
+    raise NotImplementedError
+
+  def read_examples(self, path: str, labeled: bool) -> list[Any]:
+    raise NotImplementedError
+
+  def read_user_examples(self, path: str) -> list[Any]:
+    raise NotImplementedError
+
+  def featurize(self, examples: list[Any], tokenizer: Tokenizer) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """-> (features, info); features carry labels only when every example has one."""
+    raise NotImplementedError
+
+  def load_split(self, split: str, tokenizer: Tokenizer) -> Split:
+    path = self.split_path(split)
+    return self._featurized(split, path, self.read_examples(path, labeled=not split.startswith("test")), tokenizer)
+
+  def read_user_file(self, path: str, tokenizer: Tokenizer) -> Split:
+    """A user's own unlabelled file (format per task, see docs/finetuning.md) ready for `predict_step`."""
+    return self._featurized("user", path, self.read_user_examples(path), tokenizer)
+
+  def gold_split(self, path: str) -> Split:
+    """Examples only (no tokenizer, no features): what `score` needs, for the standalone scorer."""
+    return Split(name="gold", path=path, examples=self.read_examples(path, labeled=True))
+
+  def _featurized(self, name: str, path: str, examples: list[Any], tokenizer: Tokenizer) -> Split:
+    if not examples:
+      raise InputError(path, None, "no examples found")
+    features, info = self.featurize(examples, tokenizer)
+    return Split(name=name, path=path, examples=examples, features=features, info=info)
+
+  # --- model ----------------------------------------------------------------------------------------------
+  def build_model(self, model_config: ModelConfig):
+    raise NotImplementedError
+
+  def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+    raise NotImplementedError
+
+  def init_params(self, model, rng: jax.Array):
+    return model.init(rng, **model_inputs(self.dummy_batch(1)))["params"]
+
+  def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
+    raise NotImplementedError
+
+  def predict_step(self, model, params, batch) -> dict[str, jax.Array]:
+    raise NotImplementedError
+
+  # --- outputs --------------------------------------------------------------------------------------------
+  def postprocess(self, split: Split, outputs: dict[str, np.ndarray]):
+    raise NotImplementedError
+
+  def score(self, split: Split, predictions) -> dict[str, float]:
+    raise NotImplementedError
+
+  def write_predictions(self, split: Split, predictions, path: str) -> None:
+    raise NotImplementedError
+
+  def read_predictions(self, path: str, split: Split):
+    """Inverse of `write_predictions` (used by `albert_jax.evaluate`)."""
+    raise NotImplementedError
+
+
+def apply_model(model, params, batch, rng=None, deterministic: bool = True):
+  rngs = {} if deterministic or rng is None else {"dropout": rng}
+  return model.apply({"params": params}, **model_inputs(batch), deterministic=deterministic, rngs=rngs)
+
+
+def check_outputs(split: Split, outputs: dict[str, np.ndarray]) -> None:
+  for name, value in outputs.items():
+    if len(value) != split.num_features:
+      raise ValueError(f"predict output {name!r} has {len(value)} rows but split {split.name!r} has "
+                       f"{split.num_features} features; concatenate predict_step outputs over all batches in order "
+                       "and drop padding rows.")

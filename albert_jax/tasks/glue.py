@@ -1,0 +1,212 @@
+"""GLUE: the original TSV files, `[CLS] a [SEP] b [SEP]` inputs, a pooled classifier (MSE regression for STS-B),
+GLUE's metrics and its submission TSVs.
+
+Columns per task follow the files that GLUE's download script writes (and google-research/albert
+`classifier_utils.py`); the selection metric is the original's: Matthews corr. for CoLA, Pearson for STS-B,
+accuracy elsewhere (F1 for MRPC/QQP and Spearman for STS-B are reported too, as on the GLUE leaderboard).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax.tasks import metrics
+from albert_jax.tasks.base import InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack, stack_packed
+from albert_jax.tasks.heads import PooledClassifier
+from albert_jax.tasks.records import column, field, tsv_rows, user_records
+
+_NLI = ("contradiction", "entailment", "neutral")
+_ENTAIL = ("entailment", "not_entailment")
+_BINARY = ("0", "1")
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueSpec:
+  """Where a task's text and labels are. `columns` = (text_a, text_b or None, label) of train/dev files;
+  `test_columns` = (text_a, text_b) of the unlabelled test file, whose first column is the submission index."""
+  directory: str
+  labels: tuple[str, ...] | None        # None: regression (STS-B)
+  columns: tuple[int, int | None, int] | None
+  test_columns: tuple[int, int | None]
+  files: dict[str, str]
+  submission: dict[str, str]            # split -> file name the GLUE server expects
+  metric_name: str = "accuracy"
+  header: bool = True
+
+  @property
+  def is_regression(self) -> bool:
+    return self.labels is None
+
+
+_STANDARD = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
+
+SPECS: dict[str, GlueSpec] = {
+    "cola": GlueSpec("CoLA", _BINARY, (3, None, 1), (1, None), _STANDARD, {"test": "CoLA.tsv"}, "mcc",
+                     header=False),
+    "sst-2": GlueSpec("SST-2", _BINARY, (0, None, 1), (1, None), _STANDARD, {"test": "SST-2.tsv"}),
+    "mrpc": GlueSpec("MRPC", _BINARY, (3, 4, 0), (3, 4), _STANDARD, {"test": "MRPC.tsv"}),
+    "sts-b": GlueSpec("STS-B", None, (7, 8, 9), (7, 8), _STANDARD, {"test": "STS-B.tsv"}, "pearson"),
+    "qqp": GlueSpec("QQP", _BINARY, (3, 4, 5), (1, 2), _STANDARD, {"test": "QQP.tsv"}),
+    "mnli": GlueSpec("MNLI", _NLI, (8, 9, -1), (8, 9),
+                     {"train": "train.tsv", "dev": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
+                      "test": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv"},
+                     {"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"}),
+    "qnli": GlueSpec("QNLI", _ENTAIL, (1, 2, 3), (1, 2), _STANDARD, {"test": "QNLI.tsv"}),
+    "rte": GlueSpec("RTE", _ENTAIL, (1, 2, 3), (1, 2), _STANDARD, {"test": "RTE.tsv"}),
+    "wnli": GlueSpec("WNLI", _BINARY, (1, 2, 3), (1, 2), _STANDARD, {"test": "WNLI.tsv"}),
+    # The diagnostic set: test only, predicted with an MNLI model (init_checkpoint = the MNLI run).
+    "ax": GlueSpec("diagnostic", _NLI, None, (1, 2), {"test": "diagnostic.tsv"}, {"test": "AX.tsv"}),
+}
+# Reported next to the selection metric, as on the GLUE leaderboard.
+_EXTRA_METRICS = {"mrpc": ("f1",), "qqp": ("f1",), "sts-b": ("spearman",)}
+
+
+@dataclasses.dataclass
+class GlueExample:
+  guid: str                       # the test file's index (submission key); the row number otherwise
+  text_a: str
+  text_b: str | None
+  label: int | float | None       # class index, STS-B score, or None (test / user input)
+
+
+def spec_for(task_name: str) -> GlueSpec:
+  name = task_name.lower()
+  if name not in SPECS:
+    raise ValueError(f"Unknown GLUE task {task_name!r}; choose one of {sorted(SPECS)}.")
+  return SPECS[name]
+
+
+class GlueTask(Task):
+  label_keys = ("label",)
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.name = config.task_name.lower()
+    self.spec = spec_for(self.name)
+    self.metric_name = self.spec.metric_name
+
+  @property
+  def num_outputs(self) -> int:
+    return 1 if self.spec.is_regression else len(self.spec.labels)
+
+  # --- data -----------------------------------------------------------------------------------------------
+  def split_path(self, split: str) -> str:
+    if split not in self.spec.files:
+      raise ValueError(f"GLUE {self.name} has no split {split!r}; choose one of {sorted(self.spec.files)}.")
+    return os.path.join(self.config.data.path, self.spec.files[split])
+
+  def read_examples(self, path: str, labeled: bool) -> list[GlueExample]:
+    rows = tsv_rows(path)
+    if self.spec.header or not labeled:  # every GLUE test file has a header, even CoLA's
+      next(rows, None)
+    if labeled and self.spec.columns is None:
+      raise ValueError(f"GLUE {self.name} has no labelled files (test only: predict with --mode=predict).")
+    examples = []
+    for number, fields in rows:
+      get = lambda i: None if i is None else column(fields, i, path, number)
+      if labeled:
+        a, b, label = self.spec.columns
+        examples.append(GlueExample(str(len(examples)), get(a), get(b), self._label(get(label), path, number)))
+      else:
+        a, b = self.spec.test_columns
+        examples.append(GlueExample(get(0), get(a), get(b), None))
+    return examples
+
+  def _label(self, text: str, path: str, line: int) -> int | float:
+    if self.spec.is_regression:
+      try:
+        return float(text)
+      except ValueError:
+        raise InputError(path, line, f"label {text!r} is not a number (STS-B scores are 0-5)") from None
+    if text not in self.spec.labels:
+      raise InputError(path, line, f"unknown label {text!r} for {self.name}; expected one of {self.spec.labels}")
+    return self.spec.labels.index(text)
+
+  def read_user_examples(self, path: str) -> list[GlueExample]:
+    """TSV with a header (or JSON lines) with fields `text_a`, plus `text_b` for pair tasks; optional `id`."""
+    pair = self.spec.test_columns[1] is not None
+    examples = []
+    for line, record in user_records(path):
+      examples.append(GlueExample(str(record.get("id", len(examples))), field(record, "text_a", path, line),
+                                  field(record, "text_b", path, line) if pair else None, None))
+    return examples
+
+  def featurize(self, examples: list[GlueExample], tokenizer):
+    max_len = self.config.data.max_seq_length
+    rows = []
+    for ex in examples:
+      a = tokenizer.encode(ex.text_a)
+      b = tokenizer.encode(ex.text_b) if ex.text_b is not None else None
+      if b is None:
+        a = a[:max_len - 2]
+      else:  # pop from the END of the longer segment (fine-tuning rule; pretraining trims either end)
+        while len(a) + len(b) > max_len - 3:
+          (a if len(a) > len(b) else b).pop()
+      rows.append(pack(a, b, tokenizer.cls_id, tokenizer.sep_id, max_len))
+    features = stack_packed(rows, (len(examples),))
+    if all(ex.label is not None for ex in examples):
+      features["label"] = np.asarray([ex.label for ex in examples],
+                                     np.float32 if self.spec.is_regression else np.int32)
+    return features, {}
+
+  # --- model ----------------------------------------------------------------------------------------------
+  def build_model(self, model_config):
+    return PooledClassifier(model_config, self.num_outputs, self.config.classifier_dropout_prob)
+
+  def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+    shape = (batch_size, self.config.data.max_seq_length)
+    return {"input_ids": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),
+            "token_type_ids": np.zeros(shape, np.int32),
+            "label": np.zeros(batch_size, np.float32 if self.spec.is_regression else np.int32)}
+
+  def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
+    logits = apply_model(model, params, batch, rng, deterministic)
+    if self.spec.is_regression:
+      loss = jnp.mean(jnp.square(logits[:, 0] - batch["label"]))
+      return loss, {"loss": loss, "mse": loss}
+    loss, acc = cross_entropy(logits, batch["label"])
+    return loss, {"loss": loss, "accuracy": acc}
+
+  def predict_step(self, model, params, batch):
+    return {"logits": apply_model(model, params, batch)}
+
+  # --- outputs --------------------------------------------------------------------------------------------
+  def postprocess(self, split: Split, outputs) -> np.ndarray:
+    """One prediction per example: the class index, or the STS-B score."""
+    check_outputs(split, outputs)
+    logits = np.asarray(outputs["logits"])
+    return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
+
+  def score(self, split: Split, predictions) -> dict[str, float]:
+    labels = [ex.label for ex in split.examples]
+    if any(label is None for label in labels):
+      raise ValueError(f"split {split.name!r} ({split.path}) has no labels to score against.")
+    functions = {"accuracy": metrics.accuracy, "f1": metrics.f1_binary, "mcc": metrics.matthews_corrcoef,
+                 "pearson": metrics.pearson, "spearman": metrics.spearman}
+    names = (self.metric_name, *_EXTRA_METRICS.get(self.name, ()))
+    return {name: functions[name](labels, predictions) for name in names}
+
+  def write_predictions(self, split: Split, predictions, path: str) -> None:
+    """GLUE's submission format: header `index<TAB>prediction`, label names (STS-B: the score)."""
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("index\tprediction\n")
+      for ex, pred in zip(split.examples, predictions, strict=True):
+        f.write(f"{ex.guid}\t{float(pred):.6f}\n" if self.spec.is_regression else
+                f"{ex.guid}\t{self.spec.labels[int(pred)]}\n")
+
+  def read_predictions(self, path: str, split: Split) -> np.ndarray:
+    by_guid = {}
+    rows = tsv_rows(path)
+    next(rows, None)
+    for number, fields in rows:
+      by_guid[column(fields, 0, path, number)] = self._label(column(fields, 1, path, number), path, number)
+    missing = [ex.guid for ex in split.examples if ex.guid not in by_guid]
+    if missing:
+      raise InputError(path, None, f"no prediction for {len(missing)} example(s), e.g. index {missing[0]}")
+    return np.asarray([by_guid[ex.guid] for ex in split.examples])
+
+  def submission_name(self, split: str) -> str:
+    return self.spec.submission.get(split, f"{self.spec.directory}-{split}.tsv")

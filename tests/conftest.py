@@ -1,0 +1,20 @@
+"""Test setup: 8 virtual CPU devices (before jax starts) and the shared real-data folder."""
+import os
+from pathlib import Path
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import pytest  # noqa: E402
+
+SHARED_DATA = Path(os.environ.get("ALBERT_JAX_SHARED_DATA",
+                                  Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+  """../shared/data; absent on a user's machine is a skip, absent in CI (CI set) is a failure."""
+  if not SHARED_DATA.is_dir():
+    if os.environ.get("CI"):
+      pytest.fail(f"CI must have the shared data at {SHARED_DATA}")
+    pytest.skip(f"shared data not found at {SHARED_DATA} (set ALBERT_JAX_SHARED_DATA)")
+  return SHARED_DATA

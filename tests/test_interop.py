@@ -1,0 +1,240 @@
+"""Hugging Face interop: logits parity with transformers' PyTorch ALBERT, bit-exact round trips, the convert CLI."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import safetensors.numpy  # noqa: E402
+
+from albert_jax import convert, interop, pretrained  # noqa: E402
+from albert_jax import model as model_lib  # noqa: E402
+from albert_jax.model_config import ModelConfig  # noqa: E402
+
+pytestmark = pytest.mark.hf
+REPO = Path(__file__).resolve().parents[1]
+SMALL = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=64, max_position_embeddings=24)
+
+
+def hf_model(cls=transformers.AlbertForPreTraining, seed=0, **overrides):
+  """A random-init HF model in eval mode whose every parameter is random (so a swapped bias or LN shows)."""
+  torch.manual_seed(seed)
+  model = cls(transformers.AlbertConfig(**{**SMALL, **overrides})).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      is_scale = name.endswith(("LayerNorm.weight", "layer_norm.weight"))
+      p.copy_(torch.randn_like(p) * (0.1 if is_scale else 0.05) + (1.0 if is_scale else 0.0))
+  return model
+
+
+def saved(model, directory) -> str:
+  model.save_pretrained(directory)
+  return str(directory)
+
+
+def batch():
+  """Right-padded batch of lengths 12, 7 and 3, with two segments."""
+  ids = np.random.RandomState(0).randint(0, SMALL["vocab_size"], (3, 12))
+  mask = (np.arange(12)[None] < np.array([[12], [7], [3]])).astype(np.int64)
+  token_types = (np.arange(12)[None] >= np.array([[6], [4], [2]])).astype(np.int64) * mask
+  return ids * mask, mask, token_types
+
+
+def hf_forward(model, ids, mask, token_types):
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                 token_type_ids=torch.tensor(token_types))
+
+
+def read(directory) -> dict[str, np.ndarray]:
+  return safetensors.numpy.load_file(os.path.join(directory, interop.SAFETENSORS_FILE))
+
+
+def assert_same_tensors(a: dict, b: dict):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+
+
+def random_params(config: ModelConfig, seed=0):
+  """Boxed (nn.Partitioned) params as training holds them, every leaf noise (biases and LN too); no compile."""
+  rng = np.random.RandomState(seed)
+  abstract = model_lib.abstract_params(model_lib.AlbertForPreTraining(config))
+  params = jax.tree.map(lambda x: (rng.standard_normal(x.shape) * 0.05).astype(np.float32), abstract)
+  assert isinstance(params["albert"]["pooler"]["kernel"], nn.Partitioned)
+  return params
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  return saved(hf_model(num_hidden_layers=4, num_hidden_groups=2), tmp_path_factory.mktemp("hf"))
+
+
+PARITY = {
+    "e_ne_h": {},
+    "groups2_l4": dict(num_hidden_layers=4, num_hidden_groups=2),
+    "inner2_l3": dict(num_hidden_layers=3, inner_group_num=2),
+    "e_eq_h_gelu_pytorch_tanh": dict(embedding_size=32, hidden_act="gelu_pytorch_tanh"),
+    "erf_gelu": dict(hidden_act="gelu"),
+    "relu_groups3": dict(num_hidden_layers=3, num_hidden_groups=3, hidden_act="relu"),
+}
+
+
+@pytest.mark.parametrize("overrides", PARITY.values(), ids=PARITY.keys())
+def test_logits_match_transformers(overrides, tmp_path):
+  model = hf_model(**overrides)
+  config, params = interop.load_hf(saved(model, tmp_path))
+  hf_act = overrides.get("hidden_act", "gelu_new")
+  assert config.hidden_act == {"gelu_pytorch_tanh": "gelu_new"}.get(hf_act, hf_act)
+  assert (config.num_hidden_groups, config.inner_group_num) == (model.config.num_hidden_groups,
+                                                                model.config.inner_group_num)
+  inputs = batch()
+  ours = model_lib.AlbertForPreTraining(config).apply({"params": params}, *inputs)
+  theirs = hf_forward(model, *inputs)
+  # Every position, padded ones included: both mask keys only.
+  np.testing.assert_allclose(ours["mlm_logits"], theirs.prediction_logits.numpy(), rtol=0, atol=1e-4)
+  np.testing.assert_allclose(ours["sop_logits"], theirs.sop_logits.numpy(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("overrides", [PARITY["groups2_l4"], dict(embedding_size=32, inner_group_num=2)],
+                         ids=["groups2_l4", "e_eq_h_inner2"])
+def test_hf_to_ours_to_hf_is_bit_exact(overrides, tmp_path):
+  model = hf_model(**overrides)
+  config, params = interop.load_hf(saved(model, tmp_path / "hf"))
+  interop.save_hf(config, params, tmp_path / "back")
+  assert_same_tensors(read(tmp_path / "hf"), read(tmp_path / "back"))
+  reloaded, info = transformers.AlbertForPreTraining.from_pretrained(tmp_path / "back", output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+  assert torch.equal(hf_forward(reloaded.eval(), *batch()).prediction_logits,
+                     hf_forward(model, *batch()).prediction_logits)
+
+
+def test_ours_to_hf_to_ours_is_bit_exact(tmp_path):
+  config = ModelConfig(**{**SMALL, "num_hidden_layers": 4}, num_hidden_groups=2, inner_group_num=2, hidden_act="gelu")
+  params = random_params(config)  # boxed, as training holds them
+  interop.save_hf(config, params, tmp_path)
+  loaded_config, loaded = interop.load_hf(tmp_path)
+  assert loaded_config == config.replace(embedding_projection=True)
+  expected = jax.tree.map(np.asarray, nn.unbox(params))
+  assert jax.tree.structure(loaded) == jax.tree.structure(expected)
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(expected)):
+    assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_bert_without_projection_exports_as_one_group_per_layer(tmp_path):
+  """sharing="none" and E == H with no projection: written as G = L groups and an identity E->H mapping."""
+  config = ModelConfig(**{**SMALL, "embedding_size": 32, "num_hidden_layers": 3}, sharing="none",
+                       embedding_projection=False)
+  params = random_params(config)
+  interop.save_hf(config, params, tmp_path)
+  loaded_config, loaded = interop.load_hf(tmp_path)
+  assert (loaded_config.num_hidden_groups, loaded_config.sharing, loaded_config.embedding_projection) == (3, "all", True)
+  inputs = batch()
+  ours = model_lib.AlbertForPreTraining(config).apply({"params": params}, *inputs)
+  back = model_lib.AlbertForPreTraining(loaded_config).apply({"params": loaded}, *inputs)
+  np.testing.assert_allclose(back["mlm_logits"], ours["mlm_logits"], rtol=0, atol=1e-6)
+
+
+def test_albert_model_checkpoint_loads_backbone_only(tmp_path):
+  model = hf_model(transformers.AlbertModel)
+  config, params = interop.load_hf(saved(model, tmp_path / "hf"))
+  assert set(params) == {"albert"}
+  inputs = batch()
+  sequence, pooled = model_lib.AlbertModel(config).apply({"params": params["albert"]}, *inputs)
+  theirs = hf_forward(model, *inputs)
+  np.testing.assert_allclose(sequence, theirs.last_hidden_state.numpy(), rtol=0, atol=1e-4)
+  np.testing.assert_allclose(pooled, theirs.pooler_output.numpy(), rtol=0, atol=1e-4)
+  interop.save_hf(config, params, tmp_path / "back")
+  assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["AlbertModel"]
+  _, info = transformers.AlbertModel.from_pretrained(tmp_path / "back", output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_pytorch_bin_checkpoint_loads(tmp_path, hf_dir):
+  model = transformers.AlbertForPreTraining.from_pretrained(hf_dir)
+  model.config.save_pretrained(tmp_path)
+  state = model.state_dict()  # includes the tied predictions.decoder.{weight,bias}, as old .bin files do
+  torch.save(state, tmp_path / interop.TORCH_FILE)
+  config, params = interop.load_hf(tmp_path)
+  expected_config, expected = interop.load_hf(hf_dir)
+  assert config == expected_config
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
+
+  state["predictions.decoder.weight"] = state["predictions.decoder.weight"] + 1.0
+  torch.save(state, tmp_path / interop.TORCH_FILE)
+  with pytest.raises(ValueError, match=r"predictions\.decoder\.weight differs"):
+    interop.load_hf(tmp_path)
+
+
+def _copy_with_config(src, dst, **changes):
+  dst.mkdir()
+  (dst / interop.SAFETENSORS_FILE).write_bytes((Path(src) / interop.SAFETENSORS_FILE).read_bytes())
+  hf_config = json.loads((Path(src) / "config.json").read_text())
+  (dst / "config.json").write_text(json.dumps({**hf_config, **changes}))
+  return dst
+
+
+def test_bad_checkpoints_raise_clear_errors(tmp_path, hf_dir):
+  wrong_ffn = _copy_with_config(hf_dir, tmp_path / "ffn", intermediate_size=48)
+  with pytest.raises(ValueError, match=r"albert_layers\.0\.ffn\.weight .*shape \[64, 32\].*expects \[48, 32\]"):
+    interop.load_hf(wrong_ffn)
+  one_group = _copy_with_config(hf_dir, tmp_path / "groups", num_hidden_groups=1)
+  with pytest.raises(ValueError, match=r"unexpected parameters .*albert_layer_groups\.1\."):
+    interop.load_hf(one_group)
+  relative = _copy_with_config(hf_dir, tmp_path / "relative", position_embedding_type="relative_key")
+  with pytest.raises(ValueError, match="position_embedding_type='relative_key'"):
+    interop.load_hf(relative)
+  silu = _copy_with_config(hf_dir, tmp_path / "silu", hidden_act="silu")
+  with pytest.raises(ValueError, match="hidden_act='silu'"):
+    interop.load_hf(silu)
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    interop.load_hf(tmp_path / "nowhere")
+
+
+def test_save_hf_rejects_what_hf_cannot_hold(tmp_path, hf_dir):
+  config, params = interop.load_hf(hf_dir)
+  with pytest.raises(ValueError, match=r"albert\.pooler\.weight .*shape \[32, 48\].*expects \[32, 32\]"):
+    bad = jax.tree.map(lambda x: x, params)
+    bad["albert"]["pooler"]["kernel"] = np.zeros((32, 48), np.float32)
+    interop.save_hf(config, bad, tmp_path / "a")
+  with pytest.raises(ValueError, match="sharing='attention'"):
+    interop.save_hf(ModelConfig(**SMALL, sharing="attention"), params, tmp_path / "b")
+  with pytest.raises(ValueError, match="num_hidden_groups=14"):  # HF's float group rounding differs here
+    interop.config_to_hf(ModelConfig(**SMALL | dict(num_hidden_layers=18, num_hidden_groups=14)))
+
+
+def test_convert_cli_round_trip(tmp_path, hf_dir):
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  run = lambda *args: subprocess.run([sys.executable, "-m", "albert_jax.convert", *args], cwd=REPO, env=env,
+                                     capture_output=True, text=True, timeout=120)
+  ours, back = tmp_path / "ours", tmp_path / "back"
+  result = run("--from=hf", f"--src={hf_dir}", f"--dst={ours}")
+  assert result.returncode == 0, result.stderr
+  config, params = pretrained.load_pretrained(ours)
+  assert config == interop.load_hf(hf_dir)[0]
+  result = run("--to=hf", f"--src={ours}", f"--dst={back}")
+  assert result.returncode == 0, result.stderr
+  assert_same_tensors(read(hf_dir), read(back))
+  result = run("--to=hf", f"--src={ours}", f"--dst={back}")
+  assert result.returncode == 1 and "--dst" in result.stderr and "--overwrite" in result.stderr
+
+
+def test_convert_argument_errors(tmp_path, hf_dir):
+  with pytest.raises(ValueError, match="exactly one of --from=hf"):
+    convert.convert("hf", "hf", hf_dir, str(tmp_path / "x"))
+  with pytest.raises(ValueError, match="exactly one of --from=hf"):
+    convert.convert(None, None, hf_dir, str(tmp_path / "x"))
+  with pytest.raises(ValueError, match="--src"):
+    convert.convert("hf", None, None, str(tmp_path / "x"))
+  with pytest.raises(FileNotFoundError, match="--src=.*missing is not a directory"):
+    convert.convert("hf", None, str(tmp_path / "missing"), str(tmp_path / "x"))
+  with pytest.raises(FileNotFoundError, match="not a pretrained-weights directory"):
+    convert.convert(None, "hf", hf_dir, str(tmp_path / "x"))
