@@ -169,18 +169,24 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
     os.replace(path + ".tmp", path)
 
 
-def abstract_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: int) -> TrainState:
+def strip_boxes(tree: Any) -> Any:
+  """Drops the logical-axis boxes without applying their sharding constraints (safe on shape structs)."""
+  return jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) else x, tree,
+                      is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def abstract_state(init_params: Callable, tx: optax.GradientTransformation) -> TrainState:
   """Shapes of the train state, with the params' logical-axis boxes kept (they give the shardings)."""
   def init(rng):
-    params = model.init(rng, **dummy_inputs(1, seq_len))["params"]
+    params = init_params(rng)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
   return jax.eval_shape(init, jax.random.key(0))
 
 
-def create_state(model, tx, seq_len, rng, state_shardings) -> TrainState:
+def create_state(init_params: Callable, tx: optax.GradientTransformation, rng, state_shardings) -> TrainState:
   """Initialises the state already sharded (never materialised whole on one device)."""
   def init(rng):
-    params = nn.unbox(model.init(rng, **dummy_inputs(1, seq_len))["params"])
+    params = nn.unbox(init_params(rng))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
   return jax.jit(init, out_shardings=state_shardings)(rng)
 
@@ -222,7 +228,8 @@ def merge_init_params(target: Any, loaded: Any, required_prefix: str = "albert")
 # Data for pretraining.
 
 class SyntheticBatches:
-  """Random pretraining batches, a pure function of (seed, process, step): for smoke tests and benchmarks."""
+  """Random pretraining batches, a pure function of (seed, step): for smoke tests and benchmarks. The global batch
+  is the same whatever the process count; each process takes its own rows."""
 
   def __init__(self, data_config, host_batch: int, vocab_size: int, seed: int):
     self.config, self.host_batch, self.vocab_size, self.seed = data_config, host_batch, vocab_size, seed
@@ -232,18 +239,20 @@ class SyntheticBatches:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng((self.seed, jax.process_index(), self.position))
+    rng = np.random.default_rng((self.seed, self.position))
     self.position += 1
-    b, s = self.host_batch, self.config.max_seq_length
+    b, s = self.host_batch * jax.process_count(), self.config.max_seq_length
     p = self.config.max_predictions_per_seq or max(1, int(round(s * self.config.masked_lm_prob)))
     positions = np.sort(rng.permuted(np.tile(np.arange(1, s), (b, 1)), axis=1)[:, :p], axis=1)
-    return {"input_ids": rng.integers(5, self.vocab_size, (b, s), dtype=np.int32),
-            "attention_mask": np.ones((b, s), np.int32),
-            "token_type_ids": (np.arange(s)[None] >= s // 2).astype(np.int32).repeat(b, 0),
-            "masked_lm_positions": positions.astype(np.int32),
-            "masked_lm_ids": rng.integers(5, self.vocab_size, (b, p), dtype=np.int32),
-            "masked_lm_weights": np.ones((b, p), np.float32),
-            "sentence_order_label": rng.integers(0, 2, (b,), dtype=np.int32)}
+    batch = {"input_ids": rng.integers(5, self.vocab_size, (b, s), dtype=np.int32),
+             "attention_mask": np.ones((b, s), np.int32),
+             "token_type_ids": (np.arange(s)[None] >= s // 2).astype(np.int32).repeat(b, 0),
+             "masked_lm_positions": positions.astype(np.int32),
+             "masked_lm_ids": rng.integers(5, self.vocab_size, (b, p), dtype=np.int32),
+             "masked_lm_weights": np.ones((b, p), np.float32),
+             "sentence_order_label": rng.integers(0, 2, (b,), dtype=np.int32)}
+    rows = slice(jax.process_index() * self.host_batch, (jax.process_index() + 1) * self.host_batch)
+    return {k: v[rows] for k, v in batch.items()}
 
   def get_state(self) -> dict[str, int]:
     return {"position": self.position}
@@ -297,91 +306,118 @@ def _add(total: dict[str, float], new: dict[str, float]) -> dict[str, float]:
   return {k: total.get(k, 0.0) + v for k, v in new.items()}
 
 
+@dataclasses.dataclass
+class Job:
+  """What `fit` trains: everything task-specific, as functions. Pretraining and fine-tuning both build one."""
+  init_params: Callable          # rng -> boxed params (logical axis names kept)
+  loss_fn: Callable              # (params, batch, rng, totals, deterministic=False) -> (loss, sums)
+  totals_fn: Callable            # global batch -> normalisers handed to every micro batch's loss
+  summarize: Callable            # summed step metrics -> reported metrics
+  batches: Callable              # (split name, host batch) -> iterator with get_state/set_state
+  tokens_per_example: int
+  flops_per_token: float = 0.0
+  evaluate: Callable | None = None   # (step, params, batch_sharding, writer) -> None: scores, writes, keeps best
+  warm_start: Callable | None = None  # params (host) -> params; raises if the checkpoint does not fit
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the workdir's latest checkpoint. Returns the last logged metrics."""
   model_config = model_config_from(config)
-  check_workdir_config(workdir, config)
-  mesh = sharding.create_mesh(config.mesh)
-  rules = sharding.logical_rules(config.mesh)
-  split = batch_split(config.train, mesh)
   seq_len = config.data.max_seq_length
   if seq_len > model_config.max_position_embeddings:
     raise ValueError(f"data.max_seq_length={seq_len} exceeds model.max_position_embeddings="
                      f"{model_config.max_position_embeddings}.")
   model = AlbertForPreTraining(model_config)
-  tx, schedule = optim.create_optimizer(config.train)
   loss_fn = lambda params, batch, rng, totals, deterministic=False: pretraining_loss(
       model, config.data.sentence_task, params, batch, rng, totals, deterministic)
+  eval_fn = jax.jit(make_eval_step(loss_fn, pretraining_totals))
+  batches = lambda split, host_batch: pretraining_batches(config, split, host_batch, workdir)
+  job = Job(init_params=lambda rng: model.init(rng, **dummy_inputs(1, seq_len))["params"],
+            loss_fn=loss_fn, totals_fn=pretraining_totals, summarize=summarize_pretraining, batches=batches,
+            tokens_per_example=seq_len,
+            flops_per_token=flops.train_flops_per_token(model_config, seq_len, config.data.max_predictions_per_seq),
+            evaluate=lambda step, params, batch_sharding, writer: writer.write(
+                step, evaluate(config, eval_fn, params, batches, batch_sharding), "eval/"),
+            warm_start=(lambda params: merge_init_params(params, load_init_params(config.init_checkpoint)))
+            if config.init_checkpoint else None)
+  return fit(config, workdir, job)
 
+
+def fit(config: ml_collections.ConfigDict, workdir: str, job: Job) -> dict[str, float]:
+  """The loop: sharded state, resume or init (or warm start), one jitted step, logging, eval, checkpoints,
+  preemption and the non-finite guard. Returns the last logged metrics."""
+  check_workdir_config(workdir, config)
+  mesh = sharding.create_mesh(config.mesh)
+  rules = sharding.logical_rules(config.mesh)
+  split = batch_split(config.train, mesh)
+  tx, schedule = optim.create_optimizer(config.train)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state_shardings = sharding.logical_shardings(abstract_state(model, tx, seq_len), mesh, rules)
-    batch_sharding = sharding.batch_sharding(mesh)
-    replicated = sharding.replicated(mesh)
+    boxed = abstract_state(job.init_params, tx)
+    state_shardings = sharding.logical_shardings(boxed, mesh, rules)
+    batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), config.checkpoint.every,
                                       config.checkpoint.keep, config.checkpoint.async_save)
-    train_iter = pretraining_batches(config, "train", split.host_batch, workdir)
+    train_iter = job.batches("train", split.host_batch)
     init_rng, rng = jax.random.split(jax.random.key(config.seed))
     rng = jax.device_put(rng, replicated)
     latest = ckpt.latest_step()
     if latest is not None:
       abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                              nn.unbox(abstract_state(model, tx, seq_len)), state_shardings)
+                              strip_boxes(boxed), state_shardings)
       state, data_state = ckpt.restore(latest, abstract)
       train_iter.set_state(data_state)
       print(f"Resumed from step {latest} in {ckpt.directory}", flush=True)
     else:
-      state = create_state(model, tx, seq_len, init_rng, state_shardings)
-      if config.init_checkpoint:
-        params, fresh = merge_init_params(jax.device_get(state.params), load_init_params(config.init_checkpoint))
+      state = create_state(job.init_params, tx, init_rng, state_shardings)
+      if job.warm_start is not None:
+        params, fresh = job.warm_start(jax.device_get(state.params))
         state = state.replace(params=jax.device_put(params, state_shardings.params))
         print(f"Warm start from {config.init_checkpoint}; freshly initialised: {fresh or 'none'}", flush=True)
 
-    step_fn = jax.jit(make_train_step(loss_fn, pretraining_totals, tx, schedule, split.accumulation_steps),
+    step_fn = jax.jit(make_train_step(job.loss_fn, job.totals_fn, tx, schedule, split.accumulation_steps),
                       in_shardings=(state_shardings, batch_sharding, replicated),
                       out_shardings=(state_shardings, replicated), donate_argnums=0)
-    eval_fn = jax.jit(make_eval_step(loss_fn, pretraining_totals),
-                      in_shardings=(state_shardings.params, batch_sharding), out_shardings=replicated)
-
     writer = metrics_lib.MetricWriter(workdir, config.train.num_train_steps)
-    flops_per_token = flops.train_flops_per_token(model_config, seq_len, config.data.max_predictions_per_seq)
     peak = flops.peak_flops(jax.devices()[0].device_kind)
     preemption = _Preemption()
     first_step = int(state.step)
     window, window_steps, window_start, last = {}, 0, time.time(), {}
     pending = None   # (step, device metrics): fetched one step late so the host never stalls the device
+
+    def drain():
+      nonlocal window, window_steps, pending
+      if pending is not None:
+        window = _add(window, _checked(pending, ckpt))
+        window_steps += 1
+        pending = None
+
     try:
       for step in range(first_step, config.train.num_train_steps):
         if step == config.log.profile_start:
           jax.profiler.start_trace(os.path.join(workdir, "profile"))
         batch = sharding.make_global_batch(next(train_iter), batch_sharding)
         state, step_metrics = step_fn(state, batch, rng)
-        if pending is not None:
-          window = _add(window, _checked(pending, ckpt))
-          window_steps += 1
+        drain()
         pending, done = (step + 1, step_metrics), step + 1
         if config.log.profile_start >= 0 and done == config.log.profile_start + config.log.profile_steps:
           jax.profiler.stop_trace()
         stop = preemption.requested or ckpt.reached_preemption(done)
         last_step = done == config.train.num_train_steps
         if done % config.log.every == 0 or last_step or stop:
-          window = _add(window, _checked(pending, ckpt))
-          window_steps += 1
-          pending = None
+          drain()
           elapsed = time.time() - window_start
-          last = {**summarize_pretraining(window), "grad_norm": window["grad_norm"] / window_steps,
+          last = {**job.summarize(window), "grad_norm": window["grad_norm"] / window_steps,
                   "learning_rate": window["learning_rate"] / window_steps,
-                  **metrics_lib.throughput(window_steps, elapsed, split.global_batch, split.global_batch * seq_len,
-                                           flops_per_token, jax.device_count(), peak)}
+                  **metrics_lib.throughput(window_steps, elapsed, split.global_batch,
+                                           split.global_batch * job.tokens_per_example, job.flops_per_token,
+                                           jax.device_count(), peak if job.flops_per_token else None)}
           writer.write(done, last)
           writer.progress(done, last, first_step)
           window, window_steps, window_start = {}, 0, time.time()
-        if config.train.eval_every and (done % config.train.eval_every == 0 or last_step):
-          writer.write(done, evaluate(config, eval_fn, state.params, split, batch_sharding, workdir), "eval/")
+        if job.evaluate and config.train.eval_every and (done % config.train.eval_every == 0 or last_step):
+          job.evaluate(done, state.params, batch_sharding, writer)
         if done % config.checkpoint.every == 0 or last_step or stop:
-          if pending is not None:  # never save parameters produced by a non-finite step
-            window = _add(window, _checked(pending, ckpt))
-            window_steps += 1
-            pending = None
+          drain()  # never save parameters produced by a non-finite step
           ckpt.save(done, state, train_iter.get_state(), force=True)
         if stop:
           ckpt.wait()
@@ -409,9 +445,9 @@ def _checked(pending, ckpt: checkpointing.Checkpointer) -> dict[str, float]:
   return values
 
 
-def evaluate(config, eval_fn, params, split: BatchSplit, batch_sharding, workdir: str) -> dict[str, float]:
+def evaluate(config, eval_fn, params, batches: Callable, batch_sharding) -> dict[str, float]:
   """MLM/SOP metrics over `train.eval_batches` batches of the held-out documents (the same batches each time)."""
-  eval_iter = pretraining_batches(config, "eval", split.host_batch, workdir)
+  eval_iter = batches("eval", config.train.global_batch_size // jax.process_count())
   total: dict[str, float] = {}
   for _ in range(config.train.eval_batches):
     total = _add(total, _fetch(eval_fn(params, sharding.make_global_batch(next(eval_iter), batch_sharding))))
@@ -423,7 +459,7 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   model = AlbertForPreTraining(model_config_from(config))
   mesh = sharding.create_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
-  split = batch_split(config.train, mesh)
+  batch_split(config.train, mesh)  # the same checks as training
   ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1)
   step = ckpt.latest_step()
   if step is None:
@@ -433,4 +469,5 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     params = jax.device_put(ckpt.restore_params(step), sharding.replicated(mesh))
     eval_fn = jax.jit(make_eval_step(loss_fn, pretraining_totals))
-    return {"step": step, **evaluate(config, eval_fn, params, split, sharding.batch_sharding(mesh), workdir)}
+    batches = lambda split, host_batch: pretraining_batches(config, split, host_batch, workdir)
+    return {"step": step, **evaluate(config, eval_fn, params, batches, sharding.batch_sharding(mesh))}

@@ -1,0 +1,232 @@
+"""Fine-tuning, evaluation and prediction for GLUE, SQuAD and RACE on the engine of `train.py`.
+
+Selection rule (reported in `workdir/best/best.json`): the dev split is scored every `train.eval_every` steps and
+the best checkpoint by the task's metric is kept in `workdir/best/` with its dev predictions — the protocol behind
+the original README's numbers (one run, best checkpoint; google-research/albert#56). The paper's GLUE table is the
+median over 5 runs: repeat with `--config.seed=1..5` and take the median of the best.json values. The final state
+stays in `workdir/checkpoints/` (resumable like pretraining).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+import numpy as np
+
+from albert_jax import pretrained, sharding, train
+from albert_jax.tasks import Split, get_task, make_tokenizer
+
+BEST_DIR = "best"
+BEST_FILE = "best.json"
+
+
+class FeatureBatches:
+  """Shuffled epochs over fixed-shape features, a pure function of (seed, step): the resume state is the step."""
+
+  def __init__(self, features: dict[str, np.ndarray], host_batch: int, seed: int):
+    self.features, self.host_batch, self.seed, self.step = features, host_batch, seed, 0
+    self.global_batch = host_batch * jax.process_count()
+    self.num_rows = len(next(iter(features.values())))
+    if self.num_rows < self.global_batch:
+      raise ValueError(f"The train split has {self.num_rows} features, fewer than train.global_batch_size="
+                       f"{self.global_batch}; lower the batch size.")
+    self.steps_per_epoch = self.num_rows // self.global_batch
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    epoch, index = divmod(self.step, self.steps_per_epoch)
+    order = np.random.default_rng((self.seed, epoch)).permutation(self.num_rows)
+    rows = order[index * self.global_batch:(index + 1) * self.global_batch]
+    rows = rows[jax.process_index() * self.host_batch:(jax.process_index() + 1) * self.host_batch]
+    self.step += 1
+    return {name: array[rows] for name, array in self.features.items()}
+
+  def get_state(self) -> dict[str, int]:
+    return {"step": self.step}
+
+  def set_state(self, state: dict[str, int]) -> None:
+    self.step = int(state["step"])
+
+
+def predict_features(task, model, params, features: dict[str, np.ndarray], batch_sharding,
+                     global_batch: int) -> dict[str, np.ndarray]:
+  """Runs `task.predict_step` over every feature row (the last batch padded, padding dropped)."""
+  mesh = batch_sharding.mesh
+  predict = jax.jit(lambda p, b: task.predict_step(model, p, b), out_shardings=sharding.replicated(mesh))
+  num_rows = len(next(iter(features.values())))
+  host_batch = global_batch // jax.process_count()
+  outputs: dict[str, list[np.ndarray]] = {}
+  for start in range(0, num_rows, global_batch):
+    rows = np.arange(start, start + global_batch) % num_rows  # wrap to pad the last batch
+    rows = rows[jax.process_index() * host_batch:(jax.process_index() + 1) * host_batch]
+    batch = sharding.make_global_batch({k: v[rows] for k, v in features.items()}, batch_sharding)
+    for name, value in jax.device_get(predict(params, batch)).items():
+      outputs.setdefault(name, []).append(np.asarray(value))
+  return {name: np.concatenate(parts)[:num_rows] for name, parts in outputs.items()}
+
+
+def eval_splits(task) -> tuple[str, ...]:
+  return getattr(task, "eval_splits", ("dev",))
+
+
+class BestKeeper:
+  """Keeps the best checkpoint by the task metric: `best/step_N/` (weights), then `best/best.json` names it.
+  The pointer is written only after the weights are complete, and older steps are deleted after it."""
+
+  def __init__(self, workdir: str, task, model_config):
+    self.directory = os.path.join(workdir, BEST_DIR)
+    self.task, self.model_config = task, model_config
+    self.record = read_best(workdir)
+
+  def is_better(self, value: float) -> bool:
+    if self.record is None:
+      return True
+    return value > self.record["value"] if self.task.higher_is_better else value < self.record["value"]
+
+  def update(self, step: int, metrics: dict[str, float], params: Any, predictions: dict[str, tuple[Split, Any]]):
+    value = metrics[self.task.metric_name]
+    if not self.is_better(value):
+      return
+    step_dir = os.path.join(self.directory, f"step_{step}")
+    pretrained.save_pretrained(step_dir, self.model_config, params)
+    if jax.process_index() == 0:
+      for split_name, (split, split_predictions) in predictions.items():
+        self.task.write_predictions(split, split_predictions, os.path.join(step_dir, f"{split_name}_predictions"))
+      self.record = {"step": step, "metric": self.task.metric_name, "value": value, "metrics": metrics,
+                     "weights": step_dir,
+                     "selection": "best dev checkpoint of one run, scored every train.eval_every steps"}
+      tmp = os.path.join(self.directory, BEST_FILE + ".tmp")
+      with open(tmp, "w") as f:
+        json.dump(self.record, f, indent=2)
+      os.replace(tmp, os.path.join(self.directory, BEST_FILE))
+      for old in glob.glob(os.path.join(self.directory, "step_*")):
+        if old != step_dir:
+          shutil.rmtree(old, ignore_errors=True)
+
+
+def read_best(workdir: str) -> dict | None:
+  path = os.path.join(workdir, BEST_DIR, BEST_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def evaluate_splits(task, model, params, splits: dict[str, Split], batch_sharding, global_batch: int):
+  """Scores every eval split; returns (flat metrics, {split: (split, predictions)})."""
+  metrics, predictions = {}, {}
+  for name, split in splits.items():
+    outputs = predict_features(task, model, params, split.features, batch_sharding, global_batch)
+    split_predictions = task.postprocess(split, outputs)
+    scores = task.score(split, split_predictions)
+    prefix = "" if name == "dev" else f"{name}/"
+    metrics.update({f"{prefix}{k}": float(v) for k, v in scores.items()})
+    predictions[name] = (split, split_predictions)
+  return metrics, predictions
+
+
+def _warm_start(config):
+  """Pretrained weights are required unless random initialisation was asked for explicitly."""
+  if not config.init_checkpoint:
+    if config.allow_random_init:
+      print("WARNING: fine-tuning from RANDOM weights (allow_random_init=True).", flush=True)
+      return None
+    raise ValueError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
+                     "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
+                     "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
+  loaded = train.load_init_params(config.init_checkpoint)
+  return lambda params: train.merge_init_params(params, loaded)
+
+
+def _mean_metrics(sums: dict[str, float]) -> dict[str, float]:
+  count = sums.get("count", 1.0)
+  return {k: v / count for k, v in sums.items() if k not in ("count", "grad_norm", "learning_rate")}
+
+
+def run(config, workdir: str, mode: str, input_path: str | None = None, output_path: str | None = None) -> None:
+  task = get_task(config)
+  tokenizer = make_tokenizer(config)
+  model_config = train.model_config_from(config)
+  tokenizer.check_vocab(model_config.vocab_size)
+  model = task.build_model(model_config)
+  if mode == "train":
+    fine_tune(config, workdir, task, model, model_config, tokenizer)
+  elif mode in ("eval", "predict"):
+    evaluate_or_predict(config, workdir, mode, task, model, tokenizer, input_path, output_path)
+  else:
+    raise ValueError(f"--mode={mode} does not apply to fine-tuning; use train, eval or predict.")
+
+
+def fine_tune(config, workdir, task, model, model_config, tokenizer) -> None:
+  train_split = task.load_split("train", tokenizer)
+  dev_splits = {name: task.load_split(name, tokenizer) for name in eval_splits(task)}
+  accumulation = {}
+
+  def loss_fn(params, batch, rng, totals, deterministic=False):
+    del totals
+    loss, metrics = task.loss_and_metrics(model, params, batch, rng, deterministic)
+    scale = 1.0 / accumulation["steps"]  # micro-batch means averaged over the accumulation steps
+    return loss * scale, {**{k: v * scale for k, v in metrics.items()}, "loss": loss * scale, "count": scale}
+
+  keeper = BestKeeper(workdir, task, model_config)
+
+  def evaluate(step, params, batch_sharding, writer):
+    metrics, predictions = evaluate_splits(task, model, params, dev_splits, batch_sharding,
+                                           config.train.global_batch_size)
+    writer.write(step, metrics, "dev/")
+    keeper.update(step, metrics, params, predictions)
+    if jax.process_index() == 0:
+      print(f"dev at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
+            f" (best: step {keeper.record['step']}, {keeper.record['metric']} {keeper.record['value']:.4f})",
+            flush=True)
+
+  job = train.Job(init_params=lambda rng: task.init_params(model, rng), loss_fn=loss_fn, totals_fn=lambda b: {},
+                  summarize=_mean_metrics,
+                  batches=lambda split, host_batch: FeatureBatches(train_split.features, host_batch, config.seed),
+                  tokens_per_example=int(np.prod(train_split.features["input_ids"].shape[1:])),
+                  evaluate=evaluate, warm_start=_warm_start(config))
+  mesh = sharding.create_mesh(config.mesh)
+  accumulation["steps"] = train.batch_split(config.train, mesh).accumulation_steps
+  train.fit(config, workdir, job)
+  best = read_best(workdir)
+  if best:
+    print(json.dumps(best), flush=True)
+
+
+def _trained_params(workdir: str):
+  best = read_best(workdir)
+  if best:
+    return pretrained.load_pretrained(best["weights"])[1], f"best checkpoint (step {best['step']})"
+  return train.load_init_params(workdir), "latest checkpoint"
+
+
+def evaluate_or_predict(config, workdir, mode, task, model, tokenizer, input_path, output_path) -> None:
+  """`--mode=eval` scores the dev splits with the best (else latest) weights and writes their predictions;
+  `--mode=predict` runs them on the user's own file (`--input`) and writes predictions to `--output`."""
+  params, which = _trained_params(workdir)
+  mesh = sharding.create_mesh(config.mesh)
+  batch_sharding = sharding.batch_sharding(mesh)
+  with jax.set_mesh(mesh):
+    params = jax.device_put(params, sharding.replicated(mesh))
+    if mode == "eval":
+      splits = {name: task.load_split(name, tokenizer) for name in eval_splits(task)}
+      metrics, predictions = evaluate_splits(task, model, params, splits, batch_sharding,
+                                             config.train.global_batch_size)
+      if jax.process_index() == 0:
+        for name, (split, split_predictions) in predictions.items():
+          task.write_predictions(split, split_predictions, os.path.join(workdir, f"{name}_predictions"))
+      print(json.dumps({"weights": which, **metrics}), flush=True)
+      return
+    if not input_path or not output_path:
+      raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH.")
+    split = task.read_user_file(input_path, tokenizer)
+    outputs = predict_features(task, model, params, split.features, batch_sharding, config.train.global_batch_size)
+    if jax.process_index() == 0:
+      task.write_predictions(split, task.postprocess(split, outputs), output_path)
+      print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

@@ -1,0 +1,269 @@
+"""Model core: exact parameter counts, sharing semantics, scan == loop, dtypes, remat, clear errors."""
+import json
+import subprocess
+import sys
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from albert_jax import flops
+from albert_jax.model import (AlbertForPreTraining, AlbertModel, abstract_params, count_params, init_params,
+                              layers_per_group)
+from albert_jax.model_config import MODEL_SIZES, ModelConfig, model_config_for
+
+# ../shared/REFERENCE.md b.4 (V=30000, P=512, T=2): (backbone, backbone + MLM + SOP heads).
+EXACT_COUNTS = {
+    "base": (11_683_584, 11_813_810),
+    "large": (17_683_968, 17_847_474),
+    "xlarge": (58_724_864, 59_021_490),
+    "xxlarge": (222_595_584, 223_158_450),
+}
+
+
+def backbone_count(config: ModelConfig) -> int:
+  return count_params(abstract_params(AlbertModel(config)))
+
+
+@pytest.mark.parametrize("size", sorted(EXACT_COUNTS))
+def test_paper_sizes_have_exact_parameter_counts(size):
+  for flavour in (size, f"{size}_v1", f"{size}_v2"):
+    config = model_config_for(flavour)
+    params = abstract_params(AlbertForPreTraining(config))
+    assert (count_params(params["albert"]), count_params(params)) == EXACT_COUNTS[size]
+
+
+@pytest.mark.parametrize("embedding_size,expected", [(64, 9.68e6), (128, 11.68e6), (256, 15.69e6), (768, 31.11e6)])
+def test_embedding_size_ablation_counts(embedding_size, expected):
+  # E=768 keeps no projection (E == H), as the original.
+  count = backbone_count(model_config_for("base", embedding_size=embedding_size))
+  assert round(count / 1e6, 2) == expected / 1e6
+
+
+@pytest.mark.parametrize("sharing,expected", [("attention", 63.65e6), ("ffn", 37.69e6), ("none", 89.65e6)])
+def test_sharing_ablation_counts(sharing, expected):
+  count = backbone_count(model_config_for("base", sharing=sharing))
+  assert round(count / 1e6, 2) == expected / 1e6
+
+
+def test_bert_large_counts():
+  assert backbone_count(model_config_for("bert_large")) == 334_607_360
+  # transformers' BertModel at BERT's vocabulary (30522), same formula.
+  assert backbone_count(model_config_for("bert_large", vocab_size=30522)) == 335_141_888
+  assert backbone_count(model_config_for("bert_xlarge")) == 1_275_291_648
+
+
+def test_every_named_size_builds():
+  for size in MODEL_SIZES:
+    assert count_params(abstract_params(AlbertModel(model_config_for(size)))) > 0
+
+
+def test_layers_per_group_follows_the_original_rule():
+  # layer l uses group int(l / L * G)
+  assert layers_per_group(12, 1) == [12]
+  assert layers_per_group(4, 2) == [2, 2]
+  assert layers_per_group(5, 2) == [3, 2]
+  assert layers_per_group(6, 6) == [1] * 6
+
+
+def test_train_flops_per_token_matches_performance_md():
+  # ../shared/PERFORMANCE.md §3, seq 512, 20 predictions (G = 1e9 FLOPs per token).
+  table = {"base": 0.568, "large": 1.965, "xlarge": 7.552, "xxlarge": 14.802}
+  for size, expected in table.items():
+    assert round(flops.train_flops_per_token(model_config_for(size), 512, 20) / 1e9, 3) == expected
+  assert round(flops.train_flops_per_token(model_config_for("base"), 128, 20) / 1e9, 3) == 0.528
+  # 72·L·H² + 12·L·S·H + 6·E·H + (M/S)·6·(H·E + E·V), by hand for a small case.
+  c = model_config_for("tiny")
+  l, h, s, e, v, m = 4, 64, 128, 32, 30000, 20
+  assert flops.train_flops_per_token(c, s, m) == pytest.approx(
+      72 * l * h * h + 12 * l * s * h + 6 * e * h + m / s * 6 * (h * e + e * v))
+
+
+TINY = model_config_for("tiny", vocab_size=97, max_position_embeddings=32)
+
+
+def batch(config=TINY, b=3, s=12, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, config.vocab_size, (b, s)).astype(np.int32)
+  mask = np.ones((b, s), np.int32)
+  mask[1, 7:] = 0
+  mask[2, 4:] = 0
+  types = (np.arange(s)[None] >= s // 2).astype(np.int32).repeat(b, 0)
+  return dict(input_ids=jnp.asarray(ids), attention_mask=jnp.asarray(mask), token_type_ids=jnp.asarray(types))
+
+
+def run(config, params, inputs, **kw):
+  return AlbertForPreTraining(config).apply({"params": params}, **inputs, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny_params():
+  return nn.unbox(init_params(AlbertForPreTraining(TINY), jax.random.key(0)))
+
+
+def test_output_shapes_and_masked_positions(tiny_params):
+  inputs = batch()
+  out = run(TINY, tiny_params, inputs)
+  assert out["mlm_logits"].shape == (3, 12, 97) and out["sop_logits"].shape == (3, 2)
+  positions = jnp.array([[1, 5], [2, 3], [0, 11]])
+  sparse = run(TINY, tiny_params, inputs, masked_lm_positions=positions)
+  assert sparse["mlm_logits"].shape == (3, 2, 97)
+  dense_at = np.take_along_axis(np.asarray(out["mlm_logits"]), np.asarray(positions)[..., None], axis=1)
+  np.testing.assert_allclose(sparse["mlm_logits"], dense_at, atol=1e-5)
+
+
+def test_one_shared_layer_and_changing_it_changes_every_layer(tiny_params):
+  encoder = tiny_params["albert"]["encoder"]
+  assert sorted(encoder) == ["embedding_hidden_mapping_in", "group_0"]
+  assert encoder["group_0"]["inner_0"]["attention"]["query"]["kernel"].shape == (64, 64)  # no layer axis
+  # Capture every layer application's output (loop path: same params as scan); perturb the single shared
+  # kernel; all of them move.
+  def layer_outputs(params):
+    _, state = AlbertModel(TINY.replace(scan_layers=False)).apply(
+        {"params": params["albert"]}, **batch(), capture_intermediates=lambda m, _: m.name == "inner_0",
+        mutable=["intermediates"])
+    return np.stack(jax.tree.leaves(state))
+  base = layer_outputs(tiny_params)
+  assert base.shape[0] == TINY.num_hidden_layers  # one output per application of the shared layer
+  flat = flax.traverse_util.flatten_dict(tiny_params, sep="/")
+  kernel = "albert/encoder/group_0/inner_0/ffn/intermediate/kernel"
+  noise = 0.05 * jax.random.normal(jax.random.key(9), flat[kernel].shape)  # (a constant shift would cancel
+  perturbed = flax.traverse_util.unflatten_dict({**flat, kernel: flat[kernel] + noise}, sep="/")  # after LN)
+  moved = np.abs(layer_outputs(perturbed) - base).reshape(TINY.num_hidden_layers, -1).max(axis=1)
+  assert (moved > 1e-3).all()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"num_hidden_groups": 2}, {"inner_group_num": 2},
+                                       {"sharing": "none"}, {"embedding_size": 64}])
+def test_scan_equals_python_loop(overrides):
+  config = TINY.replace(**overrides)
+  params = nn.unbox(init_params(AlbertForPreTraining(config), jax.random.key(1)))
+  scanned = run(config, params, batch())
+  looped = run(config.replace(scan_layers=False), params, batch())
+  for key in scanned:
+    np.testing.assert_allclose(scanned[key], looped[key], atol=2e-5, rtol=1e-5)
+
+
+def test_groups_and_inner_groups_create_distinct_layers():
+  params = abstract_params(AlbertModel(TINY.replace(num_hidden_groups=2, inner_group_num=3)))
+  encoder = flax.linen.unbox(params)["encoder"]
+  assert sorted(encoder) == ["embedding_hidden_mapping_in", "group_0", "group_1"]
+  assert sorted(encoder["group_1"]) == ["inner_0", "inner_1", "inner_2"]
+
+
+@pytest.mark.parametrize("sharing", ["attention", "ffn"])
+def test_partial_sharing_has_one_shared_block(sharing):
+  encoder = flax.linen.unbox(abstract_params(AlbertModel(TINY.replace(sharing=sharing))))["encoder"]
+  per_layer = "ffn" if sharing == "attention" else "attention"
+  assert sharing in encoder
+  assert sorted(k for k in encoder if k.startswith(per_layer + "_")) == [f"{per_layer}_{i}" for i in range(4)]
+
+
+def test_bfloat16_compute_runs_and_stays_close(tiny_params):
+  inputs = batch()
+  f32 = run(TINY, tiny_params, inputs)
+  bf16 = run(TINY.replace(dtype="bfloat16"), tiny_params, inputs)
+  assert bf16["mlm_logits"].dtype == jnp.float32  # logits are returned in float32 for the loss
+  np.testing.assert_allclose(bf16["mlm_logits"], f32["mlm_logits"], atol=0.1)
+  np.testing.assert_allclose(bf16["sop_logits"], f32["sop_logits"], atol=0.05)
+  assert np.abs(np.asarray(bf16["mlm_logits"]) - np.asarray(f32["mlm_logits"])).mean() < 0.02
+
+
+@pytest.mark.parametrize("policy", ["full", "dots_saveable"])
+def test_remat_gives_the_same_values_and_gradients(tiny_params, policy):
+  inputs = batch()
+  def loss(config, params):
+    return run(config, params, inputs)["mlm_logits"].sum()
+  plain = jax.value_and_grad(lambda p: loss(TINY, p))(tiny_params)
+  remat = jax.value_and_grad(lambda p: loss(TINY.replace(remat_policy=policy), p))(tiny_params)
+  np.testing.assert_allclose(plain[0], remat[0], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(plain[1]), jax.tree.leaves(remat[1])):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_jitted_forward_equals_eager(tiny_params):
+  inputs = batch()
+  eager = run(TINY, tiny_params, inputs)
+  jitted = jax.jit(lambda p, x: run(TINY, p, x))(tiny_params, inputs)
+  np.testing.assert_allclose(eager["mlm_logits"], jitted["mlm_logits"], atol=1e-5)
+
+
+def test_padding_does_not_leak_into_real_tokens(tiny_params):
+  inputs = batch()
+  out = run(TINY, tiny_params, inputs)
+  changed = dict(inputs, input_ids=inputs["input_ids"].at[2, 4:].set(7))  # only padded positions of row 2
+  again = run(TINY, tiny_params, changed)
+  np.testing.assert_allclose(out["mlm_logits"][2, :4], again["mlm_logits"][2, :4], atol=1e-5)
+  np.testing.assert_allclose(out["sop_logits"], again["sop_logits"], atol=1e-5)
+
+
+def test_dropout_is_active_only_when_not_deterministic():
+  config = TINY.replace(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+  params = nn.unbox(init_params(AlbertForPreTraining(config), jax.random.key(0)))
+  inputs = batch()
+  a = run(config, params, inputs, deterministic=False, rngs={"dropout": jax.random.key(1)})
+  b = run(config, params, inputs, deterministic=False, rngs={"dropout": jax.random.key(2)})
+  assert not np.allclose(a["mlm_logits"], b["mlm_logits"])
+  np.testing.assert_allclose(run(config, params, inputs)["mlm_logits"], run(TINY, params, inputs)["mlm_logits"])
+
+
+def test_init_follows_the_original():
+  params = flax.linen.unbox(init_params(AlbertForPreTraining(model_config_for("base")), jax.random.key(0)))
+  words = np.asarray(params["albert"]["embeddings"]["word_embeddings"]["embedding"])
+  assert np.abs(words).max() <= 0.04 + 1e-7          # truncated at 2 sigma
+  assert abs(words.std() - 0.0176) < 5e-4             # realised sigma of a 2-sigma truncated N(0, 0.02)
+  layer = params["albert"]["encoder"]["group_0"]["inner_0"]
+  assert (np.asarray(layer["attention"]["LayerNorm"]["scale"]) == 1).all()
+  assert (np.asarray(layer["ffn"]["intermediate"]["bias"]) == 0).all()
+
+
+def test_every_parameter_has_logical_axis_names():
+  boxed = abstract_params(AlbertForPreTraining(TINY))
+  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
+  assert all(len(x.names) == len(x.value.shape) for x in leaves)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"hidden_size": 100, "num_attention_heads": 12}, "not divisible by model.num_attention_heads"),
+    ({"sharing": "some"}, "model.sharing"),
+    ({"hidden_act": "swish"}, "model.hidden_act"),
+    ({"num_hidden_groups": 20}, "num_hidden_groups"),
+])
+def test_bad_configs_fail_with_clear_errors(overrides, message):
+  with pytest.raises(ValueError, match=message):
+    model_config_for("base", **overrides)
+
+
+def test_unknown_config_key_is_named():
+  with pytest.raises(ValueError, match="hiden_size"):
+    ModelConfig.from_mapping({"hiden_size": 3})
+
+
+def test_sequence_longer_than_positions_fails_clearly(tiny_params):
+  with pytest.raises(ValueError, match="exceeds model.max_position_embeddings=32"):
+    run(TINY, tiny_params, batch(s=40))
+
+
+def test_wrong_shape_checkpoint_is_refused(tiny_params):
+  from albert_jax.train import merge_init_params
+  bad = jax.tree.map(np.asarray, tiny_params)
+  bad["albert"]["embeddings"]["word_embeddings"]["embedding"] = np.zeros((50, 32), np.float32)
+  del bad["albert"]["pooler"]
+  with pytest.raises(ValueError) as error:
+    merge_init_params(tiny_params, bad)
+  assert "albert/embeddings/word_embeddings/embedding: expected shape (97, 32), found shape (50, 32)" in str(error.value)
+  assert "albert/pooler/kernel: expected shape (64, 64), found missing" in str(error.value)
+
+
+@pytest.mark.parametrize("size", sorted(EXACT_COUNTS))
+def test_describe_cli_prints_exact_counts_last(size):
+  out = subprocess.run([sys.executable, "-m", "albert_jax.main", f"--config=experiments/pretrain_{size}.py",
+                        "--mode=describe"], capture_output=True, text=True, check=True)
+  info = json.loads(out.stdout.strip().splitlines()[-1])
+  assert (info["params_backbone"], info["params_total"]) == EXACT_COUNTS[size]
+  assert info["train_flops_per_token"] == pytest.approx(
+      flops.train_flops_per_token(model_config_for(size), 512, 20))

@@ -1,0 +1,326 @@
+"""Training engine: optimizer vs the reference formula, accumulation, resume after kill -9, SIGTERM, 1 vs 8 devices,
+2 processes vs 1, and clear errors for bad configs."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from albert_jax import checkpointing, optim, train
+from albert_jax.model import AlbertForPreTraining
+from albert_jax.model_config import model_config_for
+from experiments import common
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_RUN = ["--config.train.global_batch_size=8", "--config.data.max_seq_length=32",
+             "--config.data.max_predictions_per_seq=5", "--config.model.vocab_size=300",
+             "--config.model.max_position_embeddings=32", "--config.train.eval_every=0", "--config.log.every=1",
+             "--config.train.warmup_steps=2", "--config.checkpoint.async_save=false"]
+
+
+def cli(workdir, *overrides, devices=1, config="experiments/pretrain_tiny.py:synthetic", extra_env=None,
+        wait=True):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+             **(extra_env or {}))
+  cmd = [sys.executable, "-m", "albert_jax.main", f"--config={config}", f"--workdir={workdir}", *overrides]
+  if not wait:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def final_params(workdir):
+  ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(str(workdir)), 1, 1)
+  return ckpt.latest_step(), jax.tree.map(np.asarray, ckpt.restore_params())
+
+
+def logged(workdir, key="loss"):
+  rows = [json.loads(line) for line in open(Path(workdir) / "metrics.jsonl")]
+  return {r["step"]: r[key] for r in rows if key in r}
+
+
+def assert_trees_equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
+# ------------------------------------------------------------------------------------------------ optimizer
+
+def train_config(**overrides):
+  c = common.pretraining_config("tiny").train
+  c.update(dict(learning_rate=0.01, warmup_steps=0, num_train_steps=100, weight_decay=0.01, clip_grad_norm=1.0))
+  c.update(overrides)
+  return c
+
+
+def toy_params():
+  rng = np.random.default_rng(0)
+  return {"dense": {"kernel": rng.normal(size=(3, 4)).astype(np.float32),
+                    "bias": rng.normal(size=(4,)).astype(np.float32)},
+          "LayerNorm": {"scale": rng.normal(size=(4,)).astype(np.float32)},
+          "zero": {"kernel": np.zeros((2, 2), np.float32)}}
+
+
+PATHS = [("dense", "kernel"), ("dense", "bias"), ("LayerNorm", "scale"), ("zero", "kernel")]
+
+
+def reference_update(params, grads, m, v, step, c, lamb):
+  """google-research/albert lamb_optimizer.py / optimization.py AdamWeightDecayOptimizer, in NumPy, over
+  flat {path: array} dicts."""
+  norm = np.sqrt(sum((g ** 2).sum() for g in grads.values()))
+  scale = min(1.0, c.clip_grad_norm / norm)
+  lr = c.learning_rate * (1 - step / c.num_train_steps)
+  out_p, out_m, out_v = {}, {}, {}
+  for path in PATHS:
+    p, g = params[path], grads[path] * scale
+    mm = c.b1 * m[path] + (1 - c.b1) * g
+    vv = c.b2 * v[path] + (1 - c.b2) * g * g
+    u = mm / (np.sqrt(vv) + c.eps)
+    excluded = path[0] == "LayerNorm" or path[1] == "bias"
+    if not excluded:
+      u = u + c.weight_decay * p
+    ratio = 1.0
+    if lamb and not excluded:
+      w_norm, u_norm = np.linalg.norm(p), np.linalg.norm(u)
+      ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+    out_p[path], out_m[path], out_v[path] = p - lr * ratio * u, mm, vv
+  return out_p, out_m, out_v
+
+
+@pytest.mark.parametrize("name", ["lamb", "adamw"])
+def test_two_updates_match_the_reference_formula(name):
+  c = train_config(optimizer=name)
+  tx, _ = optim.create_optimizer(c)
+  params = toy_params()
+  state = tx.init(params)
+  rng = np.random.default_rng(1)
+  m, v = {k: 0.0 for k in PATHS}, {k: 0.0 for k in PATHS}
+  ref = {k: params[k[0]][k[1]] for k in PATHS}
+  for step in range(2):
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32) * 3, params)  # norm > 1: clipped
+    ref, m, v = reference_update(ref, {k: grads[k[0]][k[1]] for k in PATHS}, m, v, step, c, lamb=name == "lamb")
+    updates, state = tx.update(grads, state, params)
+    params = jax.tree.map(lambda p, u: p + u, params, updates)
+    for (a, b), expected in ref.items():
+      np.testing.assert_allclose(params[a][b], expected, rtol=2e-5, atol=1e-7)
+
+
+def test_optax_lamb_option_differs_by_bias_correction():
+  params = toy_params()
+  grads = jax.tree.map(lambda x: np.full(x.shape, 0.1, np.float32), params)
+  faithful, _ = optim.create_optimizer(train_config(optimizer="lamb"))
+  modern, _ = optim.create_optimizer(train_config(optimizer="optax_lamb"))
+  a, _ = faithful.update(grads, faithful.init(params), params)
+  b, _ = modern.update(grads, modern.init(params), params)
+  assert not np.allclose(a["dense"]["bias"], b["dense"]["bias"])
+
+
+def test_schedule_warms_up_then_decays_from_step_zero():
+  schedule = optim.learning_rate_schedule(0.00176, 3125, 125_000)
+  assert float(schedule(0)) == 0.0
+  assert float(schedule(1562)) == pytest.approx(0.00176 * 1562 / 3125, rel=1e-6)
+  # At the end of warmup the rate drops to lr·(1 - W/T) = 0.975·lr, as the original.
+  assert float(schedule(3125)) == pytest.approx(0.00176 * 0.975, rel=1e-6)
+  assert float(schedule(125_000)) == 0.0
+  assert float(schedule(200_000)) == 0.0
+
+
+def test_decay_mask_on_the_real_parameter_tree():
+  params = nn.unbox(jax.eval_shape(lambda r: AlbertForPreTraining(model_config_for("tiny")).init(
+      r, jnp.ones((1, 4), jnp.int32))["params"], jax.random.key(0)))
+  flat = {"/".join(k.key for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(optim.decay_mask(params))[0]}
+  assert flat["albert/embeddings/word_embeddings/embedding"] is True      # embeddings ARE decayed
+  assert flat["albert/encoder/group_0/inner_0/attention/query/kernel"] is True
+  assert flat["albert/encoder/group_0/inner_0/attention/query/bias"] is False
+  assert flat["albert/encoder/group_0/inner_0/ffn/LayerNorm/scale"] is False
+  assert flat["albert/embeddings/LayerNorm/bias"] is False
+  assert flat["predictions/bias"] is False
+  assert flat["sop_classifier/kernel"] is True
+
+
+# ------------------------------------------------------------------------------------------------ the step
+
+def step_setup(accumulation_steps):
+  config = common.pretraining_config("tiny")
+  config.model.vocab_size = 300
+  config.data.max_seq_length = 16
+  config.data.max_predictions_per_seq = 4
+  model = AlbertForPreTraining(train.model_config_from(config))
+  tx, schedule = optim.create_optimizer(train_config(optimizer="lamb", warmup_steps=0))
+  loss_fn = lambda p, b, r, t, deterministic=False: train.pretraining_loss(model, "sop", p, b, r, t, deterministic)
+  step = jax.jit(train.make_train_step(loss_fn, train.pretraining_totals, tx, schedule, accumulation_steps))
+  state = train.TrainState(step=jnp.zeros((), jnp.int32),
+                           params=nn.unbox(model.init(jax.random.key(0), jnp.ones((1, 16), jnp.int32))["params"]),
+                           opt_state=None)
+  state = state.replace(opt_state=tx.init(state.params))
+  batches = train.SyntheticBatches(config.data, 8, 300, seed=3)
+  return step, state, batches
+
+
+def test_accumulation_two_halves_equals_one_full_batch():
+  full_step, state, batches = step_setup(1)
+  accum_step, _, _ = step_setup(2)
+  batch = next(batches)
+  batch["masked_lm_weights"][:3, 2:] = 0  # unequal weights per micro batch: the normaliser must be global
+  a, metrics_a = full_step(state, batch, jax.random.key(5))
+  b, metrics_b = accum_step(state, batch, jax.random.key(5))
+  np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-6)
+  np.testing.assert_allclose(metrics_a["grad_norm"], metrics_b["grad_norm"], rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(x, y, atol=2e-6)
+
+
+# ------------------------------------------------------------------------------------------------ through the CLI
+
+@pytest.mark.slow
+def test_cli_run_writes_metrics_config_and_checkpoints(tmp_path):
+  result = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=4", "--config.checkpoint.every=2",
+               "--config.train.eval_every=4", "--config.train.eval_batches=2")
+  assert result.returncode == 0, result.stdout + result.stderr
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  keys = {"step", "loss", "mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy", "learning_rate", "grad_norm",
+          "examples_per_sec", "tokens_per_sec", "step_time"}
+  assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4] and keys <= set(rows[0])
+  assert any("eval/mlm_loss" in r for r in rows)
+  assert json.load(open(tmp_path / "config.json"))["model"]["vocab_size"] == 300
+  assert sorted(checkpointing.Checkpointer(str(tmp_path / "checkpoints"), 1, 1).all_steps()) == [2, 4]
+  assert "step 4/4" in result.stderr and "eta" in result.stderr
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_is_bit_identical(tmp_path):
+  steps = ["--config.train.num_train_steps=8", "--config.checkpoint.every=2", "--config.checkpoint.keep=10"]
+  reference = cli(tmp_path / "reference", *SMALL_RUN, *steps)
+  assert reference.returncode == 0, reference.stderr
+  # Kill -9 as soon as step 4 is complete (mid-run, possibly mid-save of a later step), then resume.
+  victim = cli(tmp_path / "killed", *SMALL_RUN, *steps, "--config.checkpoint.async_save=true", wait=False)
+  ckpt_dir = tmp_path / "killed" / "checkpoints"
+  deadline = time.time() + 300
+  while not (ckpt_dir / "4" / "_CHECKPOINT_METADATA").exists() and victim.poll() is None:
+    assert time.time() < deadline
+    time.sleep(0.05)
+  victim.send_signal(signal.SIGKILL)
+  victim.wait()
+  interrupted_at = checkpointing.Checkpointer(str(ckpt_dir), 1, 1).latest_step()
+  assert interrupted_at is not None and interrupted_at < 8
+  resumed = cli(tmp_path / "killed", *SMALL_RUN, *steps)
+  assert resumed.returncode == 0, resumed.stderr
+  assert f"Resumed from step {interrupted_at}" in resumed.stdout
+  step_a, params_a = final_params(tmp_path / "reference")
+  step_b, params_b = final_params(tmp_path / "killed")
+  assert step_a == step_b == 8
+  assert_trees_equal(params_a, params_b)
+  assert logged(tmp_path / "reference")[8] == logged(tmp_path / "killed")[8]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+  proc = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=100000", "--config.checkpoint.every=100000",
+             wait=False)
+  deadline = time.time() + 300
+  while not (tmp_path / "metrics.jsonl").exists() or len(open(tmp_path / "metrics.jsonl").readlines()) < 2:
+    assert proc.poll() is None and time.time() < deadline
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGTERM)
+  output, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 0, output
+  saved = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), 1, 1).latest_step()
+  assert saved is not None and saved >= 2
+  assert f"Preemption: saved step {saved}" in output
+
+
+@pytest.mark.slow
+def test_eight_devices_give_the_same_losses_as_one(tmp_path):
+  runs = {}
+  for devices in (1, 8):
+    result = cli(tmp_path / str(devices), *SMALL_RUN, "--config.train.num_train_steps=3", devices=devices)
+    assert result.returncode == 0, result.stderr
+    runs[devices] = logged(tmp_path / str(devices))
+  assert runs[1].keys() == runs[8].keys() == {1, 2, 3}
+  np.testing.assert_allclose([runs[8][s] for s in (1, 2, 3)], [runs[1][s] for s in (1, 2, 3)], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_fsdp_and_tensor_mesh_train_the_same_model(tmp_path):
+  base = cli(tmp_path / "dp", *SMALL_RUN, "--config.train.num_train_steps=2", devices=8)
+  mixed = cli(tmp_path / "mixed", *SMALL_RUN, "--config.train.num_train_steps=2",
+              "--config.mesh.shape=(('data', 2), ('fsdp', 2), ('tensor', 2))", devices=8)
+  assert base.returncode == 0 and mixed.returncode == 0, mixed.stderr
+  np.testing.assert_allclose(list(logged(tmp_path / "mixed").values()), list(logged(tmp_path / "dp").values()),
+                             rtol=1e-5)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_train_one_model_like_one_process(tmp_path):
+  single = cli(tmp_path / "single", *SMALL_RUN, "--config.train.num_train_steps=3", devices=2)
+  assert single.returncode == 0, single.stderr
+  port = _free_port()
+  procs = [cli(tmp_path / "multi", *SMALL_RUN, "--config.train.num_train_steps=3",
+               f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
+               devices=1, wait=False) for i in range(2)]
+  outputs = [p.communicate(timeout=600)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), outputs
+  multi, one = logged(tmp_path / "multi"), logged(tmp_path / "single")
+  np.testing.assert_allclose([multi[s] for s in (1, 2, 3)], [one[s] for s in (1, 2, 3)], rtol=1e-5)
+  assert_trees_equal(*[jax.tree.map(lambda x: np.round(x, 5), final_params(tmp_path / d)[1])
+                       for d in ("single", "multi")])
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+def test_misspelt_config_key_is_named(tmp_path):
+  result = cli(tmp_path, "--config.train.learnin_rate=0.1")
+  assert result.returncode != 0 and "learnin_rate" in result.stderr
+
+
+def test_impossible_batch_split_fails_clearly(tmp_path):
+  result = cli(tmp_path, *SMALL_RUN, "--config.train.global_batch_size=12", devices=8)
+  assert result.returncode != 0
+  assert "global_batch_size=12 is not divisible by the 8 data-parallel devices" in result.stderr
+  result = cli(tmp_path, *SMALL_RUN, "--config.train.micro_batch_size=3")
+  assert "must equal micro_batch_size=3" in result.stderr
+
+
+@pytest.mark.slow
+def test_restart_with_a_different_model_shape_is_refused(tmp_path):
+  first = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2", "--config.checkpoint.every=2")
+  assert first.returncode == 0, first.stderr
+  again = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=4", "--config.model.hidden_size=32",
+              "--config.model.intermediate_size=64")
+  assert again.returncode != 0
+  assert "model.hidden_size: saved 64 vs now 32" in again.stderr and "new --workdir" in again.stderr
+
+
+def test_non_finite_loss_stops_and_names_the_last_checkpoint(tmp_path):
+  result = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=6", "--config.checkpoint.every=2",
+               "--config.train.learning_rate=1e30", "--config.train.clip_grad_norm=0", "--config.train.optimizer=adamw")
+  assert result.returncode != 0
+  assert "is not finite" in result.stderr and "last good checkpoint" in result.stderr
+
+
+def test_warm_start_from_a_pretrained_directory(tmp_path):
+  from albert_jax import pretrained
+  config = train.model_config_from(ml_collections.ConfigDict(
+      {"model": {**common.model_config("tiny").to_dict(), "vocab_size": 300, "max_position_embeddings": 32}}))
+  params = nn.unbox(AlbertForPreTraining(config).init(jax.random.key(7), jnp.ones((1, 4), jnp.int32))["params"])
+  pretrained.save_pretrained(str(tmp_path / "init"), config, params)
+  result = cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=1",
+               f"--config.init_checkpoint={tmp_path / 'init'}", "--config.train.learning_rate=0")
+  assert result.returncode == 0, result.stderr
+  assert_trees_equal(jax.tree.map(np.asarray, params), final_params(tmp_path / "run")[1])
