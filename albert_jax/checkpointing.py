@@ -66,11 +66,13 @@ class Checkpointer:
     return restored["state"], restored["data"].state
 
   def restore_params(self, step: int | None = None) -> Any:
-    """Only the parameters of a step (latest by default), as host arrays: for warm starts and evaluation."""
+    """Only the parameters of a step (latest by default), on this host's first device, whatever the topology
+    that wrote them: for warm starts and evaluation."""
     step = self.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"No complete checkpoint in {self.directory}.")
-    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    target = local_restore_target(self.manager.item_metadata(step)["state"])
+    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
     return restored["state"]["params"]
 
   def reached_preemption(self, step: int) -> bool:
@@ -81,6 +83,13 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def local_restore_target(metadata: Any) -> Any:
+  """Shapes and dtypes from a checkpoint's metadata, placed on this host's first device: restores a checkpoint
+  written on any mesh or host count (orbax otherwise insists on the writer's topology)."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
 
 
 def checkpoint_dir(workdir: str) -> str:

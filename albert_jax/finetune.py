@@ -14,6 +14,7 @@ import os
 import shutil
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -163,7 +164,34 @@ def run(config, workdir: str, mode: str, input_path: str | None = None, output_p
     raise ValueError(f"--mode={mode} does not apply to fine-tuning; use train, eval or predict.")
 
 
+def predictions_name(task, split: str) -> str:
+  """GLUE's submission file names (e.g. SST-2.tsv, AX.tsv); `<split>_predictions` otherwise."""
+  return task.submission_name(split) if hasattr(task, "submission_name") else f"{split}_predictions"
+
+
+def predict_split_file(config, workdir, task, model, tokenizer, params, split_name: str) -> str:
+  """Predictions for a whole split (e.g. the unlabelled test set) written into the workdir."""
+  mesh = sharding.create_mesh(config.mesh)
+  with jax.set_mesh(mesh):
+    split = task.load_split(split_name, tokenizer)
+    outputs = predict_features(task, model, jax.device_put(params, sharding.replicated(mesh)), split.features,
+                               sharding.batch_sharding(mesh), config.train.global_batch_size)
+    path = os.path.join(workdir, predictions_name(task, split_name))
+    if jax.process_index() == 0:
+      os.makedirs(workdir, exist_ok=True)
+      task.write_predictions(split, task.postprocess(split, outputs), path)
+  return path
+
+
 def fine_tune(config, workdir, task, model, model_config, tokenizer) -> None:
+  if config.train.num_train_steps == 0:  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
+    if not config.init_checkpoint:
+      raise ValueError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
+                       "to it (for AX, the MNLI run's workdir/best/step_N).")
+    params = train.merge_init_params(jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
+                                     train.load_init_params(config.init_checkpoint), required_prefix="")[0]
+    print(f"Wrote {predict_split_file(config, workdir, task, model, tokenizer, params, 'test')}", flush=True)
+    return
   train_split = task.load_split("train", tokenizer)
   dev_splits = {name: task.load_split(name, tokenizer) for name in eval_splits(task)}
   accumulation = {}
@@ -195,8 +223,13 @@ def fine_tune(config, workdir, task, model, model_config, tokenizer) -> None:
   accumulation["steps"] = train.batch_split(config.train, mesh).accumulation_steps
   train.fit(config, workdir, job)
   best = read_best(workdir)
-  if best:
-    print(json.dumps(best), flush=True)
+  if best is None:
+    return
+  if os.path.exists(task.split_path("test")):
+    params = pretrained.load_pretrained(best["weights"])[1]
+    print(f"Test predictions (best checkpoint): "
+          f"{predict_split_file(config, workdir, task, model, tokenizer, params, 'test')}", flush=True)
+  print(json.dumps(best), flush=True)
 
 
 def _trained_params(workdir: str):

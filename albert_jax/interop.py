@@ -14,7 +14,6 @@ from typing import Any, Mapping
 from absl import logging
 import flax.linen as nn
 from flax import traverse_util
-import jax
 import numpy as np
 import safetensors.numpy
 
@@ -62,7 +61,8 @@ def name_map(c: ModelConfig) -> list[tuple[Path, str, bool]]:
   m += _linear(("albert", "encoder", "embedding_hidden_mapping_in"), "albert.encoder.embedding_hidden_mapping_in")
   for g in range(c.num_hidden_groups):
     for i in range(c.inner_group_num):
-      ours, hf = ("albert", "encoder", f"group_{g}", f"inner_{i}"), f"albert.encoder.albert_layer_groups.{g}.albert_layers.{i}"
+      ours = ("albert", "encoder", f"group_{g}", f"inner_{i}")
+      hf = f"albert.encoder.albert_layer_groups.{g}.albert_layers.{i}"
       for n in ("query", "key", "value", "dense"):
         m += _linear(ours + ("attention", n), f"{hf}.attention.{n}")
       m += _layer_norm(ours + ("attention", "LayerNorm"), f"{hf}.attention.LayerNorm")
@@ -84,7 +84,8 @@ def _check_groups(c: ModelConfig) -> None:
   if any(int(layer / (L / G)) != layer * G // L for layer in range(L)):
     raise ValueError(f"num_hidden_layers={L} with num_hidden_groups={G}: transformers assigns layers to groups as "
                      f"int(l / (L / G)), whose float rounding differs from the exact floor(l * G / L) used here, so "
-                     "the two would compute different functions; choose a G that divides L.")
+                     "the two would compute different functions; use a num_hidden_groups that divides "
+                     "num_hidden_layers.")
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
@@ -137,11 +138,10 @@ def _expected_shapes(c: ModelConfig) -> dict[Path, tuple[int, ...]]:
 
 
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
-  index = os.path.join(path, SAFETENSORS_INDEX)
   if os.path.isfile(os.path.join(path, SAFETENSORS_FILE)):
     return safetensors.numpy.load_file(os.path.join(path, SAFETENSORS_FILE))
-  if os.path.isfile(index):  # sharded checkpoint
-    with open(index) as f:
+  if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):  # sharded checkpoint
+    with open(os.path.join(path, SAFETENSORS_INDEX)) as f:
       files = sorted(set(json.load(f)["weight_map"].values()))
     return {k: v for name in files for k, v in safetensors.numpy.load_file(os.path.join(path, name)).items()}
   if os.path.isfile(os.path.join(path, TORCH_FILE)):
@@ -220,16 +220,13 @@ def save_hf(model_config: ModelConfig, params: Any, path: str) -> None:
   c = model_config
   hf_config = config_to_hf(c)
   layout = _hf_layout(c)
-  flat = {p: np.asarray(jax.device_get(x)) for p, x in traverse_util.flatten_dict(nn.unbox(params)).items()}
+  flat = {p: np.asarray(x) for p, x in traverse_util.flatten_dict(nn.unbox(params)).items()}
   mapping = ("albert", "encoder", "embedding_hidden_mapping_in")
   dtype = np.result_type(*flat.values())  # of the identity projection and config.json
   if not c.has_embedding_projection:
     flat[mapping + ("kernel",)] = np.eye(c.embedding_size, c.hidden_size, dtype=dtype)
     flat[mapping + ("bias",)] = np.zeros(c.hidden_size, dtype)
-  heads = {p[0] for p in flat} - {"albert"}
-  unknown = sorted("/".join(p) for p in flat if p[0] not in ("albert",) + _HEADS)
-  if unknown:
-    raise ValueError(f"params have entries with no place in an HF AlbertForPreTraining checkpoint: {unknown}.")
+  heads = {p[0] for p in flat} & set(_HEADS)
   shapes = _expected_shapes(layout)
   tensors = {}
   for ours, key, transpose in name_map(layout):
@@ -241,7 +238,8 @@ def save_hf(model_config: ModelConfig, params: Any, path: str) -> None:
     _check_shape(key, ours, value.shape, shapes[ours], "params")
     tensors[key] = np.ascontiguousarray(value.T if transpose else value)
   if flat:
-    raise ValueError(f"params have entries the model config does not describe: {sorted('/'.join(p) for p in flat)}.")
+    raise ValueError(f"params have entries that the model config does not describe or that an HF ALBERT checkpoint "
+                     f"has no place for: {sorted('/'.join(p) for p in flat)}.")
   architecture = ("AlbertForPreTraining" if "sop_classifier" in heads else
                   "AlbertForMaskedLM" if "predictions" in heads else "AlbertModel")
   os.makedirs(path, exist_ok=True)

@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import orbax.checkpoint as ocp
 
+from albert_jax.checkpointing import local_restore_target
 from albert_jax.model_config import ModelConfig
 
 CONFIG_FILE = "model_config.json"
@@ -46,6 +47,7 @@ def load_pretrained(directory: str) -> tuple[ModelConfig, Any]:
                             "to a training workdir.")
   with open(os.path.join(directory, CONFIG_FILE)) as f:
     model_config = ModelConfig.from_mapping(json.load(f))
+  path = os.path.join(directory, PARAMS_DIR)
   with ocp.StandardCheckpointer() as checkpointer:
-    params = checkpointer.restore(os.path.join(directory, PARAMS_DIR))
+    params = checkpointer.restore(path, local_restore_target(checkpointer.metadata(path).item_metadata))
   return model_config, params

@@ -202,9 +202,10 @@ def load_init_params(path: str) -> Any:
                           "params/, from `python -m albert_jax.convert`) nor a training workdir (checkpoints/).")
 
 
-def merge_init_params(target: Any, loaded: Any, required_prefix: str = "albert") -> tuple[Any, list[str]]:
-  """Copies `loaded` into `target` by path. Every backbone (`albert/...`) parameter must be present with the same
-  shape, or this raises naming them; other parameters (heads) are taken when present. Returns (params, fresh)."""
+def merge_init_params(target: Any, loaded: Any, required_prefix: str = "albert/") -> tuple[Any, list[str]]:
+  """Copies `loaded` into `target` by path. Every parameter under `required_prefix` (the backbone by default;
+  "" = all) must be present with the same shape, or this raises naming them; other parameters (heads) are taken
+  when present. Returns (params, paths left freshly initialised)."""
   flat_target = flax.traverse_util.flatten_dict(target, sep="/")
   flat_loaded = flax.traverse_util.flatten_dict(loaded, sep="/")
   problems, fresh, merged = [], [], {}
@@ -212,7 +213,7 @@ def merge_init_params(target: Any, loaded: Any, required_prefix: str = "albert")
     if path in flat_loaded and tuple(flat_loaded[path].shape) == tuple(value.shape):
       merged[path] = jnp.asarray(flat_loaded[path], value.dtype)
       continue
-    if path.startswith(required_prefix + "/"):
+    if path.startswith(required_prefix):
       found = "missing" if path not in flat_loaded else f"shape {tuple(flat_loaded[path].shape)}"
       problems.append(f"{path}: expected shape {tuple(value.shape)}, found {found}")
     fresh.append(path)

@@ -136,7 +136,7 @@ def test_bert_without_projection_exports_as_one_group_per_layer(tmp_path):
   params = random_params(config)
   interop.save_hf(config, params, tmp_path)
   loaded_config, loaded = interop.load_hf(tmp_path)
-  assert (loaded_config.num_hidden_groups, loaded_config.sharing, loaded_config.embedding_projection) == (3, "all", True)
+  assert loaded_config == config.replace(num_hidden_groups=3, sharing="all", embedding_projection=True)
   inputs = batch()
   ours = model_lib.AlbertForPreTraining(config).apply({"params": params}, *inputs)
   back = model_lib.AlbertForPreTraining(loaded_config).apply({"params": loaded}, *inputs)
@@ -238,3 +238,17 @@ def test_convert_argument_errors(tmp_path, hf_dir):
     convert.convert("hf", None, str(tmp_path / "missing"), str(tmp_path / "x"))
   with pytest.raises(FileNotFoundError, match="not a pretrained-weights directory"):
     convert.convert(None, "hf", hf_dir, str(tmp_path / "x"))
+
+
+def test_group_assignment_matches_hf_wherever_we_export():
+  """Every (L, G) that interop accepts assigns layers to groups as transformers does, and G = L is one per layer."""
+  for layers in range(1, 49):
+    assert model_lib.layers_per_group(layers, layers) == [1] * layers
+    for groups in range(1, layers + 1):
+      config = ModelConfig(**{**SMALL, "num_hidden_layers": layers}, num_hidden_groups=groups)
+      try:
+        interop.config_to_hf(config)
+      except ValueError:
+        continue
+      hf_groups = [int(layer / (layers / groups)) for layer in range(layers)]
+      assert model_lib.layers_per_group(layers, groups) == [hf_groups.count(g) for g in range(groups)]

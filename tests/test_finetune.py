@@ -1,0 +1,187 @@
+"""Every fine-tuning task runs through `python -m albert_jax.main` on CPU with a tiny model and writes metrics,
+the best checkpoint and predictions; pretrained weights are required unless random init is explicit.
+
+Data: small slices of the real files in ../shared/data. QQP and MNLI are not shipped there, so their files are
+written in the official column layouts from RTE sentence pairs.
+"""
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GLUE_DIRS = {"cola": "CoLA", "sst-2": "SST-2", "mrpc": "MRPC", "sts-b": "STS-B", "rte": "RTE", "wnli": "WNLI",
+             "qnli": "QNLI"}
+TINY_RUN = ["--config.model.num_hidden_layers=2", "--config.data.max_seq_length=64",
+            "--config.train.num_train_steps=4", "--config.train.global_batch_size=8",
+            "--config.train.warmup_steps=1", "--config.train.eval_every=2", "--config.checkpoint.every=2",
+            "--config.log.every=2", "--config.allow_random_init=True"]
+
+
+def cli(config, workdir, *overrides, mode="train", extra=()):
+  cmd = [sys.executable, "-m", "albert_jax.main", f"--config={config}", f"--workdir={workdir}", f"--mode={mode}",
+         *overrides, *extra]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+def head_lines(source: Path, target: Path, count: int) -> None:
+  target.parent.mkdir(parents=True, exist_ok=True)
+  lines = source.read_text(encoding="utf-8-sig").splitlines(keepends=True)
+  target.write_text("".join(lines[:count]), encoding="utf-8")
+
+
+def rte_pairs(shared, count):
+  with open(shared / "glue" / "RTE" / "dev.tsv", encoding="utf-8") as f:
+    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:count + 1]
+  return [(r[1], r[2], r[3]) for r in rows]
+
+
+def write_tsv(path: Path, header, rows):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("\n".join("\t".join(map(str, r)) for r in [header, *rows]) + "\n", encoding="utf-8")
+
+
+def glue_data(shared: Path, task: str, root: Path) -> Path:
+  """A GLUE root with the task's folder: train (48 lines) and dev (24 lines)."""
+  if task in GLUE_DIRS:
+    source = shared / "glue" / GLUE_DIRS[task]
+    for split in ("train", "dev"):
+      origin = source / f"{split}.tsv" if (source / f"{split}.tsv").exists() else source / "dev.tsv"
+      head_lines(origin, root / GLUE_DIRS[task] / f"{split}.tsv", 48 if split == "train" else 24)
+  elif task == "qqp":
+    rows = [(i, 2 * i, 2 * i + 1, a, b, int(label == "entailment")) for i, (a, b, label) in
+            enumerate(rte_pairs(shared, 72))]
+    header = ("id", "qid1", "qid2", "question1", "question2", "is_duplicate")
+    write_tsv(root / "QQP" / "train.tsv", header, rows[:48])
+    write_tsv(root / "QQP" / "dev.tsv", header, rows[48:])
+  elif task == "mnli":
+    labels = ("entailment", "neutral", "contradiction")
+    rows = [(i, i, f"{i}e", "fiction", "()", "()", "()", "()", a, b, lab, lab)
+            for i, (a, b, lab) in enumerate((a, b, labels[i % 3]) for i, (a, b, _) in
+                                             enumerate(rte_pairs(shared, 96)))]
+    header = ("index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+              "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label")
+    write_tsv(root / "MNLI" / "train.tsv", header, rows[:48])
+    write_tsv(root / "MNLI" / "dev_matched.tsv", header, rows[48:72])
+    write_tsv(root / "MNLI" / "dev_mismatched.tsv", header, rows[72:])
+  return root
+
+
+def spm(shared):
+  return shared / "albert_spm" / "spiece.model"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli"])
+def test_glue_task_trains_evaluates_and_predicts(shared_data, tmp_path, task):
+  root = glue_data(shared_data, task, tmp_path / "glue")
+  result = cli(f"experiments/glue.py:task={task},size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "run",
+               *TINY_RUN)
+  assert result.returncode == 0, result.stdout + result.stderr
+  best = json.load(open(tmp_path / "run" / "best" / "best.json"))
+  assert best["step"] in (2, 4) and best["metric"] in best["metrics"]
+  assert (Path(best["weights"]) / "dev_predictions").exists()
+  logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+  assert any("loss" in row for row in logged) and any(f"dev/{best['metric']}" in row for row in logged)
+  if task == "mnli":
+    assert any("dev/dev_mismatched/accuracy" in row for row in logged)
+  if task == "sst-2":  # --mode=predict on a user's own file, with the best checkpoint
+    user = tmp_path / "mine.tsv"
+    user.write_text("sentence\na gripping , beautiful film\nthe plot is a mess\n")
+    out = cli(f"experiments/glue.py:task={task},size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "run",
+              *TINY_RUN, mode="predict", extra=[f"--input={user}", f"--output={tmp_path / 'mine_predictions.tsv'}"])
+    assert out.returncode == 0, out.stderr
+    assert len((tmp_path / "mine_predictions.tsv").read_text().strip().splitlines()) == 3  # header + 2
+
+
+def squad_data(shared: Path, root: Path, version: int) -> Path:
+  """train/dev files cut from SQuAD v1.1 dev; for v2, questions paired with another article's paragraph are
+  unanswerable (the null-answer path)."""
+  articles = json.load(open(shared / "squad" / "dev-v1.1.json"))["data"]
+  def cut(items, with_impossible):
+    out = []
+    for a_index, article in enumerate(items):
+      paragraphs = [dict(p, qas=[dict(q, is_impossible=False) if version == 2 else q for q in p["qas"][:4]])
+                    for p in article["paragraphs"][:2]]
+      if with_impossible:
+        other = items[(a_index + 1) % len(items)]["paragraphs"][0]
+        paragraphs.append({"context": other["context"],
+                           "qas": [dict(id=q["id"] + "_null", question=q["question"], answers=[], is_impossible=True)
+                                   for q in article["paragraphs"][0]["qas"][:3]]})
+      out.append({"title": article["title"], "paragraphs": paragraphs})
+    return {"version": f"v{version}.{1 if version == 1 else 0}", "data": out}
+  name = "v1.1" if version == 1 else "v2.0"
+  root.mkdir(parents=True)
+  json.dump(cut(articles[:3], version == 2), open(root / f"train-{name}.json", "w"))
+  json.dump(cut(articles[3:5], version == 2), open(root / f"dev-{name}.json", "w"))
+  return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+def test_squad_trains_and_writes_predictions(shared_data, tmp_path, version):
+  data = squad_data(shared_data, tmp_path / "squad", version)
+  result = cli(f"experiments/squad_v{version}.py:size=tiny,data={data},spm={spm(shared_data)}", tmp_path / "run",
+               *TINY_RUN, "--config.data.max_seq_length=128", "--config.data.doc_stride=64",
+               "--config.data.max_query_length=32")
+  assert result.returncode == 0, result.stdout + result.stderr
+  best = json.load(open(tmp_path / "run" / "best" / "best.json"))
+  predictions = json.load(open(Path(best["weights"]) / "dev_predictions"))
+  assert len(predictions) == (8 + 6 if version == 2 else 8) and "exact_match" in best["metrics"] or "exact" in best["metrics"]
+  if version == 2:
+    assert Path(best["weights"], "dev_predictions").with_name("dev_predictions").exists()
+    assert "HasAns_total" in best["metrics"] or "has_ans_total" in json.dumps(best["metrics"]).lower()
+
+
+@pytest.mark.slow
+def test_race_trains_and_writes_answers(shared_data, tmp_path):
+  root = tmp_path / "race"
+  for split, files in (("train", slice(0, 6)), ("dev", slice(6, 9))):
+    for level in ("middle", "high"):
+      target = root / split / level
+      target.mkdir(parents=True)
+      for name in sorted(os.listdir(shared_data / "race" / "dev" / level))[files]:
+        shutil.copy(shared_data / "race" / "dev" / level / name, target / name)
+  result = cli(f"experiments/race.py:size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "run", *TINY_RUN,
+               "--config.data.max_seq_length=128", "--config.data.max_qa_length=32")
+  assert result.returncode == 0, result.stdout + result.stderr
+  best = json.load(open(tmp_path / "run" / "best" / "best.json"))
+  assert {"accuracy", "accuracy_middle", "accuracy_high"} <= set(best["metrics"]) or "accuracy" in best["metrics"]
+  assert (Path(best["weights"]) / "dev_predictions").exists()
+
+
+def test_fine_tuning_without_weights_is_refused(shared_data, tmp_path):
+  root = glue_data(shared_data, "rte", tmp_path / "glue")
+  result = cli(f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "run",
+               "--config.train.num_train_steps=1")
+  assert result.returncode != 0
+  assert "No pretrained weights" in result.stderr and "allow_random_init" in result.stderr
+
+
+@pytest.mark.slow
+def test_warm_start_from_pretraining_then_ax_predictions_with_the_mnli_model(shared_data, tmp_path):
+  """Pretrain (tiny, synthetic) -> fine-tune MNLI from it -> AX predictions with the MNLI model."""
+  pre = cli("experiments/pretrain_tiny.py:synthetic", tmp_path / "pre", "--config.model.vocab_size=30000",
+            "--config.model.num_hidden_layers=2", "--config.train.num_train_steps=2", "--config.data.max_seq_length=64",
+            "--config.train.global_batch_size=4", "--config.train.eval_every=0", "--config.checkpoint.every=2")
+  assert pre.returncode == 0, pre.stderr
+  root = glue_data(shared_data, "mnli", tmp_path / "glue")
+  overrides = [o for o in TINY_RUN if "allow_random_init" not in o]
+  mnli = cli(f"experiments/glue.py:task=mnli,size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "mnli",
+             *overrides, f"--config.init_checkpoint={tmp_path / 'pre'}")
+  assert mnli.returncode == 0, mnli.stderr
+  assert "Warm start from" in mnli.stdout and "albert/" not in mnli.stdout.split("freshly initialised:")[1].split("\n")[0]
+  (root / "diagnostic").mkdir()
+  write_tsv(root / "diagnostic" / "diagnostic.tsv", ("index", "sentence1", "sentence2"),
+            [(i, a, b) for i, (a, b, _) in enumerate(rte_pairs(shared_data, 5))])
+  best = json.load(open(tmp_path / "mnli" / "best" / "best.json"))
+  ax = cli(f"experiments/glue.py:task=ax,size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "ax",
+           *overrides, "--config.train.num_train_steps=0", f"--config.init_checkpoint={best['weights']}")
+  assert ax.returncode == 0, ax.stderr
+  assert len((tmp_path / "ax" / "AX.tsv").read_text().strip().splitlines()) == 6
