@@ -17,9 +17,14 @@ SPIECE_UNDERLINE = "\u2581"
 def preprocess_text(text: str, lower: bool = True) -> str:
   text = " ".join(text.strip().split())
   text = text.replace("``", '"').replace("''", '"')
-  text = unicodedata.normalize("NFKD", text)
-  text = "".join(ch for ch in text if not unicodedata.combining(ch))
+  if not text.isascii():  # ASCII is NFKD-invariant and has no combining marks: skip the slow per-char pass.
+    text = unicodedata.normalize("NFKD", text)
+    text = "".join(ch for ch in text if not unicodedata.combining(ch))
   return text.lower() if lower else text
+
+
+def _is_digit_comma(piece: str) -> bool:
+  return len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit()
 
 
 class Tokenizer:
@@ -42,6 +47,8 @@ class Tokenizer:
       if got == self.unk_id:
         raise ValueError(f"SentencePiece model {self.model_path!r} has no {piece} piece; train it with "
                          "control symbols [CLS],[SEP],[MASK] (see data_pipeline.train_spm).")
+    # Ids whose piece needs the digit-comma split; `encode` takes the fast id path when none occurs.
+    self._digit_comma_ids = frozenset(i for i in range(self.vocab_size) if _is_digit_comma(self.sp.IdToPiece(i)))
 
   @property
   def vocab_size(self) -> int:
@@ -56,7 +63,7 @@ class Tokenizer:
     pieces = self.sp.EncodeAsPieces(text)
     out: list[str] = []
     for piece in pieces:
-      if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+      if _is_digit_comma(piece):
         sub = self.sp.EncodeAsPieces(piece[:-1].replace(SPIECE_UNDERLINE, ""))
         if piece[0] != SPIECE_UNDERLINE and sub and sub[0][0] == SPIECE_UNDERLINE:
           sub[0] = sub[0][1:] if len(sub[0]) > 1 else sub[0]
@@ -72,7 +79,16 @@ class Tokenizer:
     return self.encode_pieces(preprocess_text(text, lower=self.do_lower_case))
 
   def encode(self, text: str) -> list[int]:
-    return [self.sp.PieceToId(p) for p in self.tokenize(text)]
+    return self.encode_batch([text])[0]
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    """Like `encode` on each text; one SentencePiece call for all of them (per-call overhead dominates short lines)."""
+    texts = [preprocess_text(t, lower=self.do_lower_case) for t in texts]
+    out = self.sp.Encode(texts)
+    for i, ids in enumerate(out):
+      if not self._digit_comma_ids.isdisjoint(ids):
+        out[i] = [self.sp.PieceToId(p) for p in self.encode_pieces(texts[i])]
+    return out
 
   def id_to_piece(self, i: int) -> str:
     return self.sp.IdToPiece(i)

@@ -56,6 +56,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.data.max_predictions_per_seq = 20   # 0 = no budget: exactly masked_lm_prob of the tokens
   c.data.masked_lm_prob = 0.15
   c.data.short_seq_prob = 0.1
+  c.data.short_seq_scope = "chunk"  # draw the short target per chunk; "document" = the original (data_pipeline.instances)
   c.data.ngram = 3
   c.data.favor_shorter_ngram = True
   c.data.sentence_task = "sop"    # "sop" | "nsp" | "none"
@@ -63,6 +64,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.data.dupe_factor = 40
   c.data.num_workers = 0          # grain worker processes (0 = in the training process)
   c.data.prefetch = 2
+  c.data.shuffle_buffer = 1024    # examples (from whole documents) shuffled together before batching
 
   c.train = ml_collections.ConfigDict()
   c.train.global_batch_size = 4096
@@ -100,3 +102,90 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.log.profile_start = -1        # step at which to start a jax.profiler trace (-1 = never)
   c.log.profile_steps = 5
   return c
+
+
+# --- Fine-tuning ------------------------------------------------------------------------------------------------
+# Recipes of the original (google-research/albert): GLUE rows from `run_glue.sh` (all: --max_seq_length=512
+# --optimizer=adamw --do_lower_case, every saved checkpoint evaluated); "eval_every" is its save interval.
+# task: (learning_rate, warmup_steps, num_train_steps, global_batch_size, eval_every)
+GLUE_RECIPES = {
+    "cola": (1e-5, 320, 5336, 16, 100),
+    "sst-2": (1e-5, 1256, 20935, 32, 100),
+    "mrpc": (2e-5, 200, 800, 32, 100),
+    "sts-b": (2e-5, 214, 3598, 16, 100),
+    "qqp": (5e-5, 1000, 14000, 128, 100),
+    "mnli": (3e-5, 1000, 10000, 128, 100),
+    "qnli": (1e-5, 1986, 33112, 32, 200),
+    "rte": (3e-5, 200, 800, 32, 100),
+    # Not in run_glue.sh: the paper's appendix table of downstream hyperparameters (Lan et al. 2020, A.4).
+    "wnli": (2e-5, 250, 2000, 16, 100),
+}
+# v2 large/xlarge diverge or stall at the recipes above (google-research/albert#197, deepset-ai/FARM#202;
+# google-research/google-research#151: xlarge needs 5e-6). These caps are community findings, not a released
+# recipe; override with --config.train.learning_rate.
+V2_LEARNING_RATE_CAP = {"large": 1e-5, "xlarge": 5e-6}
+
+
+def _is_v1(size: str) -> bool:
+  return size.endswith("_v1")
+
+
+def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
+                      spm_model: str = "") -> ml_collections.ConfigDict:
+  """The common fine-tuning setup on top of `pretraining_config`'s model/mesh/checkpoint/log/train sections.
+
+  The original's AdamW (no bias correction, weight decay 0.01 except LayerNorm/bias, eps 1e-6, clip 1.0,
+  linear warmup then linear decay) and its classifier dropout 0.1; the encoder keeps the released config's
+  dropout (v2: 0, v1: 0.1), as `run_classifier.py` loads albert_config.json. The caller sets the recipe.
+  """
+  c = pretraining_config(size)
+  c.task = task                   # "glue" | "squad_v1" | "squad_v2" | "race" (albert_jax.tasks.get_task)
+  c.task_name = task_name         # GLUE sub-task, e.g. "sst-2"; "" otherwise
+  c.init_checkpoint = ""          # pretrained weights (albert_jax.convert output or a pretraining workdir)
+  c.allow_random_init = False     # an empty init_checkpoint is an error unless this is True (#132: F1 16)
+  c.classifier_dropout_prob = 0.1  # on the pooled vector (GLUE, RACE); hard-coded 0.1 in the original
+
+  c.data = ml_collections.ConfigDict()
+  c.data.path = data              # the task's data folder (docs/finetuning.md lists the expected files)
+  c.data.spm_model = spm_model    # SentencePiece model of the checkpoint (ALBERT: spiece.model / 30k-clean.model)
+  c.data.do_lower_case = True     # ALBERT's English models are uncased
+  c.data.max_seq_length = 512
+
+  c.train.optimizer = "adamw"
+  c.train.weight_decay = 0.01
+  c.train.eps = 1e-6
+  c.train.clip_grad_norm = 1.0
+  c.train.poly_power = 1.0
+  c.train.eval_batches = 0        # 0: score the whole dev split at every evaluation
+  return c
+
+
+def set_recipe(c: ml_collections.ConfigDict, learning_rate: float, warmup_steps: int, num_train_steps: int,
+               global_batch_size: int, eval_every: int) -> ml_collections.ConfigDict:
+  """Fills the schedule; v2 large/xlarge learning rates are capped (see V2_LEARNING_RATE_CAP)."""
+  if not _is_v1(c.model_size):
+    learning_rate = min(learning_rate, V2_LEARNING_RATE_CAP.get(c.model_size.removesuffix("_v2"), learning_rate))
+  c.train.learning_rate = learning_rate
+  c.train.warmup_steps = warmup_steps
+  c.train.num_train_steps = num_train_steps
+  c.train.global_batch_size = global_batch_size
+  c.train.eval_every = eval_every   # checkpoint-selection interval: evaluate dev, keep the best
+  c.checkpoint.every = eval_every
+  return c
+
+
+def squad_config(size: str, version: int, data: str, spm_model: str) -> ml_collections.ConfigDict:
+  """The README's run_squad_v1/v2 commands: msl 384, doc_stride 128, max_query 64, batch 48, lr 5e-5,
+  2 epochs with 10% warmup, n_best 20, max_answer 30; only the final checkpoint is evaluated there
+  (save_checkpoints_steps=5000 > steps)."""
+  c = finetuning_config(size, f"squad_v{version}", data=data, spm_model=spm_model)
+  c.data.max_seq_length = 384
+  c.data.doc_stride = 128         # tokens between the starts of consecutive context windows
+  c.data.max_query_length = 64    # question tokens kept (the first ones)
+  c.data.max_answer_length = 30   # longest predicted answer, in tokens
+  c.data.n_best_size = 20         # start and end candidates per window
+  c.data.null_score_diff_threshold = 0.0  # v2: answer "" when null_odds > this (tune on dev: best_f1_thresh)
+  # 2 epochs of the train windows: v1.1 3649 steps (= the paper's count, 87.6k questions -> ~88.6k windows);
+  # v2.0 ~5500 (130.3k questions -> ~132k windows; for the exact count use ceil(2 * windows / 48)).
+  steps = 3649 if version == 1 else 5500
+  return set_recipe(c, 5e-5, steps // 10, steps, 48, eval_every=steps)

@@ -77,7 +77,7 @@ def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
   return out[0], out[1], out[2]
 
 
-def stack_packed(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+def stack_packed(rows: list[tuple[np.ndarray, ...]], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
   """Rows of `pack` outputs -> {input_ids, attention_mask, token_type_ids}, each reshaped to `shape` + [S]."""
   if not rows:
     raise ValueError("no examples to featurize")
@@ -112,7 +112,8 @@ class Task:
   """
   metric_name: str = "accuracy"
   higher_is_better: bool = True
-  label_keys: tuple[str, ...] = ()
+  label_keys: tuple[str, ...] = ()     # feature keys that are targets, not model inputs
+  eval_splits: tuple[str, ...] = ("dev",)  # scored at every evaluation; the first one selects the checkpoint
 
   def __init__(self, config):
     self.config = config
@@ -153,6 +154,11 @@ class Task:
 
   # --- model ----------------------------------------------------------------------------------------------
   def build_model(self, model_config: ModelConfig):
+    """The backbone (submodule "albert") + this task's head; checks the inputs fit the position table."""
+    check_seq_length(self.config.data.max_seq_length, model_config)
+    return self.make_model(model_config)
+
+  def make_model(self, model_config: ModelConfig):
     raise NotImplementedError
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:

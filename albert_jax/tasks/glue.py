@@ -87,6 +87,8 @@ class GlueTask(Task):
     self.name = config.task_name.lower()
     self.spec = spec_for(self.name)
     self.metric_name = self.spec.metric_name
+    # MNLI: matched selects the checkpoint, mismatched is reported with it.
+    self.eval_splits = tuple(s for s in self.spec.files if s.startswith("dev"))
 
   @property
   def num_outputs(self) -> int:
@@ -153,7 +155,7 @@ class GlueTask(Task):
     return features, {}
 
   # --- model ----------------------------------------------------------------------------------------------
-  def build_model(self, model_config):
+  def make_model(self, model_config):
     return PooledClassifier(model_config, self.num_outputs, self.config.classifier_dropout_prob)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:

@@ -1,0 +1,50 @@
+"""Standalone scorer: `python -m albert_jax.evaluate --task=TASK --data=GOLD --predictions=FILE`.
+
+TASK is a GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli), squad_v1, squad_v2 or race. GOLD is
+the labelled file (GLUE dev TSV, SQuAD JSON) or folder (RACE split with middle/ and high/); FILE is what
+`write_predictions` wrote (SQuAD v2: its `.null_odds.json` sibling is read too). The metrics are printed as one
+JSON object on the last line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from albert_jax.tasks import get_task
+from albert_jax.tasks.glue import SPECS
+
+
+def task_config(task: str, null_threshold: float = 0.0):
+  if task in SPECS:
+    from experiments import glue
+    return glue.get_config(f"task={task}")
+  if task in ("squad_v1", "squad_v2"):
+    from experiments import common
+    config = common.squad_config("base", int(task[-1]), "", "")
+    config.data.null_score_diff_threshold = null_threshold
+    return config
+  if task == "race":
+    from experiments import race
+    return race.get_config()
+  raise ValueError(f"Unknown task {task!r}; choose a GLUE task ({', '.join(SPECS)}), squad_v1, squad_v2 or race.")
+
+
+def evaluate(task_name: str, gold_path: str, predictions_path: str, null_threshold: float = 0.0) -> dict:
+  task = get_task(task_config(task_name.lower(), null_threshold))
+  gold = task.gold_split(gold_path)
+  return task.score(gold, task.read_predictions(predictions_path, gold))
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--task", required=True)
+  parser.add_argument("--data", required=True, help="gold file (GLUE TSV, SQuAD JSON) or RACE split folder")
+  parser.add_argument("--predictions", required=True)
+  parser.add_argument("--null_threshold", type=float, default=0.0,
+                      help="SQuAD v2: predict no answer when null odds exceed this")
+  args = parser.parse_args(argv)
+  print(json.dumps(evaluate(args.task, args.data, args.predictions, args.null_threshold)), flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,150 @@
+"""RACE: multiple choice over 4 options, read from the original distribution layout
+`<data.path>/<split>/{middle,high}/<n>.txt` (one JSON passage per file: article, questions, options, answers, id).
+
+Per option (google-research/albert `race_utils.py`): `[CLS] article [SEP] question⊕option [SEP]`, where ⊕
+replaces every "_" of a cloze question by the option, else appends the option after a space; the qa part keeps
+its LAST `max_qa_length` tokens and the article is cut at its end to fit. Features are [N, 4, S]; each option
+gets one score (pooled -> dropout -> dense 1) and a softmax runs across the 4. Accuracy is reported for
+middle, high and all (the paper's RACE-M / RACE-H / RACE).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from albert_jax.tasks.base import (InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack,
+                                     read_text, stack_packed)
+from albert_jax.tasks.heads import PooledClassifier
+from albert_jax.tasks.records import field, user_records
+
+LETTERS = "ABCD"
+LEVELS = ("middle", "high")
+
+
+@dataclasses.dataclass
+class RaceExample:
+  qid: str                # "<passage id>-<question number>", e.g. "high10024.txt-0"
+  level: str              # "middle" | "high" | "" (user input)
+  article: str
+  question: str
+  options: list[str]
+  label: int | None       # index of the right option
+
+
+def qa_text(question: str, option: str) -> str:
+  return question.replace("_", option) if "_" in question else f"{question} {option}"
+
+
+class RaceTask(Task):
+  label_keys = ("label",)
+
+  def __init__(self, config):
+    super().__init__(config)
+    d = config.data
+    if d.max_qa_length + 3 >= d.max_seq_length:
+      raise ValueError(f"data.max_qa_length={d.max_qa_length} leaves no room for the article in "
+                       f"data.max_seq_length={d.max_seq_length}.")
+
+  # --- data -----------------------------------------------------------------------------------------------
+  def split_path(self, split: str) -> str:
+    return os.path.join(self.config.data.path, split)
+
+  def read_examples(self, path: str, labeled: bool) -> list[RaceExample]:
+    levels = [level for level in LEVELS if os.path.isdir(os.path.join(path, level))]
+    if not levels:
+      raise FileNotFoundError(f"{path} has neither middle/ nor high/; point --config.data.path at the RACE folder "
+                              "holding train/ dev/ test/ (each with middle/ and high/).")
+    examples = []
+    for level in levels:
+      folder = os.path.join(path, level)
+      for name in sorted(n for n in os.listdir(folder) if n.endswith(".txt")):
+        examples.extend(self._passage(os.path.join(folder, name), level, labeled))
+    return examples
+
+  def _passage(self, path: str, level: str, labeled: bool) -> list[RaceExample]:
+    try:
+      passage = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+      raise InputError(path, e.lineno, f"not a RACE JSON passage ({e.msg})") from None
+    questions, options = field(passage, "questions", path, 1, list), field(passage, "options", path, 1, list)
+    answers = field(passage, "answers", path, 1, list) if labeled else [None] * len(questions)
+    if not len(questions) == len(options) == len(answers):
+      raise InputError(path, 1, f"{len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
+    examples = []
+    for i, (question, choices, answer) in enumerate(zip(questions, options, answers)):
+      examples.append(self._example(f"{passage.get('id', os.path.basename(path))}-{i}", level,
+                                    field(passage, "article", path, 1), question, choices, answer, path,
+                                    f"1 (question {i})"))
+    return examples
+
+  @staticmethod
+  def _example(qid, level, article, question, options, answer, path, where) -> RaceExample:
+    if len(options) != len(LETTERS):
+      raise InputError(path, where, f"{len(options)} options; RACE questions have exactly 4")
+    if answer is not None and answer not in LETTERS:
+      raise InputError(path, where, f"unknown answer {answer!r}; expected one of A, B, C, D")
+    return RaceExample(qid, level, article, question, list(options), None if answer is None else LETTERS.index(answer))
+
+  def read_user_examples(self, path: str) -> list[RaceExample]:
+    """JSON lines {"id", "article", "question", "options": [4 strings]}."""
+    return [self._example(str(r.get("id", line)), "", field(r, "article", path, line),
+                          field(r, "question", path, line), field(r, "options", path, line, list), None, path, line)
+            for line, r in user_records(path)]
+
+  def featurize(self, examples: list[RaceExample], tokenizer):
+    d = self.config.data
+    articles: dict[str, list[int]] = {}
+    rows = []
+    for ex in examples:
+      if ex.article not in articles:  # a passage has several questions: tokenize it once
+        articles[ex.article] = tokenizer.encode(ex.article)
+      article = articles[ex.article]
+      for option in ex.options:
+        qa = tokenizer.encode(qa_text(ex.question, option))[-d.max_qa_length:]
+        rows.append(pack(article[:d.max_seq_length - len(qa) - 3], qa, tokenizer.cls_id, tokenizer.sep_id,
+                         d.max_seq_length))
+    features = stack_packed(rows, (len(examples), len(LETTERS)))
+    if all(ex.label is not None for ex in examples):
+      features["label"] = np.asarray([ex.label for ex in examples], np.int32)
+    return features, {}
+
+  # --- model ----------------------------------------------------------------------------------------------
+  def make_model(self, model_config):
+    return PooledClassifier(model_config, 1, self.config.classifier_dropout_prob)
+
+  def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+    shape = (batch_size, len(LETTERS), self.config.data.max_seq_length)
+    return {"input_ids": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),
+            "token_type_ids": np.zeros(shape, np.int32), "label": np.zeros(batch_size, np.int32)}
+
+  def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
+    loss, acc = cross_entropy(apply_model(model, params, batch, rng, deterministic)[..., 0], batch["label"])
+    return loss, {"loss": loss, "accuracy": acc}
+
+  def predict_step(self, model, params, batch):
+    return {"logits": apply_model(model, params, batch)[..., 0]}
+
+  # --- outputs --------------------------------------------------------------------------------------------
+  def postprocess(self, split: Split, outputs) -> dict[str, str]:
+    check_outputs(split, outputs)
+    choice = np.asarray(outputs["logits"]).argmax(-1)
+    return {ex.qid: LETTERS[c] for ex, c in zip(split.examples, choice, strict=True)}
+
+  def score(self, split: Split, predictions: dict[str, str]) -> dict[str, float]:
+    """Accuracy over all questions and per level; a question without a prediction counts as wrong."""
+    out = {}
+    for name, level in (("accuracy", None), *((f"accuracy_{lv}", lv) for lv in LEVELS)):
+      chosen = [ex for ex in split.examples if level in (None, ex.level)]
+      if chosen:
+        out[name] = float(np.mean([predictions.get(ex.qid) == LETTERS[ex.label] for ex in chosen]))
+    return out
+
+  def write_predictions(self, split: Split, predictions: dict[str, str], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(predictions, f, indent=1)
+
+  def read_predictions(self, path: str, split: Split) -> dict[str, str]:
+    return json.loads(read_text(path))

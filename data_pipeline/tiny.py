@@ -1,0 +1,28 @@
+"""The tiny pretraining dataset for CPU runs: the bundled public-domain corpus, its own 4000-piece SentencePiece
+model (trained in seconds) and prepared shards, built once into a directory and reused after."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from data_pipeline import records, train_spm
+from data_pipeline.prepare import PrepareConfig, prepare
+from data_pipeline.sources import Source
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+VOCAB_SIZE = 4000
+
+
+def ensure_tiny_dataset(directory: str) -> str:
+  """Build (or reuse) the tiny dataset under `directory`; returns the prepared path for `config.data.path`."""
+  directory = os.path.abspath(os.path.expanduser(directory))
+  prepared = os.path.join(directory, "prepared")
+  if os.path.isfile(os.path.join(prepared, records.MANIFEST)):
+    return prepared
+  corpus = ",".join(sorted(str(p) for p in ASSETS.glob("*.txt")))
+  model = os.path.join(directory, "tiny_spm.model")
+  if not os.path.isfile(model):
+    train_spm.train(train_spm.sentences(Source(corpus, format="paragraphs")), model, vocab_size=VOCAB_SIZE)
+  prepare(PrepareConfig(input=corpus, format="paragraphs", spm_model=model, output_dir=prepared, num_shards=4,
+                        eval_fraction=0.05, workers=1))
+  return prepared

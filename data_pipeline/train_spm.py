@@ -1,0 +1,72 @@
+"""Train a SentencePiece model with ALBERT's settings (`python -m data_pipeline.train_spm --help`).
+
+The README's recipe: unigram, <pad> 0, <unk> 1, control symbols [CLS] [SEP] [MASK] (ids 2-4), no BOS/EOS,
+character_coverage 0.99995, user symbols ( ) " - . – £ €, a random sample of `input_sentence_size` sentences.
+Text is streamed to the trainer (ALBERT's `preprocess_text` applied, so lower-cased like the model's input), and
+the trainer samples the sentences with a reservoir, so memory is bounded by the sample, not the corpus.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from typing import Iterable, Iterator
+
+import sentencepiece as spm
+
+from data_pipeline.sentences import split_sentences
+from data_pipeline.sources import Source
+from data_pipeline.tokenization import preprocess_text
+
+USER_SYMBOLS = ["(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac"]
+
+
+def sentences(source: Source, do_lower_case: bool = True) -> Iterator[str]:
+  for doc in source.documents():
+    for unit in doc.units:
+      for sentence in split_sentences(unit) if source.splits_sentences else (unit,):
+        text = preprocess_text(sentence, lower=do_lower_case)
+        if text:
+          yield text
+
+
+def train(texts: Iterable[str], model_path: str, vocab_size: int = 30000, input_sentence_size: int = 10_000_000,
+          seed: int = 0, num_threads: int = 1) -> str:
+  """Train on `texts` and write `model_path` (a .model file); returns the path."""
+  model = io.BytesIO()
+  spm.set_random_generator_seed(seed)      # the sentence sample (and so the model) is reproducible
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts), model_writer=model, model_type="unigram", vocab_size=vocab_size,
+      pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+      user_defined_symbols=USER_SYMBOLS, character_coverage=0.99995, input_sentence_size=input_sentence_size,
+      shuffle_input_sentence=True, num_threads=num_threads, minloglevel=2)
+  os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
+  with open(model_path + ".tmp", "wb") as f:
+    f.write(model.getvalue())
+  os.replace(model_path + ".tmp", model_path)
+  return model_path
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m data_pipeline.train_spm", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--input", required=True, help="comma-separated files/globs, or tfds:NAME[:SPLIT]")
+  parser.add_argument("--format", default="lines", help="lines | paragraphs | jsonl (see data_pipeline.sources)")
+  parser.add_argument("--text_field", default="text")
+  parser.add_argument("--tfds_data_dir", default=None)
+  parser.add_argument("--output", required=True, help="path of the .model file to write")
+  parser.add_argument("--vocab_size", type=int, default=30000)
+  parser.add_argument("--input_sentence_size", type=int, default=10_000_000, help="sentences sampled for training")
+  parser.add_argument("--do_lower_case", type=lambda v: v.lower() in ("1", "true", "yes"), default=True)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--num_threads", type=int, default=os.cpu_count() or 1)
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  source = Source(args.input, args.format, args.text_field, args.tfds_data_dir)
+  train(sentences(source, args.do_lower_case), args.output, args.vocab_size, args.input_sentence_size, args.seed,
+        args.num_threads)
+  print(args.output)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,191 @@
+"""Our metrics against independent implementations (scikit-learn, scipy, the official SQuAD rules written out
+here from their published definition) on real dev labels with deterministic perturbations."""
+import collections
+import json
+import re
+import string
+
+import numpy as np
+import pytest
+import scipy.stats
+import sklearn.metrics
+
+from albert_jax.tasks import metrics, squad_metrics
+from albert_jax.tasks.glue import GlueTask
+from experiments import glue
+
+
+def _glue_labels(shared_data, task):
+  config = glue.get_config(f"task={task},data={shared_data / 'glue'}")
+  t = GlueTask(config)
+  return np.asarray([ex.label for ex in t.read_examples(t.split_path("dev"), labeled=True)])
+
+
+def _flip_every(labels, k, num_classes=2):
+  pred = labels.copy()
+  pred[::k] = (pred[::k] + 1) % num_classes
+  return pred
+
+
+@pytest.mark.parametrize("task", ["cola", "mrpc", "rte", "sst-2", "wnli"])
+def test_classification_metrics_match_sklearn(shared_data, task):
+  labels = _glue_labels(shared_data, task)
+  for k in (2, 3, 7):
+    pred = _flip_every(labels, k)
+    assert metrics.accuracy(labels, pred) == pytest.approx(sklearn.metrics.accuracy_score(labels, pred))
+    assert metrics.f1_binary(labels, pred) == pytest.approx(sklearn.metrics.f1_score(labels, pred))
+    assert metrics.matthews_corrcoef(labels, pred) == pytest.approx(sklearn.metrics.matthews_corrcoef(labels, pred))
+
+
+def test_matthews_degenerate_and_multiclass():
+  assert metrics.matthews_corrcoef([1, 1, 0], [1, 1, 1]) == sklearn.metrics.matthews_corrcoef([1, 1, 0], [1, 1, 1])
+  rng = np.random.default_rng(0)
+  truth, pred = rng.integers(0, 3, 500), rng.integers(0, 3, 500)
+  pred[:300] = truth[:300]
+  assert metrics.matthews_corrcoef(truth, pred) == pytest.approx(sklearn.metrics.matthews_corrcoef(truth, pred))
+
+
+def test_regression_metrics_match_scipy(shared_data):
+  scores = _glue_labels(shared_data, "sts-b")  # many ties: scores are multiples of 0.2 / 0.25
+  pred = scores + np.sin(np.arange(len(scores))) * 1.3
+  rounded = np.round(pred)  # ties on the prediction side too
+  for p in (pred, rounded):
+    assert metrics.pearson(scores, p) == pytest.approx(scipy.stats.pearsonr(scores, p)[0], abs=1e-12)
+    assert metrics.spearman(scores, p) == pytest.approx(scipy.stats.spearmanr(scores, p)[0], abs=1e-12)
+
+
+# --- The official SQuAD evaluation, written out from evaluate-v1.1.py / evaluate-v2.0.py ------------------------
+
+def official_normalize(s):
+  def remove_articles(text):
+    return re.sub(r"\b(a|an|the)\b", " ", text)
+
+  def white_space_fix(text):
+    return " ".join(text.split())
+
+  def remove_punc(text):
+    exclude = set(string.punctuation)
+    return "".join(ch for ch in text if ch not in exclude)
+  return white_space_fix(remove_articles(remove_punc(s.lower())))
+
+
+def official_f1_v1(prediction, ground_truth):
+  prediction_tokens = official_normalize(prediction).split()
+  ground_truth_tokens = official_normalize(ground_truth).split()
+  common = collections.Counter(prediction_tokens) & collections.Counter(ground_truth_tokens)
+  num_same = sum(common.values())
+  if num_same == 0:
+    return 0
+  precision = 1.0 * num_same / len(prediction_tokens)
+  recall = 1.0 * num_same / len(ground_truth_tokens)
+  return (2 * precision * recall) / (precision + recall)
+
+
+def official_v1(dataset, predictions):
+  f1 = exact_match = total = 0
+  for article in dataset:
+    for paragraph in article["paragraphs"]:
+      for qa in paragraph["qas"]:
+        total += 1
+        if qa["id"] not in predictions:
+          continue
+        truths = [a["text"] for a in qa["answers"]]
+        pred = predictions[qa["id"]]
+        exact_match += max(official_normalize(pred) == official_normalize(t) for t in truths)
+        f1 += max(official_f1_v1(pred, t) for t in truths)
+  return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
+
+
+def official_f1_v2(a_gold, a_pred):
+  gold_toks, pred_toks = official_normalize(a_gold).split(), official_normalize(a_pred).split()
+  common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
+  num_same = sum(common.values())
+  if len(gold_toks) == 0 or len(pred_toks) == 0:
+    return int(gold_toks == pred_toks)
+  if num_same == 0:
+    return 0
+  precision, recall = num_same / len(pred_toks), num_same / len(gold_toks)
+  return (2 * precision * recall) / (precision + recall)
+
+
+def official_v2(dataset, preds, na_probs, na_prob_thresh):
+  qid_to_has_ans = {qa["id"]: bool(qa["answers"]) for a in dataset for p in a["paragraphs"] for qa in p["qas"]}
+  exact_raw, f1_raw = {}, {}
+  for article in dataset:
+    for p in article["paragraphs"]:
+      for qa in p["qas"]:
+        gold = [a["text"] for a in qa["answers"] if official_normalize(a["text"])] or [""]
+        exact_raw[qa["id"]] = max(int(official_normalize(a) == official_normalize(preds[qa["id"]])) for a in gold)
+        f1_raw[qa["id"]] = max(official_f1_v2(a, preds[qa["id"]]) for a in gold)
+
+  def apply(scores):
+    return {q: float(not qid_to_has_ans[q]) if na_probs[q] > na_prob_thresh else s for q, s in scores.items()}
+
+  def summary(e, f, qids):
+    return 100.0 * sum(e[q] for q in qids) / len(qids), 100.0 * sum(f[q] for q in qids) / len(qids)
+
+  exact, f1 = apply(exact_raw), apply(f1_raw)
+  out = dict(zip(("exact", "f1"), summary(exact, f1, list(exact))))
+  has = [q for q in exact if qid_to_has_ans[q]]
+  no = [q for q in exact if not qid_to_has_ans[q]]
+  out["HasAns_exact"], out["HasAns_f1"] = summary(exact, f1, has)
+  out["NoAns_exact"], out["NoAns_f1"] = summary(exact, f1, no)
+
+  def best(scores):
+    cur = best_score = sum(1 for k in qid_to_has_ans if not qid_to_has_ans[k])
+    best_thresh = 0.0
+    for qid in sorted(na_probs, key=lambda k: na_probs[k]):
+      if qid not in scores:
+        continue
+      diff = scores[qid] if qid_to_has_ans[qid] else (-1 if preds[qid] else 0)
+      cur += diff
+      if cur > best_score:
+        best_score, best_thresh = cur, na_probs[qid]
+    return 100.0 * best_score / len(scores), best_thresh
+  out["best_exact"], out["best_exact_thresh"] = best(exact_raw)
+  out["best_f1"], out["best_f1_thresh"] = best(f1_raw)
+  return out
+
+
+def perturbed_answer(i, qa):
+  """Deterministic variants of a real gold answer covering every normalisation rule and partial overlaps."""
+  text = qa["answers"][i % len(qa["answers"])]["text"]
+  words = text.split()
+  return [text, text.upper() + ".", "The " + text, " ".join(words[1:]), text + " and more words", "",
+          f'"{text}"', words[0] if words else "x", "unrelated"][i % 9]
+
+
+@pytest.fixture(scope="module")
+def squad_dev(shared_data):
+  with open(shared_data / "squad" / "dev-v1.1.json") as f:
+    return json.load(f)["data"]
+
+
+def test_squad_v1_scores_match_official(squad_dev):
+  predictions = {qa["id"]: perturbed_answer(i, qa) for i, qa in
+                 enumerate(qa for a in squad_dev for p in a["paragraphs"] for qa in p["qas"])}
+  del predictions[next(iter(predictions))]  # a missing prediction counts as 0
+  gold = {qa["id"]: [a["text"] for a in qa["answers"]] for a in squad_dev for p in a["paragraphs"] for qa in p["qas"]}
+  ours = squad_metrics.evaluate_v1(gold, predictions)
+  official = official_v1(squad_dev, predictions)
+  assert ours == pytest.approx(official, abs=1e-9)
+  assert 20 < ours["exact_match"] < 60
+
+
+def test_squad_v2_scores_match_official(squad_dev):
+  # v2-style gold: every 4th question unanswerable (answers emptied).
+  dataset = json.loads(json.dumps(squad_dev[:10]))
+  qas = [qa for a in dataset for p in a["paragraphs"] for qa in p["qas"]]
+  for i, qa in enumerate(qas):
+    if i % 4 == 0:
+      qa["answers"] = []
+  preds = {qa["id"]: perturbed_answer(i, qa) if qa["answers"] else ["", "some span"][i % 2]
+           for i, qa in enumerate(qas)}
+  na_probs = {qa["id"]: float(np.sin(i * 1.7)) for i, qa in enumerate(qas)}
+  gold = {qa["id"]: [a["text"] for a in qa["answers"]] for qa in qas}
+  for thresh in (0.0, 0.5, 1.0):
+    ours = squad_metrics.evaluate_v2(gold, preds, na_probs, thresh)
+    official = official_v2(dataset, preds, na_probs, thresh)
+    assert {k: v for k, v in ours.items() if not k.endswith("total")} == pytest.approx(official, abs=1e-9)
+    assert ours["total"] == len(qas) and ours["NoAns_total"] == sum(1 for qa in qas if not qa["answers"])
+  assert ours["best_f1"] >= ours["f1"]

@@ -1,0 +1,194 @@
+"""SQuAD on the real v1.1 dev set: exact alignment, windows, gold answers -> token positions -> text, the v2
+null-answer path end to end on unanswerable questions built from v1.1 dev, prediction files and the scorer."""
+import copy
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from albert_jax.tasks import get_task
+from albert_jax.tasks.alignment import align, normalize_with_offsets
+from albert_jax.tasks.base import InputError
+from albert_jax.tasks.squad import SquadExample, null_odds_path
+from data_pipeline.tokenization import Tokenizer, preprocess_text
+from experiments import common
+from tests.test_task_metrics import official_v2
+
+
+def squad_task(version, data="", **data_overrides):
+  config = common.squad_config("base", version, str(data), "")
+  config.data.update(data_overrides)
+  return get_task(config)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(shared_data):
+  return Tokenizer(str(shared_data / "albert_spm" / "spiece.model"))
+
+
+@pytest.fixture(scope="module")
+def squad_json(shared_data):
+  with open(shared_data / "squad" / "dev-v1.1.json") as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def v1_dev(shared_data, tokenizer):
+  task = squad_task(1, shared_data / "squad")
+  return task, task.load_split("dev", tokenizer)
+
+
+def oracle_logits(split, answerable_null=-10.0):
+  """+10 at the gold start/end of every window that holds the answer, -10 elsewhere; [CLS] gets +10 in the
+  windows of unanswerable questions."""
+  f = split.features
+  start = np.full(f["input_ids"].shape, -10.0)
+  end = start.copy()
+  rows = np.arange(len(start))
+  start[rows, f["start_positions"]] = 10.0
+  end[rows, f["end_positions"]] = 10.0
+  impossible = np.array([split.examples[i].is_impossible for i in split.info["example_index"]])
+  start[~impossible, 0] = end[~impossible, 0] = answerable_null
+  return {"start_logits": start, "end_logits": end}
+
+
+def test_alignment_reproduces_preprocessing_and_tokens(squad_json, tokenizer):
+  contexts = [p["context"] for a in squad_json["data"] for p in a["paragraphs"]]
+  for context in contexts[::4]:
+    normalized, spans = normalize_with_offsets(context)
+    assert normalized == preprocess_text(context)
+    assert len(spans) == len(normalized)
+    aligned = align(tokenizer, context)
+    assert aligned.ids == tokenizer.encode(context)
+    assert (np.diff(aligned.start) >= 0).all() and (aligned.end >= aligned.start).all()
+  text = "Ｓtraße ``quoted'' naïve 1999,2000 \u200bzero"
+  aligned = align(tokenizer, text)
+  pieces = [p.replace("\u2581", "") for p in tokenizer.tokenize(text)]
+  assert len(pieces) == len(aligned.ids)
+  assert [preprocess_text(text[s:e]) for s, e in zip(aligned.start, aligned.end) if e > s] == [p for p in pieces if p]
+
+
+@pytest.mark.slow
+def test_gold_answers_survive_featurize_and_decode(v1_dev):
+  """Every first gold answer -> token positions -> windows -> oracle logits -> n-best decoding -> text, scored
+  with the official v1.1 rules against all gold answers. Misses: answers starting/ending inside a token
+  ("8" of "18", "gold" of "golden") and the few answers longer than max_answer_length=30 tokens."""
+  task, split = v1_dev
+  assert len(split.examples) == 10570 and split.num_features > 10570
+  assert split.features["input_ids"].shape[1] == 384
+  scores = task.score(split, task.postprocess(split, oracle_logits(split)))
+  assert scores["exact_match"] >= 99.0, scores   # measured: 99.65 EM, 99.70 F1
+  assert scores["f1"] >= 99.0
+
+
+def test_windows_and_max_context(v1_dev, tokenizer):
+  _, split = v1_dev
+  info = split.info
+  for index in np.unique(info["example_index"])[:300]:
+    rows = info["example_index"] == index
+    # Every context token is the max-context token of exactly one window, and owned tokens are in order.
+    assert info["max_context"][rows].sum() == len(align(tokenizer, split.examples[index].context).ids)
+    owned = info["token_start_char"][rows][info["max_context"][rows]]
+    assert (np.diff(owned) >= 0).all()
+  long = np.bincount(info["example_index"])
+  assert long.max() > 1  # some contexts need several windows at 384 tokens
+  f = split.features
+  q_len = np.argmax(f["input_ids"] == 3, axis=1)  # first [SEP]
+  assert (q_len <= 64 + 1).all()
+  assert ((f["token_type_ids"] == 1).sum(1) > 0).all()
+
+
+def _v2_dataset(squad_json, articles=4):
+  """Answerable questions of the first articles, plus each of them asked again against a paragraph of the
+  next article (unanswerable there)."""
+  data = copy.deepcopy(squad_json["data"][:articles + 1])
+  out = []
+  for i in range(articles):
+    article = data[i]
+    donor = data[i + 1]["paragraphs"]
+    extra = []
+    for j, paragraph in enumerate(article["paragraphs"]):
+      for qa in paragraph["qas"]:
+        qa["is_impossible"] = False
+      questions = [{"id": qa["id"] + "_neg", "question": qa["question"], "answers": [], "is_impossible": True}
+                   for qa in paragraph["qas"]]
+      extra.append({"context": donor[j % len(donor)]["context"], "qas": questions})
+    out.append({"title": article["title"], "paragraphs": article["paragraphs"] + extra})
+  return {"version": "v2.0", "data": out}
+
+
+def test_squad_v2_null_answer_end_to_end(squad_json, tokenizer, tmp_path):
+  dataset = _v2_dataset(squad_json)
+  (tmp_path / "dev-v2.0.json").write_text(json.dumps(dataset))
+  task = squad_task(2, tmp_path)
+  split = task.load_split("dev", tokenizer)
+  impossible = np.array([ex.is_impossible for ex in split.examples])
+  assert impossible.sum() == (~impossible).sum() > 500
+  rows = np.array([split.examples[i].is_impossible for i in split.info["example_index"]])
+  assert (split.features["start_positions"][rows] == 0).all() and (split.features["end_positions"][rows] == 0).all()
+
+  predictions = task.postprocess(split, oracle_logits(split))
+  scores = task.score(split, predictions)
+  assert scores["NoAns_exact"] == 100.0 and scores["HasAns_exact"] >= 98.5, scores  # measured 98.93
+  assert all(predictions.null_odds[ex.qid] > 0 for ex in split.examples if ex.is_impossible)
+
+  # Noisy logits: the scores equal the official v2 evaluation of the written files, threshold included.
+  logits = oracle_logits(split)
+  noise = np.sin(np.arange(logits["start_logits"].size)).reshape(logits["start_logits"].shape) * 12
+  noisy = {"start_logits": logits["start_logits"] + noise, "end_logits": logits["end_logits"] - noise}
+  predictions = task.postprocess(split, noisy)
+  path = str(tmp_path / "predictions.json")
+  task.write_predictions(split, predictions, path)
+  answers = json.loads(open(path).read())
+  odds = json.loads(open(null_odds_path(path)).read())
+  ours = task.score(split, predictions)
+  official = official_v2(dataset["data"], answers, odds, 0.0)
+  assert {k: v for k, v in ours.items() if not k.endswith("total")} == pytest.approx(official, abs=1e-9)
+  assert 0 < ours["best_f1"] < 100 and ours["best_f1"] >= ours["f1"] - 1e-9
+  result = subprocess.run([sys.executable, "-m", "albert_jax.evaluate", "--task=squad_v2",
+                           f"--data={tmp_path / 'dev-v2.0.json'}", f"--predictions={path}"],
+                          capture_output=True, text=True, check=True)
+  assert json.loads(result.stdout.strip().splitlines()[-1]) == pytest.approx(ours)
+
+
+def test_bad_squad_input(tmp_path, squad_json):
+  data = copy.deepcopy(squad_json["data"][:1])
+  qa = data[0]["paragraphs"][0]["qas"][0]
+  qa["answers"][0]["answer_start"] = 10_000
+  (tmp_path / "dev-v1.1.json").write_text(json.dumps({"data": data}))
+  with pytest.raises(InputError, match=rf"dev-v1.1.json:question {qa['id']}: answer .* is not in its context"):
+    squad_task(1, tmp_path).read_examples(str(tmp_path / "dev-v1.1.json"))
+  qa["answers"], qa["is_impossible"] = [], True
+  (tmp_path / "dev-v1.1.json").write_text(json.dumps({"data": data}))
+  with pytest.raises(InputError, match="unanswerable question"):
+    squad_task(1, tmp_path).read_examples(str(tmp_path / "dev-v1.1.json"))
+  with pytest.raises(ValueError, match="max_query_length=64 leaves no room"):
+    squad_task(1, max_seq_length=64)
+
+
+def test_user_file_and_short_windows(tmp_path, tokenizer):
+  context = " ".join(f"Sentence number {i} talks about topic {i * 7}." for i in range(40))
+  (tmp_path / "q.jsonl").write_text(json.dumps({"id": "u1", "question": "What about topic 70?",
+                                                "context": context}) + "\n")
+  task = squad_task(1, max_seq_length=64, doc_stride=16, max_query_length=16)
+  split = task.read_user_file(str(tmp_path / "q.jsonl"), tokenizer)
+  assert "start_positions" not in split.features and split.num_features > 5
+  windows = split.info["token_start_char"]
+  firsts = [row[row >= 0][0] for row in windows]
+  assert firsts == sorted(firsts) and len(set(firsts)) == len(firsts)
+  # The span decoder maps the chosen tokens back to the original characters.
+  start = np.full(windows.shape, -5.0)
+  end = start.copy()
+  target = context.index("topic 70")
+  for r in range(len(windows)):
+    hits = np.flatnonzero(windows[r] == target)
+    if hits.size and split.info["max_context"][r, hits[0]]:
+      start[r, hits[0]], end[r, hits[0] + 1] = 5.0, 5.0
+  assert task.postprocess(split, {"start_logits": start, "end_logits": end}).answers == {"u1": "topic 70"}
+
+
+def test_example_without_answer_is_unlabelled():
+  assert not SquadExample("q", "?", "c", []).labeled
+  assert SquadExample("q", "?", "c", [], is_impossible=True).labeled
