@@ -93,7 +93,7 @@ def test_glue_task_trains_evaluates_and_predicts(shared_data, tmp_path, task):
     assert any("dev/dev_mismatched/accuracy" in row for row in logged)
   if task == "sst-2":  # --mode=predict on a user's own file, with the best checkpoint
     user = tmp_path / "mine.tsv"
-    user.write_text("sentence\na gripping , beautiful film\nthe plot is a mess\n")
+    user.write_text("text_a\na gripping , beautiful film\nthe plot is a mess\n")
     out = cli(f"experiments/glue.py:task={task},size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "run",
               *TINY_RUN, mode="predict", extra=[f"--input={user}", f"--output={tmp_path / 'mine_predictions.tsv'}"])
     assert out.returncode == 0, out.stderr
