@@ -268,14 +268,12 @@ def pretraining_batches(config, split: str, host_batch: int, workdir: str):
   if kind == "synthetic":
     return SyntheticBatches(config.data, host_batch, config.model.vocab_size,
                             config.seed + (0 if split == "train" else 1))
+  if kind not in ("prepared", "tiny"):
+    raise ValueError(f"data.kind={kind!r}; choose 'prepared', 'tiny' or 'synthetic'.")
   from data_pipeline import loader
   data_config = config.data
-  if kind == "tiny":
-    from data_pipeline import tiny
-    data_config = ml_collections.ConfigDict(config.data.to_dict())
-    data_config.path = tiny.ensure_tiny_dataset(os.path.join(workdir, "tiny_data"))
-  elif kind != "prepared":
-    raise ValueError(f"data.kind={kind!r}; choose 'prepared', 'tiny' or 'synthetic'.")
+  if kind == "tiny" and not config.data.path:  # the bundled corpus, built once inside the workdir
+    data_config = ml_collections.ConfigDict({**config.data.to_dict(), "path": os.path.join(workdir, "tiny_data")})
   return loader.make_pretraining_iterator(data_config, split=split, global_batch_size=host_batch *
                                           jax.process_count(), seed=config.seed,
                                           vocab_size=config.model.vocab_size)

@@ -11,16 +11,18 @@ def get_config(arg=None):
   args = common.parse_arg(arg, synthetic=False)
   c = common.pretraining_config("tiny")
   c.model.vocab_size = 4000           # the tiny corpus's SentencePiece model (data_pipeline.tiny)
+  c.model.hidden_size = 128
+  c.model.intermediate_size = 512
   c.data.kind = "synthetic" if args.synthetic else "tiny"
-  c.data.max_seq_length = 128
-  c.data.max_predictions_per_seq = 20
-  c.train.global_batch_size = 32
-  c.train.num_train_steps = 600
-  c.train.warmup_steps = 60
-  c.train.learning_rate = 5e-3
-  c.train.eval_every = 200
+  c.data.max_seq_length = 64
+  c.data.max_predictions_per_seq = 10
+  c.train.global_batch_size = 64
+  c.train.num_train_steps = 500
+  c.train.warmup_steps = 50
+  c.train.learning_rate = 1e-2        # LAMB; the small model tolerates a large rate
+  c.train.eval_every = 250
   c.train.eval_batches = 8
-  c.checkpoint.every = 200
+  c.checkpoint.every = 250
   c.checkpoint.keep = 2
   c.log.every = 50
   return c

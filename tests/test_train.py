@@ -22,7 +22,8 @@ from albert_jax.model_config import model_config_for
 from experiments import common
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL_RUN = ["--config.train.global_batch_size=8", "--config.data.max_seq_length=32",
+SMALL_RUN = ["--config.model.hidden_size=64", "--config.model.intermediate_size=256",
+             "--config.train.global_batch_size=8", "--config.data.max_seq_length=32",
              "--config.data.max_predictions_per_seq=5", "--config.model.vocab_size=300",
              "--config.model.max_position_embeddings=32", "--config.train.eval_every=0", "--config.log.every=1",
              "--config.train.warmup_steps=2", "--config.checkpoint.async_save=false"]

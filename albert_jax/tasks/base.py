@@ -7,6 +7,7 @@ The training engine only sees `features`; everything else stays on the host.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 from typing import Any
@@ -103,7 +104,7 @@ def read_text(path: str) -> str:
     return f.read()
 
 
-class Task:
+class Task(abc.ABC):
   """The interface the training engine drives; subclasses fill in the task-specific steps.
 
   Flow: load_split / read_user_file -> read examples -> featurize -> Split; the engine batches
@@ -121,18 +122,21 @@ class Task:
       check_seq_length(config.data.max_seq_length, ModelConfig.from_mapping(config.model))
 
   # --- data -----------------------------------------------------------------------------------------------
+  @abc.abstractmethod
   def split_path(self, split: str) -> str:
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def read_examples(self, path: str, labeled: bool) -> list[Any]:
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def read_user_examples(self, path: str) -> list[Any]:
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def featurize(self, examples: list[Any], tokenizer: Tokenizer) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """-> (features, info); features carry labels only when every example has one."""
-    raise NotImplementedError
 
   def load_split(self, split: str, tokenizer: Tokenizer) -> Split:
     path = self.split_path(split)
@@ -158,34 +162,41 @@ class Task:
     check_seq_length(self.config.data.max_seq_length, model_config)
     return self.make_model(model_config)
 
+  @abc.abstractmethod
   def make_model(self, model_config: ModelConfig):
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-    raise NotImplementedError
+    ...
 
   def init_params(self, model, rng: jax.Array):
     return model.init(rng, **model_inputs(self.dummy_batch(1)))["params"]
 
+  @abc.abstractmethod
   def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def predict_step(self, model, params, batch) -> dict[str, jax.Array]:
-    raise NotImplementedError
+    ...
 
   # --- outputs --------------------------------------------------------------------------------------------
+  @abc.abstractmethod
   def postprocess(self, split: Split, outputs: dict[str, np.ndarray]):
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def score(self, split: Split, predictions) -> dict[str, float]:
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def write_predictions(self, split: Split, predictions, path: str) -> None:
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def read_predictions(self, path: str, split: Split):
     """Inverse of `write_predictions` (used by `albert_jax.evaluate`)."""
-    raise NotImplementedError
 
 
 def apply_model(model, params, batch, rng=None, deterministic: bool = True):

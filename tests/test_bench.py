@@ -1,0 +1,104 @@
+"""Benchmarks: every script runs at tiny sizes, prints its table and writes JSON with the documented fields. No
+timing assertions (the machine is shared); subprocesses get one CPU device and XLA's -O0 so compiles stay short."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import common
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--size", "tiny", "--layers", "2", "--seq-len", "32", "--micro-batch", "2", "--steps", "3", "--warmup", "1",
+        "--block", "2", "--matmul-size", "256"]
+ENVIRONMENT_FIELDS = {"device_kind", "jax", "torch", "cpu_model", "cpu_threads", "command", "xla_flags"}
+ROW_FIELDS = {"name", "compile_s", "median_s", "p10_s", "p90_s", "examples_per_s", "tokens_per_s", "mfu",
+              "flops_per_token", "compiled_memory_bytes"}
+
+
+def bench(module: str, *args: str, results: Path) -> tuple[str, dict]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
+  proc = subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--results-dir", str(results)], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  record = json.loads((results / f"{module}.json").read_text())
+  assert ENVIRONMENT_FIELDS <= set(record["environment"]), record["environment"]
+  assert record["environment"]["command"].startswith(f"python -m bench.{module}")
+  return proc.stdout, record
+
+
+@pytest.mark.slow
+@pytest.mark.hf
+def test_train_step_with_peer(tmp_path):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  out, record = bench("train_step", *TINY, "--peer", results=tmp_path)
+  names = [r["name"] for r in record["rows"]]
+  assert names == ["ours_lamb", "ours_adamw", "peer_adamw", "matmul_jax", "matmul_torch"]
+  for row in record["rows"][:3]:
+    assert ROW_FIELDS - {"compiled_memory_bytes"} <= set(row), row
+    assert row["steps"] == 3 and row["mfu"] > 0
+  assert set(record["ratios"]) == {"ours_lamb/peer_adamw", "ours_adamw/peer_adamw"}
+  assert record["peak_source"].startswith("measured") and record["rows"][0]["fraction_of_matmul"] > 0
+  assert "median ms" in out and "tokens/s ratio ours_adamw/peer_adamw" in out
+
+
+@pytest.mark.slow
+def test_input_pipeline(tmp_path):
+  out, record = bench("input_pipeline", *TINY, "--loader-batches", "3", "--tiny-dir", str(tmp_path / "tiny"),
+                      results=tmp_path)
+  assert [r["name"] for r in record["rows"]] == ["synthetic_on_device", "real_loader"]
+  assert record["loader_standalone"]["examples_per_s"] > 0 and "overhead_fraction" in record
+  assert "input overhead" in out and "loader alone" in out
+
+
+@pytest.mark.slow
+def test_compile_depth(tmp_path):
+  out, record = bench("compile_depth", *TINY, "--depths", "1,2", results=tmp_path)
+  assert [(r["path"], r["layers"]) for r in record["rows"]] == [("scan", 1), ("scan", 2), ("python loop", 1),
+                                                               ("python loop", 2)]
+  assert all(r["compile_s"] > 0 and r["lower_s"] > 0 for r in record["rows"])
+  assert "compile s" in out
+
+
+@pytest.mark.slow
+def test_speed_table(tmp_path):
+  out, record = bench("speed_table", *TINY, "--sizes", "tiny,tiny256", "--scale", "0.5", "--max-batch",
+                      "--remat-policies", "full", "--memory-cap-gb", "1", "--max-batch-limit", "1",
+                      results=tmp_path)
+  rows = {r["name"]: r for r in record["rows"]}
+  assert set(rows) == {"tiny", "tiny256"} and record["reduced_sizes"]
+  assert rows["tiny256"]["layers"] == 1 and rows["tiny"]["relative"] == 1.0   # no bert_large: first size is 1.0
+  assert rows["tiny"]["max_batch_full"] == 1
+  assert "REDUCED SIZES" in out and "Why the gaps" in out
+
+
+class FakeRunner:
+  def __init__(self, name):
+    self.name, self.calls = name, []
+    self.examples_per_step, self.tokens_per_step, self.flops_per_token, self.compile_s = 2, 64, 1e6, 0.5
+
+  def step(self):
+    self.calls.append(len(self.calls))
+
+  def memory(self):
+    return {}
+
+
+def test_interleave_alternates_blocks_and_summarizes():
+  a, b = FakeRunner("a"), FakeRunner("b")
+  timings = common.interleave([a, b], steps=5, block=2, warmup=1)
+  assert [len(timings[n]["times"]) for n in "ab"] == [5, 5]
+  # 1 first + 1 warm-up + 5 timed + one untimed re-warm per block (3 blocks).
+  assert len(a.calls) == len(b.calls) == 1 + 1 + 5 + 3
+  row = common.summarize(a, timings["a"], peak=1e12)
+  assert row["tokens_per_s"] == pytest.approx(64 / row["median_s"])
+  assert row["mfu"] == pytest.approx(row["tokens_per_s"] * 1e6 / 1e12)
+  text = common.print_table(common.table_rows([row]), common.STEP_COLUMNS)
+  assert text.splitlines()[0].startswith("runner") and "n/a" in text   # no memory figure for the fake
+
+
+def test_gpu_suite_script_parses():
+  assert subprocess.run(["bash", "-n", str(REPO / "bench" / "gpu_suite.sh")]).returncode == 0
