@@ -1,4 +1,5 @@
-"""Pretraining: one jitted train step and a thin loop (after big_vision `train.py` and flax lm1b `train.py`).
+"""The training engine: one jitted train step and a thin loop (after big_vision `train.py` and flax lm1b
+`train.py`), driven by a `Job` — pretraining here (`run`), fine-tuning in `finetune.py`.
 
 The same code runs a laptop smoke test and a TPU pod: the mesh decides how the global batch and the state are
 split, each host feeds its slice of the batch, and the step accumulates gradients over micro batches inside one

@@ -1,0 +1,47 @@
+"""Every experiment file loads and builds a valid model; the paper's recipe is in the pretraining files; the
+large config runs a few steps on CPU through the same code path as a TPU pod."""
+import importlib
+import pathlib
+
+import pytest
+
+from albert_jax import train
+from tests.test_train import cli, logged
+
+EXPERIMENTS = sorted(p.stem for p in pathlib.Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.py")
+                     if p.stem not in ("__init__", "common"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_file_loads_and_builds_a_valid_model(name):
+  config = importlib.import_module(f"experiments.{name}").get_config(None)
+  train.model_config_from(config)  # validates every model field
+  assert config.train.global_batch_size > 0 and config.task
+
+
+@pytest.mark.parametrize("size", ["base", "large", "xlarge", "xxlarge"])
+def test_pretraining_files_carry_the_paper_recipe(size):
+  c = importlib.import_module(f"experiments.pretrain_{size}").get_config(None)
+  t = c.train
+  assert (t.global_batch_size, t.learning_rate, t.num_train_steps, t.warmup_steps, t.weight_decay,
+          t.clip_grad_norm, t.optimizer) == (4096, 0.00176, 125_000, 3125, 0.01, 1.0, "lamb")
+  assert (c.data.max_seq_length, c.data.max_predictions_per_seq, c.data.sentence_task) == (512, 20, "sop")
+  v1 = importlib.import_module(f"experiments.pretrain_{size}").get_config("version=v1")
+  assert v1.model.hidden_dropout_prob == (0.0 if size == "xxlarge" else 0.1)
+
+
+def test_ablation_arguments_reach_the_config():
+  c = importlib.import_module("experiments.ablation").get_config("embedding_size=64,sharing=ffn,sentence_task=nsp")
+  assert (c.model.embedding_size, c.model.sharing, c.data.sentence_task) == (64, "ffn", "nsp")
+  with pytest.raises(ValueError, match="Unknown config argument"):
+    importlib.import_module("experiments.ablation").get_config("embeding_size=64")
+
+
+@pytest.mark.slow
+def test_pretrain_large_runs_tiny_steps_on_cpu(tmp_path):
+  result = cli(tmp_path, "--config.data.kind=synthetic", "--config.train.global_batch_size=2",
+               "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=4",
+               "--config.train.num_train_steps=2", "--config.train.warmup_steps=1", "--config.log.every=1",
+               "--config.train.eval_every=0", "--config.checkpoint.every=2", config="experiments/pretrain_large.py")
+  assert result.returncode == 0, result.stderr
+  assert sorted(logged(tmp_path)) == [1, 2]
