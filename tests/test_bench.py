@@ -45,7 +45,6 @@ def test_train_step_with_peer(tmp_path):
   assert "median ms" in out and "tokens/s ratio ours_adamw/peer_adamw" in out
 
 
-@pytest.mark.slow
 def test_input_pipeline(tmp_path):
   out, record = bench("input_pipeline", *TINY, "--loader-batches", "3", "--tiny-dir", str(tmp_path / "tiny"),
                       results=tmp_path)
@@ -56,7 +55,7 @@ def test_input_pipeline(tmp_path):
 
 @pytest.mark.slow
 def test_compile_depth(tmp_path):
-  out, record = bench("compile_depth", *TINY, "--depths", "1,2", results=tmp_path)
+  out, record = bench("compile_depth", *TINY, "--depths", "1,2", "--repeats", "1", results=tmp_path)
   assert [(r["path"], r["layers"]) for r in record["rows"]] == [("scan", 1), ("scan", 2), ("python loop", 1),
                                                                ("python loop", 2)]
   assert all(r["compile_s"] > 0 and r["lower_s"] > 0 for r in record["rows"])

@@ -1,0 +1,126 @@
+"""Input-pipeline benchmark (PERFORMANCE.md §4.2): tokenization, example building + masking, preparation memory.
+
+  python -m bench.data_pipeline                      # 30 MB corpus of ../shared/data, writes bench/results/
+  python -m bench.data_pipeline --large_corpus_gb=1  # also prepare a generated 1 GB corpus (memory must stay flat)
+  python -m bench.data_pipeline --smoke              # seconds: tiny sizes, for the test suite (no timing claims)
+
+Throughputs are per core: one process, no worker processes, divided by the process's CPU time (so that other load
+on a shared machine does not count; grain's two document-read threads are included). Wall-clock rates are printed
+too. Peak memory is the largest process's maximum RSS while `data_pipeline.prepare` runs (in a subprocess).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+
+
+def tokenization_mb_per_s(spm_model: str, files: list[str], max_bytes: int) -> float:
+  from data_pipeline.tokenization import Tokenizer
+  tokenizer = Tokenizer(spm_model)
+  lines, size = [], 0
+  for path in files:
+    for line in open(path, encoding="utf-8"):
+      if line.strip() and size < max_bytes:
+        lines.append(line)
+        size += len(line.encode())
+  start = time.process_time()
+  for i in range(0, len(lines), 1000):
+    tokenizer.encode_batch(lines[i:i + 1000])
+  return size / 1e6 / (time.process_time() - start)
+
+
+_PEAK = """import json, resource, sys
+from data_pipeline.prepare import main
+main(sys.argv[1:])
+usage = [resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+print(json.dumps(max(usage)))"""
+
+
+def prepare_peak(input_glob: str, spm_model: str, output_dir: str, workers: int) -> dict:
+  """Runs the preparation in a fresh process; returns its time and the peak RSS of its largest process."""
+  start = time.perf_counter()
+  out = subprocess.run([sys.executable, "-c", _PEAK, f"--input={input_glob}", "--format=paragraphs",
+                        f"--spm_model={spm_model}", f"--output_dir={output_dir}", "--num_shards=8",
+                        f"--workers={workers}"], check=True, capture_output=True, text=True).stdout
+  seconds = time.perf_counter() - start
+  size = sum(os.path.getsize(f) for f in glob.glob(input_glob))
+  return {"input_mb": round(size / 1e6, 1), "workers": workers, "seconds": round(seconds, 2),
+          "mb_per_s_per_worker": round(size / 1e6 / seconds / workers, 2),
+          "peak_rss_mb": round(int(out.strip().splitlines()[-1]) / 1024, 1)}
+
+
+def examples_per_s(path: str, vocab_size: int, max_seq_length: int, max_predictions: int,
+                   batches: int) -> tuple[float, float]:
+  """(examples per CPU second, examples per wall second) of the loader at host batch 256."""
+  from data_pipeline.loader import make_pretraining_iterator
+  config = {"kind": "prepared", "path": path, "max_seq_length": max_seq_length,
+            "max_predictions_per_seq": max_predictions, "num_workers": 0, "prefetch": 0}
+  iterator = make_pretraining_iterator(config, "train", 256, 0, 0, 1, vocab_size=vocab_size)
+  next(iterator)
+  cpu, wall = time.process_time(), time.perf_counter()
+  for _ in range(batches):
+    next(iterator)
+  return 256 * batches / (time.process_time() - cpu), 256 * batches / (time.perf_counter() - wall)
+
+
+def generate_corpus(files: list[str], directory: str, gigabytes: float) -> str:
+  """Copies of the corpus books until `gigabytes`, one file per copy and book."""
+  target, written, copy = gigabytes * 1e9, 0, 0
+  while written < target:
+    for path in files:
+      data = open(path, "rb").read()
+      with open(os.path.join(directory, f"copy{copy:03d}_{os.path.basename(path)}"), "wb") as f:
+        f.write(data)
+      written += len(data)
+    copy += 1
+  return os.path.join(directory, "*.txt")
+
+
+def main(argv: list[str] | None = None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--shared_data", default=SHARED)
+  parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (test suite)")
+  parser.add_argument("--large_corpus_gb", type=float, default=0.0, help="also prepare a generated corpus this big")
+  parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                        "data_pipeline.json"))
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  spm_model = os.path.join(args.shared_data, "albert_spm", "spiece.model")
+  books = sorted(glob.glob(os.path.join(args.shared_data, "corpus", "*.txt")))
+  corpus_glob = books[0] if args.smoke else os.path.join(args.shared_data, "corpus", "*.txt")
+  batches = 2 if args.smoke else 40
+  results = {"host": platform.node(), "cpu_count": os.cpu_count(), "load_average": os.getloadavg()[0],
+             "smoke": args.smoke}
+  results["tokenization_mb_per_s_per_core"] = round(
+      tokenization_mb_per_s(spm_model, books[:1] if args.smoke else books, 10**5 if args.smoke else 2 * 10**7), 2)
+  with tempfile.TemporaryDirectory() as tmp:
+    prepared = os.path.join(tmp, "prepared")
+    results["prepare_corpus"] = prepare_peak(corpus_glob, spm_model, prepared, args.workers)
+    for seq, preds in ((128, 20), (512, 20), (512, 0)):
+      per_cpu, per_wall = examples_per_s(prepared, 30000, seq, preds, batches)
+      results[f"examples_per_s_per_core_seq{seq}_pred{preds or 'free'}"] = round(per_cpu)
+      results[f"examples_per_s_wall_seq{seq}_pred{preds or 'free'}"] = round(per_wall)
+    if args.large_corpus_gb:
+      os.makedirs(os.path.join(tmp, "large"))
+      large = generate_corpus(books, os.path.join(tmp, "large"), args.large_corpus_gb)
+      results["prepare_large"] = prepare_peak(large, spm_model, os.path.join(tmp, "large_prepared"), args.workers)
+  os.makedirs(os.path.dirname(args.output), exist_ok=True)
+  with open(args.output, "w") as f:
+    json.dump(results, f, indent=1)
+  width = max(map(len, results))
+  for key, value in results.items():
+    print(f"{key:<{width}}  {value}")
+  return results
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU measurements of issue #6 / ../shared/PERFORMANCE.md §4.1, §4.3, in one go; JSON into bench/results/.
+# NOT YET RUN ON A GPU: written and syntax-checked on a CPU-only machine.
+#
+#   bash bench/gpu_suite.sh                  # everything, default XLA flags
+#   STEPS=20 bash bench/gpu_suite.sh quick   # fewer steps (a first look)
+#   XLA_EXTRA="--xla_gpu_enable_latency_hiding_scheduler=true" TAG=lhs bash bench/gpu_suite.sh
+#
+# XLA flags worth trying (append via XLA_EXTRA, compare with TAG to keep both JSONs):
+#   --xla_gpu_enable_latency_hiding_scheduler=true   overlap collectives/copies with compute (multi-GPU mostly)
+#   --xla_gpu_enable_triton_gemm=false               cuBLAS for every matmul (sometimes faster for H=768/1024)
+#   --xla_gpu_enable_cudnn_fmha=true                 older jaxlibs: cuDNN fused attention (jax.nn.dot_product_attention
+#                                                    picks it itself when implementation allows)
+#   --xla_gpu_autotune_level=4                       exhaustive GEMM autotuning (longer compile)
+#   --xla_gpu_enable_command_buffer=                 disable CUDA graphs, to see whether launches are the bottleneck
+# Also: XLA_PYTHON_CLIENT_MEM_FRACTION=.95 for the largest batches; nvidia-smi -q is recorded in every JSON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python}
+STEPS=${STEPS:-50}
+TAG=${TAG:-gpu}
+export XLA_FLAGS="${XLA_FLAGS:-} ${XLA_EXTRA:-}"
+COMMON=(--dtype bfloat16 --steps "$STEPS" --warmup 10 --block 10 --matmul-size 8192)
+
+run() { echo "+ $*" >&2; "$PY" -m "$@"; }
+
+nvidia-smi -q > "bench/results/nvidia_smi_${TAG}.txt" || true
+
+# ALBERT-base, seq 128 (§4.1 floor 35% MFU): ours LAMB + AdamW vs the peer, eager and torch.compile.
+run bench.train_step --size base --seq-len 128 --micro-batch 128 --peer --peer-compile both "${COMMON[@]}" \
+  --name "train_step_base_s128_${TAG}"
+# ALBERT-large, seq 512 (§4.1 floor 40%), same comparison.
+run bench.train_step --size large --seq-len 512 --micro-batch 32 --peer --peer-compile both "${COMMON[@]}" \
+  --name "train_step_large_s512_${TAG}"
+# ALBERT-base seq 512 (fused attention matters here).
+run bench.train_step --size base --seq-len 512 --micro-batch 32 "${COMMON[@]}" --name "train_step_base_s512_${TAG}"
+[[ "${1:-}" == quick ]] && exit 0
+
+# Remat policies at a batch that needs them (ALBERT-large seq 512, micro batch 64).
+for policy in none dots_with_no_batch_dims_saveable dots_saveable full; do
+  run bench.train_step --size large --seq-len 512 --micro-batch 64 --remat "$policy" "${COMMON[@]}" \
+    --name "train_step_large_s512_b64_remat_${policy}_${TAG}" || echo "remat=$policy failed (OOM?)" >&2
+done
+# Accumulation to the paper's 4096 is the same step scanned: check its overhead at 8 micro batches.
+run bench.train_step --size base --seq-len 128 --micro-batch 128 --accumulation 8 "${COMMON[@]}" \
+  --name "train_step_base_s128_acc8_${TAG}"
+
+# Paper speed table at seq 512, and the largest micro batch per size with and without remat.
+run bench.speed_table --seq-len 512 --micro-batch 8 --max-batch "${COMMON[@]}" --name "speed_table_${TAG}"
+# Compile time vs depth (scan should be flat) and the input pipeline against the step.
+run bench.compile_depth --size base --depths 12,24 --dtype bfloat16 --name "compile_depth_${TAG}"
+run bench.input_pipeline --size base --seq-len 128 --micro-batch 128 "${COMMON[@]}" --name "input_pipeline_${TAG}"
+# Sanity anchor (PERFORMANCE.md §4.3 item 6): BERT-large seq 128 should land near NVIDIA's per-GPU numbers.
+run bench.speed_table --sizes bert_large --seq-len 128 --micro-batch 64 "${COMMON[@]}" --name "anchor_bert_large_${TAG}"
