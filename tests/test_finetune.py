@@ -162,10 +162,13 @@ def test_race_trains_and_writes_answers(shared_data, tmp_path):
   assert (Path(best["weights"]) / "dev_predictions").exists()
 
 
-def test_fine_tuning_without_weights_is_refused(shared_data, tmp_path):
+def test_fine_tuning_without_weights_or_with_too_long_inputs_is_refused(shared_data, tmp_path):
   root = glue_data(shared_data, "rte", tmp_path / "glue")
-  result = cli(f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "run",
-               "--config.train.num_train_steps=1")
+  config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}"
+  too_long = cli(config, tmp_path / "run", "--config.train.num_train_steps=1")  # recipe 512 > tiny's 128 positions
+  assert too_long.returncode != 0
+  assert "data.max_seq_length=512 exceeds model.max_position_embeddings=128" in too_long.stderr
+  result = cli(config, tmp_path / "run", "--config.train.num_train_steps=1", "--config.data.max_seq_length=64")
   assert result.returncode != 0
   assert "No pretrained weights" in result.stderr and "allow_random_init" in result.stderr
 
