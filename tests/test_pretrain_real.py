@@ -1,8 +1,10 @@
 """Pretraining on real text through the CLI: the default tiny run, and a run on shards prepared from
 ../shared/data/corpus with ALBERT's own tokenizer (`prepare` CLI -> loader -> train step -> resume)."""
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -38,12 +40,16 @@ def test_loss_falls_on_real_text_and_resume_continues_the_data_exactly(prepared_
   assert full.returncode == 0, full.stderr
   losses = mlm_losses(tmp_path / "full")
   assert losses[-1] < losses[0] - 1.0, losses  # from ~uniform over 30k pieces towards the unigram level
-  # Stop at 30 (a complete run of 30 steps), then continue to 60: same data order, bit-identical parameters.
-  first = cli(tmp_path / "resumed", *REAL_RUN, *steps[1:], "--config.train.num_train_steps=30",
-              config="experiments/pretrain_tiny.py")
-  assert first.returncode == 0, first.stderr
-  second = cli(tmp_path / "resumed", *REAL_RUN, *steps, config="experiments/pretrain_tiny.py")
-  assert second.returncode == 0 and "Resumed from step 30" in second.stdout, second.stderr
+  # Kill -9 once step 30 is saved, then resume: same data order, bit-identical parameters.
+  victim = cli(tmp_path / "resumed", *REAL_RUN, *steps, config="experiments/pretrain_tiny.py", wait=False)
+  deadline = time.time() + 600
+  while not (tmp_path / "resumed" / "checkpoints" / "30" / "_CHECKPOINT_METADATA").exists():
+    assert victim.poll() is None and time.time() < deadline
+    time.sleep(0.05)
+  victim.send_signal(signal.SIGKILL)
+  victim.wait()
+  resumed = cli(tmp_path / "resumed", *REAL_RUN, *steps, config="experiments/pretrain_tiny.py")
+  assert resumed.returncode == 0 and "Resumed from step 30" in resumed.stdout, resumed.stderr
   assert_trees_equal(final_params(tmp_path / "full")[1], final_params(tmp_path / "resumed")[1])
 
 
