@@ -188,7 +188,8 @@ class Encoder(nn.Module):
     for g, count in enumerate(layers_per_group(c.num_hidden_layers, num_groups)):
       if c.scan_layers:
         scanned = nn.scan(block, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
-                          in_axes=(nn.broadcast, nn.broadcast), length=count)
+                          in_axes=(nn.broadcast, nn.broadcast), length=count,
+                          unroll=min(c.scan_unroll, count))
         x, _ = scanned(c, name=f"group_{g}")(x, mask, deterministic)
       else:  # Python loop (debugging): the same module called `count` times, so the same parameters.
         group = block(c, name=f"group_{g}")

@@ -40,6 +40,9 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_layers: bool = True
+  # Layer applications per while-loop iteration of the scan (1 = compile once; count = straight-line code without
+  # the loop's saved-activation stacks, as fast as the Python loop: see bench.train_step --scan-unroll).
+  scan_unroll: int = 1
   remat_policy: str = "none"
 
   def __post_init__(self):
@@ -76,7 +79,7 @@ def validate(c: ModelConfig) -> None:
   """Raises ValueError naming the bad field and how to fix it."""
   positive = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
               "intermediate_size", "num_hidden_groups", "inner_group_num", "max_position_embeddings",
-              "type_vocab_size")
+              "type_vocab_size", "scan_unroll")
   for name in positive:
     if getattr(c, name) < 1:
       raise ValueError(f"model.{name} must be >= 1, got {getattr(c, name)}.")

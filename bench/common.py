@@ -106,6 +106,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
   p.add_argument("--optimizer", default="", help="train.optimizer override (lamb, optax_lamb, adamw)")
   p.add_argument("--layers", type=int, default=0, help="override num_hidden_layers (0 = the size's)")
   p.add_argument("--no-scan", action="store_true", help="Python-loop encoder (scan_layers=False)")
+  p.add_argument("--scan-unroll", type=int, default=None, help="model.scan_unroll: layers per scan iteration "
+                 "(0 = all of them: straight-line code, faster steps on CPU, compile time grows with depth; "
+                 "default: the config's, 1 unless the experiment sets it)")
   p.add_argument("--vocab-size", type=int, default=0, help="override vocab_size (0 = the size's)")
   p.add_argument("--steps", type=int, default=50, help="timed steps per runner (>= 50 for reported numbers)")
   p.add_argument("--warmup", type=int, default=5, help="untimed steps per runner after the compiling one")
@@ -138,6 +141,8 @@ def bench_config(args: argparse.Namespace, **model_overrides) -> ml_collections.
   c.model.scan_layers = not args.no_scan
   if args.layers:
     c.model.num_hidden_layers = args.layers
+  if args.scan_unroll is not None:
+    c.model.scan_unroll = args.scan_unroll or c.model.num_hidden_layers
   if args.vocab_size:
     c.model.vocab_size = args.vocab_size
   for key, value in model_overrides.items():
@@ -165,7 +170,7 @@ def describe(config: ml_collections.ConfigDict) -> str:
           f"heads={m.num_attention_heads} E={m.embedding_size} V={m.vocab_size}) seq={config.data.max_seq_length} "
           f"M={config.data.max_predictions_per_seq} micro_batch={t.micro_batch_size} "
           f"accumulation={t.global_batch_size // (t.micro_batch_size * jax.device_count())} dtype={m.dtype} "
-          f"remat={m.remat_policy} scan={m.scan_layers} optimizer={t.optimizer}")
+          f"remat={m.remat_policy} scan={m.scan_layers} unroll={m.scan_unroll} optimizer={t.optimizer}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -8,8 +8,11 @@ float32 matmul rate timed in the same interleaving (`matmul_jax`; with --peer al
 matmul kernels apart from the framework). `--profile DIR` then traces 5 of our steps (docs/profiling.md).
 
   python -m bench.train_step --size base --seq-len 128 --micro-batch 8 --peer
+  python -m bench.train_step --size base --scan-unroll 0 --variant rolled:scan_unroll=1   # A/B of a model field
 """
 from __future__ import annotations
+
+import ast
 
 import jax
 
@@ -23,11 +26,34 @@ def add_peer_args(p) -> None:
   p.add_argument("--peer-compile", default="auto", choices=("auto", "off", "on", "both"),
                  help="torch.compile the peer: auto = both on GPU, off on CPU (compiling takes minutes there)")
   p.add_argument("--peer-threads", type=int, default=0, help="torch threads (0 = the cores XLA uses)")
+  p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                 help="also time ours with these model fields changed, interleaved with the rest (repeatable), "
+                      "e.g. --variant rolled:scan_unroll=1")
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+  """'rolled:scan_unroll=1,remat_policy=full' -> ('rolled', {'scan_unroll': 1, 'remat_policy': 'full'})."""
+  name, _, fields = spec.partition(":")
+  changes = {}
+  for item in filter(None, fields.split(",")):
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+      raise SystemExit(f"--variant {spec!r}: expected NAME:KEY=VALUE[,KEY=VALUE...]")
+    try:
+      changes[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      changes[key] = value   # a bare string such as dots_saveable
+  if not name or not changes:
+    raise SystemExit(f"--variant {spec!r}: expected NAME:KEY=VALUE[,KEY=VALUE...]")
+  return name, changes
 
 
 def build_runners(args, config) -> list:
   """Ours (configured optimizer); with --peer: ours with AdamW, the peer(s) and the torch matmul; the matmul(s)."""
   runners = [common.Ours(config, f"ours_{config.train.optimizer}")]
+  for spec in args.variant:
+    name, changes = parse_variant(spec)
+    runners.append(common.Ours(common.bench_config(args, **changes), f"ours_{config.train.optimizer}_{name}"))
   if args.peer:
     if config.train.optimizer != "adamw":
       runners.append(common.Ours(common.with_optimizer(config, "adamw"), "ours_adamw"))
@@ -44,10 +70,15 @@ def build_runners(args, config) -> list:
 
 
 def ratios(rows) -> dict[str, float]:
-  """tokens/s of each of our runners over each peer's: the issue's headline ratio."""
+  """tokens/s of each of our runners over each peer's (the issue's headline ratio), and of each --variant over
+  the unchanged configuration."""
   ours = [r for r in rows if r["name"].startswith("ours") and "tokens_per_s" in r]
   peers = [r for r in rows if r["name"].startswith("peer")]
-  return {f"{a['name']}/{b['name']}": a["tokens_per_s"] / b["tokens_per_s"] for a in ours for b in peers}
+  out = {f"{a['name']}/{b['name']}": a["tokens_per_s"] / b["tokens_per_s"] for a in ours for b in peers}
+  base = ours[0]
+  out.update({f"{a['name']}/{base['name']}": a["tokens_per_s"] / base["tokens_per_s"]
+              for a in ours[1:] if a["name"].startswith(base["name"] + "_")})
+  return out
 
 
 def profile(runner, directory: str, steps: int = 5) -> None:

@@ -34,15 +34,26 @@ def bench(module: str, *args: str, results: Path) -> tuple[str, dict]:
 def test_train_step_with_peer(tmp_path):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
-  out, record = bench("train_step", *TINY, "--peer", results=tmp_path)
+  out, record = bench("train_step", *TINY, "--peer", "--scan-unroll", "0", "--variant", "rolled:scan_unroll=1",
+                      results=tmp_path)
+  assert record["model"]["scan_unroll"] == 2   # 0 = every layer of the 2
   names = [r["name"] for r in record["rows"]]
-  assert names == ["ours_lamb", "ours_adamw", "peer_adamw", "matmul_jax", "matmul_torch"]
-  for row in record["rows"][:3]:
+  assert names == ["ours_lamb", "ours_lamb_rolled", "ours_adamw", "peer_adamw", "matmul_jax", "matmul_torch"]
+  for row in record["rows"][:4]:
     assert ROW_FIELDS - {"compiled_memory_bytes"} <= set(row), row
     assert row["steps"] == 3 and row["mfu"] > 0
-  assert set(record["ratios"]) == {"ours_lamb/peer_adamw", "ours_adamw/peer_adamw"}
+  assert set(record["ratios"]) == {"ours_lamb/peer_adamw", "ours_lamb_rolled/peer_adamw", "ours_adamw/peer_adamw",
+                                   "ours_lamb_rolled/ours_lamb"}
   assert record["peak_source"].startswith("measured") and record["rows"][0]["fraction_of_matmul"] > 0
   assert "median ms" in out and "tokens/s ratio ours_adamw/peer_adamw" in out
+
+
+def test_train_step_rejects_a_malformed_variant(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-m", "bench.train_step", *TINY, "--variant", "rolled",
+                         "--results-dir", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode != 0 and "expected NAME:KEY=VALUE" in proc.stderr
 
 
 def test_input_pipeline(tmp_path):
@@ -56,8 +67,8 @@ def test_input_pipeline(tmp_path):
 @pytest.mark.slow
 def test_compile_depth(tmp_path):
   out, record = bench("compile_depth", *TINY, "--depths", "1,2", "--repeats", "1", results=tmp_path)
-  assert [(r["path"], r["layers"]) for r in record["rows"]] == [("scan", 1), ("scan", 2), ("python loop", 1),
-                                                               ("python loop", 2)]
+  assert [(r["path"], r["layers"]) for r in record["rows"]] == [
+      ("scan", 1), ("scan", 2), ("scan unrolled", 1), ("scan unrolled", 2), ("python loop", 1), ("python loop", 2)]
   assert all(r["compile_s"] > 0 and r["lower_s"] > 0 for r in record["rows"])
   assert "compile s" in out
 

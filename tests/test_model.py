@@ -147,6 +147,18 @@ def test_scan_equals_python_loop(overrides):
     np.testing.assert_allclose(scanned[key], looped[key], atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("unroll", [2, 3, 4])  # TINY has 4 layers: 2 loop iterations, a remainder, straight-line
+def test_unrolled_scan_equals_scan_forward_and_gradient(unroll):
+  params = nn.unbox(init_params(AlbertForPreTraining(TINY), jax.random.key(1)))
+  def loss_and_grad(config):
+    model = AlbertForPreTraining(config)
+    loss = lambda p: model.apply({"params": p}, **batch())["mlm_logits"].std()
+    return jax.value_and_grad(loss)(params)
+  (loss, grads), (unrolled_loss, unrolled_grads) = loss_and_grad(TINY), loss_and_grad(TINY.replace(scan_unroll=unroll))
+  np.testing.assert_allclose(unrolled_loss, loss, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), unrolled_grads, grads)
+
+
 def test_groups_and_inner_groups_create_distinct_layers():
   params = abstract_params(AlbertModel(TINY.replace(num_hidden_groups=2, inner_group_num=3)))
   encoder = flax.linen.unbox(params)["encoder"]
