@@ -5,7 +5,6 @@ import json
 import math
 
 import flax
-import jax
 
 from albert_jax import flops
 from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
@@ -50,3 +49,9 @@ def print_description(model_config: ModelConfig, seq_len: int, num_predictions: 
         f"{num_predictions or seq_len} predictions; every layer application counted)")
   print(json.dumps(info), flush=True)
   return info
+
+
+def describe_config(config, workdir=None, args=None) -> None:
+  """`--mode=describe` of an experiment config (pretraining or fine-tuning: the backbone is the same)."""
+  from albert_jax.model_config import model_config_from
+  print_description(model_config_from(config), config.data.max_seq_length, config.data.get("max_predictions_per_seq"))

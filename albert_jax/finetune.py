@@ -1,4 +1,4 @@
-"""Fine-tuning, evaluation and prediction for GLUE, SQuAD and RACE on the engine of `train.py`.
+"""Fine-tuning, evaluation and prediction for GLUE, SQuAD and RACE as an engine `Job`.
 
 Selection rule (reported in `workdir/best/best.json`): the dev split is scored every `train.eval_every` steps and
 the best checkpoint by the task's metric is kept in `workdir/best/` with its dev predictions — the protocol behind
@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from albert_jax import pretrained, sharding, train
+from albert_jax import engine, loop, pretrained
+from albert_jax.model_config import model_config_from
 from albert_jax.tasks import Split, get_task, make_tokenizer
 
 BEST_DIR = "best"
@@ -28,14 +30,13 @@ BEST_FILE = "best.json"
 class FeatureBatches:
   """Shuffled epochs over fixed-shape features, a pure function of (seed, step): the resume state is the step."""
 
-  def __init__(self, features: dict[str, np.ndarray], host_batch: int, seed: int):
-    self.features, self.host_batch, self.seed, self.step = features, host_batch, seed, 0
-    self.global_batch = host_batch * jax.process_count()
+  def __init__(self, features: dict[str, np.ndarray], split: engine.BatchSplit, seed: int):
+    self.features, self.split, self.seed, self.step = features, split, seed, 0
     self.num_rows = len(next(iter(features.values())))
-    if self.num_rows < self.global_batch:
+    if self.num_rows < split.global_batch:
       raise ValueError(f"The train split has {self.num_rows} features, fewer than train.global_batch_size="
-                       f"{self.global_batch}; lower the batch size.")
-    self.steps_per_epoch = self.num_rows // self.global_batch
+                       f"{split.global_batch}; lower the batch size.")
+    self.steps_per_epoch = self.num_rows // split.global_batch
 
   def __iter__(self):
     return self
@@ -43,8 +44,7 @@ class FeatureBatches:
   def __next__(self) -> dict[str, np.ndarray]:
     epoch, index = divmod(self.step, self.steps_per_epoch)
     order = np.random.default_rng((self.seed, epoch)).permutation(self.num_rows)
-    rows = order[index * self.global_batch:(index + 1) * self.global_batch]
-    rows = rows[jax.process_index() * self.host_batch:(jax.process_index() + 1) * self.host_batch]
+    rows = self.split.local(order[index * self.split.global_batch:(index + 1) * self.split.global_batch])
     self.step += 1
     return {name: array[rows] for name, array in self.features.items()}
 
@@ -55,25 +55,18 @@ class FeatureBatches:
     self.step = int(state["step"])
 
 
-def predict_features(task, model, params, features: dict[str, np.ndarray], batch_sharding,
-                     global_batch: int) -> dict[str, np.ndarray]:
-  """Runs `task.predict_step` over every feature row (the last batch padded, padding dropped)."""
-  mesh = batch_sharding.mesh
-  predict = jax.jit(lambda p, b: task.predict_step(model, p, b), out_shardings=sharding.replicated(mesh))
+def predict_features(task, model, params, features: dict[str, np.ndarray], s: engine.Setup) -> dict[str, np.ndarray]:
+  """Runs `task.predict_step` over every feature row in global batches (the last one padded, padding dropped)."""
+  predict = jax.jit(lambda p, b: task.predict_step(model, p, b), out_shardings=s.replicated)
   num_rows = len(next(iter(features.values())))
-  host_batch = global_batch // jax.process_count()
+  global_batch = s.split.global_batch
   outputs: dict[str, list[np.ndarray]] = {}
   for start in range(0, num_rows, global_batch):
-    rows = np.arange(start, start + global_batch) % num_rows  # wrap to pad the last batch
-    rows = rows[jax.process_index() * host_batch:(jax.process_index() + 1) * host_batch]
-    batch = sharding.make_global_batch({k: v[rows] for k, v in features.items()}, batch_sharding)
+    rows = s.split.local(np.arange(start, start + global_batch) % num_rows)  # wrap to pad the last batch
+    batch = s.global_batch({k: v[rows] for k, v in features.items()})
     for name, value in jax.device_get(predict(params, batch)).items():
       outputs.setdefault(name, []).append(np.asarray(value))
   return {name: np.concatenate(parts)[:num_rows] for name, parts in outputs.items()}
-
-
-def eval_splits(task) -> tuple[str, ...]:
-  return getattr(task, "eval_splits", ("dev",))
 
 
 class BestKeeper:
@@ -95,13 +88,14 @@ class BestKeeper:
     if not self.is_better(value):
       return
     step_dir = os.path.join(self.directory, f"step_{step}")
-    pretrained.save_pretrained(step_dir, self.model_config, params)
+    pretrained.save_pretrained(step_dir, self.model_config, params)  # collective: every process enters it
+    # Every process keeps the same record, so the next decision (and its collective save) agrees across hosts.
+    self.record = {"step": step, "metric": self.task.metric_name, "value": value, "metrics": metrics,
+                   "weights": step_dir,
+                   "selection": "best dev checkpoint of one run, scored every train.eval_every steps"}
     if jax.process_index() == 0:
       for split_name, (split, split_predictions) in predictions.items():
         self.task.write_predictions(split, split_predictions, os.path.join(step_dir, f"{split_name}_predictions"))
-      self.record = {"step": step, "metric": self.task.metric_name, "value": value, "metrics": metrics,
-                     "weights": step_dir,
-                     "selection": "best dev checkpoint of one run, scored every train.eval_every steps"}
       tmp = os.path.join(self.directory, BEST_FILE + ".tmp")
       with open(tmp, "w") as f:
         json.dump(self.record, f, indent=2)
@@ -119,11 +113,12 @@ def read_best(workdir: str) -> dict | None:
     return json.load(f)
 
 
-def evaluate_splits(task, model, params, splits: dict[str, Split], batch_sharding, global_batch: int):
+
+def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup):
   """Scores every eval split; returns (flat metrics, {split: (split, predictions)})."""
   metrics, predictions = {}, {}
   for name, split in splits.items():
-    outputs = predict_features(task, model, params, split.features, batch_sharding, global_batch)
+    outputs = predict_features(task, model, params, split.features, s)
     split_predictions = task.postprocess(split, outputs)
     scores = task.score(split, split_predictions)
     prefix = "" if name == "dev" else f"{name}/"
@@ -141,72 +136,76 @@ def _warm_start(config):
     raise ValueError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
-  loaded = train.load_init_params(config.init_checkpoint)
-  return lambda params: train.merge_init_params(params, loaded)
+  loaded = pretrained.load_init_params(config.init_checkpoint)
+  return lambda params: pretrained.merge_init_params(params, loaded)
 
 
-def _mean_metrics(sums: dict[str, float]) -> dict[str, float]:
-  count = sums.get("count", 1.0)
-  return {k: v / count for k, v in sums.items() if k not in ("count", "grad_norm", "learning_rate")}
+def _rows(batch: dict[str, Any]) -> int:
+  return batch["input_ids"].shape[0]
 
 
-def run(config, workdir: str, mode: str, input_path: str | None = None, output_path: str | None = None) -> None:
+def make_job(config, task, model, train_split: Callable[[], Split] | None = None,
+             evaluate: Callable | None = None, warm_start: Callable | None = None) -> engine.Job:
+  """Fine-tuning of `task` as an engine job. Task losses are micro-batch means, so a micro batch's share of the
+  global loss is its mean times its fraction of the rows (static shapes: a Python float)."""
+
+  def loss_fn(params, batch, rng, totals, deterministic=False):
+    loss, metrics = task.loss_and_metrics(model, params, batch, rng, deterministic)
+    share = _rows(batch) / totals["examples"]
+    return loss * share, {**{k: v * share for k, v in metrics.items()}, "loss": loss * share}
+
+  def batches(split_name, split):
+    if train_split is None:
+      raise ValueError(f"No {split_name} data: this fine-tuning job was built for evaluation or prediction only.")
+    return FeatureBatches(train_split().features, split, config.seed)
+
+  example = task.dummy_batch(1)
+  return engine.Job(init_params=lambda rng: task.init_params(model, rng), loss_fn=loss_fn,
+                    totals_fn=lambda batch: {"examples": _rows(batch)},
+                    summarize=lambda sums, steps: {k: v / steps for k, v in sums.items()}, batches=batches,
+                    example_batch=task.dummy_batch, tokens_per_example=math.prod(example["input_ids"].shape[1:]),
+                    evaluate=evaluate, warm_start=warm_start)
+
+
+def _task_and_model(config):
   task = get_task(config)
   tokenizer = make_tokenizer(config)
-  model_config = train.model_config_from(config)
+  model_config = model_config_from(config)
   tokenizer.check_vocab(model_config.vocab_size)
-  model = task.build_model(model_config)
-  if mode == "train":
-    fine_tune(config, workdir, task, model, model_config, tokenizer)
-  elif mode in ("eval", "predict"):
-    evaluate_or_predict(config, workdir, mode, task, model, tokenizer, input_path, output_path)
-  else:
-    raise ValueError(f"--mode={mode} does not apply to fine-tuning; use train, eval or predict.")
-
-
-def predictions_name(task, split: str) -> str:
-  """GLUE's submission file names (e.g. SST-2.tsv, AX.tsv); `<split>_predictions` otherwise."""
-  return task.submission_name(split) if hasattr(task, "submission_name") else f"{split}_predictions"
+  return task, tokenizer, model_config, task.build_model(model_config)
 
 
 def predict_split_file(config, workdir, task, model, tokenizer, params, split_name: str) -> str:
   """Predictions for a whole split (e.g. the unlabelled test set) written into the workdir."""
-  mesh = sharding.create_mesh(config.mesh)
-  with jax.set_mesh(mesh):
+  s = engine.setup(config, make_job(config, task, model))
+  with s.context():
     split = task.load_split(split_name, tokenizer)
-    outputs = predict_features(task, model, jax.device_put(params, sharding.replicated(mesh)), split.features,
-                               sharding.batch_sharding(mesh), config.train.global_batch_size)
-    path = os.path.join(workdir, predictions_name(task, split_name))
+    outputs = predict_features(task, model, jax.device_put(params, s.replicated), split.features, s)
+    path = os.path.join(workdir, task.submission_name(split_name))
     if jax.process_index() == 0:
       os.makedirs(workdir, exist_ok=True)
       task.write_predictions(split, task.postprocess(split, outputs), path)
   return path
 
 
-def fine_tune(config, workdir, task, model, model_config, tokenizer) -> None:
+def train(config, workdir: str, args=None) -> None:
+  """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
+  task, tokenizer, model_config, model = _task_and_model(config)
   if config.train.num_train_steps == 0:  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
     if not config.init_checkpoint:
       raise ValueError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
                        "to it (for AX, the MNLI run's workdir/best/step_N).")
-    params = train.merge_init_params(jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
-                                     train.load_init_params(config.init_checkpoint), required_prefix="")[0]
+    params = pretrained.merge_init_params(jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
+                                          pretrained.load_init_params(config.init_checkpoint),
+                                          required_prefix="")[0]
     print(f"Wrote {predict_split_file(config, workdir, task, model, tokenizer, params, 'test')}", flush=True)
     return
   train_split = task.load_split("train", tokenizer)
-  dev_splits = {name: task.load_split(name, tokenizer) for name in eval_splits(task)}
-  accumulation = {}
-
-  def loss_fn(params, batch, rng, totals, deterministic=False):
-    del totals
-    loss, metrics = task.loss_and_metrics(model, params, batch, rng, deterministic)
-    scale = 1.0 / accumulation["steps"]  # micro-batch means averaged over the accumulation steps
-    return loss * scale, {**{k: v * scale for k, v in metrics.items()}, "loss": loss * scale, "count": scale}
-
+  dev_splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
   keeper = BestKeeper(workdir, task, model_config)
 
-  def evaluate(step, params, batch_sharding, writer):
-    metrics, predictions = evaluate_splits(task, model, params, dev_splits, batch_sharding,
-                                           config.train.global_batch_size)
+  def evaluate(step, params, s, writer):
+    metrics, predictions = evaluate_splits(task, model, params, dev_splits, s)
     writer.write(step, metrics, "dev/")
     keeper.update(step, metrics, params, predictions)
     if jax.process_index() == 0:
@@ -214,14 +213,7 @@ def fine_tune(config, workdir, task, model, model_config, tokenizer) -> None:
             f" (best: step {keeper.record['step']}, {keeper.record['metric']} {keeper.record['value']:.4f})",
             flush=True)
 
-  job = train.Job(init_params=lambda rng: task.init_params(model, rng), loss_fn=loss_fn, totals_fn=lambda b: {},
-                  summarize=_mean_metrics,
-                  batches=lambda split, host_batch: FeatureBatches(train_split.features, host_batch, config.seed),
-                  tokens_per_example=int(np.prod(train_split.features["input_ids"].shape[1:])),
-                  evaluate=evaluate, warm_start=_warm_start(config))
-  mesh = sharding.create_mesh(config.mesh)
-  accumulation["steps"] = train.batch_split(config.train, mesh).accumulation_steps
-  train.fit(config, workdir, job)
+  loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, _warm_start(config)))
   best = read_best(workdir)
   if best is None:
     return
@@ -236,30 +228,34 @@ def _trained_params(workdir: str):
   best = read_best(workdir)
   if best:
     return pretrained.load_pretrained(best["weights"])[1], f"best checkpoint (step {best['step']})"
-  return train.load_init_params(workdir), "latest checkpoint"
+  return pretrained.load_init_params(workdir), "latest checkpoint"
 
 
-def evaluate_or_predict(config, workdir, mode, task, model, tokenizer, input_path, output_path) -> None:
-  """`--mode=eval` scores the dev splits with the best (else latest) weights and writes their predictions;
-  `--mode=predict` runs them on the user's own file (`--input`) and writes predictions to `--output`."""
+def evaluate(config, workdir: str, args=None) -> None:
+  """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions."""
+  task, tokenizer, _, model = _task_and_model(config)
   params, which = _trained_params(workdir)
-  mesh = sharding.create_mesh(config.mesh)
-  batch_sharding = sharding.batch_sharding(mesh)
-  with jax.set_mesh(mesh):
-    params = jax.device_put(params, sharding.replicated(mesh))
-    if mode == "eval":
-      splits = {name: task.load_split(name, tokenizer) for name in eval_splits(task)}
-      metrics, predictions = evaluate_splits(task, model, params, splits, batch_sharding,
-                                             config.train.global_batch_size)
-      if jax.process_index() == 0:
-        for name, (split, split_predictions) in predictions.items():
-          task.write_predictions(split, split_predictions, os.path.join(workdir, f"{name}_predictions"))
-      print(json.dumps({"weights": which, **metrics}), flush=True)
-      return
-    if not input_path or not output_path:
-      raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH.")
+  s = engine.setup(config, make_job(config, task, model))
+  with s.context():
+    splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
+    metrics, predictions = evaluate_splits(task, model, jax.device_put(params, s.replicated), splits, s)
+    if jax.process_index() == 0:
+      for name, (split, split_predictions) in predictions.items():
+        task.write_predictions(split, split_predictions, os.path.join(workdir, f"{name}_predictions"))
+  print(json.dumps({"weights": which, **metrics}), flush=True)
+
+
+def predict(config, workdir: str, args) -> None:
+  """`--mode=predict`: the best (else latest) weights on the user's own file (`--input`), written to `--output`."""
+  input_path, output_path = args.input, args.output
+  if not input_path or not output_path:
+    raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH.")
+  task, tokenizer, _, model = _task_and_model(config)
+  params, which = _trained_params(workdir)
+  s = engine.setup(config, make_job(config, task, model))
+  with s.context():
     split = task.read_user_file(input_path, tokenizer)
-    outputs = predict_features(task, model, params, split.features, batch_sharding, config.train.global_batch_size)
+    outputs = predict_features(task, model, jax.device_put(params, s.replicated), split.features, s)
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), output_path)
       print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

@@ -1,6 +1,7 @@
 """Command line: `python -m albert_jax.main --config experiments/pretrain_large.py --workdir=DIR [--mode=...]`.
 
-Thin, after flax `examples/lm1b/main.py`: flags, `jax.distributed.initialize()` on several hosts, then one call.
+Thin, after flax `examples/lm1b/main.py`: flags, `jax.distributed.initialize()` on several hosts, then the
+function that `runner.MODES` names for the mode and the config's task.
 """
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from albert_jax import runner
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `file.py:arg`.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and the resolved config go.")
-flags.DEFINE_enum("mode", "train", ["train", "eval", "describe", "predict"], "What to run.")
+flags.DEFINE_enum("mode", "train", list(runner.MODES), "What to run:\n" + runner.modes_help())
 flags.DEFINE_string("input", None, "--mode=predict: the user's TSV/JSONL file.")
 flags.DEFINE_string("output", None, "--mode=predict: where predictions are written.")
 flags.DEFINE_bool("multihost", None, "Call jax.distributed.initialize() (default: when the environment names a "
@@ -40,16 +43,12 @@ def main(argv) -> None:
   if not FLAGS["verbosity"].present:  # absl INFO chatter (orbax, jax backends) unless --verbosity=0 is given
     logging.set_verbosity(logging.WARNING)
   config = FLAGS.config
-  if FLAGS.mode == "describe":
-    from albert_jax import describe, train
-    describe.print_description(train.model_config_from(config), config.data.max_seq_length,
-                               config.data.get("max_predictions_per_seq"))
-    return
-  if not FLAGS.workdir:
-    raise app.UsageError("--workdir is required for --mode=train/eval/predict.")
-  _initialize_distributed()
-  from albert_jax import runner
-  runner.run(config, FLAGS.workdir, FLAGS.mode, FLAGS.input, FLAGS.output)
+  mode = runner.MODES[FLAGS.mode]
+  if mode.needs_workdir and not FLAGS.workdir:
+    raise app.UsageError(f"--workdir is required for --mode={FLAGS.mode}.")
+  if mode.needs_workdir:
+    _initialize_distributed()
+  runner.run(config, FLAGS.workdir, FLAGS.mode, runner.RunArgs(input=FLAGS.input, output=FLAGS.output))
 
 
 if __name__ == "__main__":

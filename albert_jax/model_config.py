@@ -64,6 +64,12 @@ class ModelConfig:
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
+  def check_seq_length(self, max_seq_length: int) -> None:
+    """Positions are a slice of the learned table, so longer inputs have no embedding (the original asserts too)."""
+    if max_seq_length > self.max_position_embeddings:
+      raise ValueError(f"data.max_seq_length={max_seq_length} exceeds model.max_position_embeddings="
+                       f"{self.max_position_embeddings}; lower --config.data.max_seq_length.")
+
   @classmethod
   def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":
     """Builds from a dict or ConfigDict, rejecting unknown keys with the list of valid ones."""
@@ -151,3 +157,8 @@ def model_config_for(size: str, **overrides) -> ModelConfig:
   if size not in MODEL_SIZES:
     raise ValueError(f"Unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}.")
   return ModelConfig(**{**MODEL_SIZES[size], **overrides})
+
+
+def model_config_from(config) -> ModelConfig:
+  """The ModelConfig of an experiment config's `model` section."""
+  return ModelConfig.from_mapping(config.model.to_dict())

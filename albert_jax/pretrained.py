@@ -2,7 +2,8 @@
 
 Layout of a directory: `model_config.json` (the ModelConfig fields) and `params/` (an orbax PyTree checkpoint,
 written to a temporary name and renamed when complete, so a crash never leaves a half-written `params/`).
-A training workdir's step checkpoints are read too (see `checkpointing.py`).
+A training workdir's step checkpoints are read too (see `checkpointing.py`), and `merge_init_params` fits what
+was read into a model's parameter tree (warm starts of pretraining and fine-tuning).
 """
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import json
 import os
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from albert_jax import checkpointing
 from albert_jax.checkpointing import local_restore_target
 from albert_jax.model_config import ModelConfig
 
@@ -51,3 +55,37 @@ def load_pretrained(directory: str) -> tuple[ModelConfig, Any]:
   with ocp.StandardCheckpointer() as checkpointer:
     params = checkpointer.restore(path, local_restore_target(checkpointer.metadata(path).item_metadata))
   return model_config, params
+
+
+def load_init_params(path: str) -> Any:
+  """Parameters to warm-start from: a `convert`/`save_pretrained` directory or a training workdir."""
+  if is_pretrained_dir(path):
+    return load_pretrained(path)[1]
+  ckpt_dir = checkpointing.checkpoint_dir(path)
+  if os.path.isdir(ckpt_dir):
+    return checkpointing.Checkpointer(ckpt_dir, 1, 1).restore_params()
+  raise FileNotFoundError(f"init_checkpoint={path!r} is neither a pretrained-weights directory (model_config.json + "
+                          "params/, from `python -m albert_jax.convert`) nor a training workdir (checkpoints/).")
+
+
+def merge_init_params(target: Any, loaded: Any, required_prefix: str = "albert/") -> tuple[Any, list[str]]:
+  """Copies `loaded` into `target` by path. Every parameter under `required_prefix` (the backbone by default;
+  "" = all) must be present with the same shape, or this raises naming them; other parameters (heads) are taken
+  when present. Returns (params, paths left freshly initialised)."""
+  flat_target = flax.traverse_util.flatten_dict(target, sep="/")
+  flat_loaded = flax.traverse_util.flatten_dict(loaded, sep="/")
+  problems, fresh, merged = [], [], {}
+  for path, value in flat_target.items():
+    if path in flat_loaded and tuple(flat_loaded[path].shape) == tuple(value.shape):
+      merged[path] = jnp.asarray(flat_loaded[path], value.dtype)
+      continue
+    if path.startswith(required_prefix):
+      found = "missing" if path not in flat_loaded else f"shape {tuple(flat_loaded[path].shape)}"
+      problems.append(f"{path}: expected shape {tuple(value.shape)}, found {found}")
+    fresh.append(path)
+    merged[path] = value
+  if problems:
+    raise ValueError("init_checkpoint does not match the model's backbone:\n  " + "\n  ".join(problems) +
+                     "\nCheck --config.model (size, vocab_size, embedding_size) against the checkpoint's "
+                     "model_config.json.")
+  return flax.traverse_util.unflatten_dict(merged, sep="/"), fresh

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -21,17 +20,15 @@ import shlex
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 from typing import Any, Iterator, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from albert_jax import flops, optim, sharding, train
-from albert_jax.model import AlbertForPreTraining, dummy_inputs
+from albert_jax import engine, flops, pretrain, sharding
+from albert_jax.model_config import model_config_from
 from experiments import common as experiments
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -176,43 +173,18 @@ def describe(config: ml_collections.ConfigDict) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Runners: each has name, step() (blocking), tokens/examples/FLOPs per step, compile_s, and memory figures.
 
-def build_step(config: ml_collections.ConfigDict) -> SimpleNamespace:
-  """The pieces `train.fit` builds for one config, plus the abstract (shape-only) arguments of the step, so that
-  both the timed runner and the memory probe compile exactly the training loop's step."""
-  model_config = train.model_config_from(config)
-  mesh = sharding.create_mesh(config.mesh)
-  rules = sharding.logical_rules(config.mesh)
-  split = train.batch_split(config.train, mesh)
-  tx, schedule = optim.create_optimizer(config.train)
-  model = AlbertForPreTraining(model_config)
-  seq = config.data.max_seq_length
-  init_params = lambda rng: model.init(rng, **dummy_inputs(1, seq))["params"]
-  loss_fn = functools.partial(train.pretraining_loss, model, config.data.sentence_task)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed = train.abstract_state(init_params, tx)
-  state_shardings = sharding.logical_shardings(boxed, mesh, rules)
-  batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-  synthetic = train.SyntheticBatches(config.data, split.host_batch, model_config.vocab_size, config.seed)
-  abstract = lambda tree, shardings: jax.tree.map(
-      lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
-  jitted = jax.jit(train.make_train_step(loss_fn, train.pretraining_totals, tx, schedule, split.accumulation_steps),
-                   in_shardings=(state_shardings, batch_sharding, replicated),
-                   out_shardings=(state_shardings, replicated), donate_argnums=0)
-  host_example = next(synthetic)
-  return SimpleNamespace(
-      model_config=model_config, mesh=mesh, rules=rules, split=split, tx=tx, init_params=init_params,
-      state_shardings=state_shardings, batch_sharding=batch_sharding, replicated=replicated, synthetic=synthetic,
-      host_example=host_example, jitted=jitted, seq=seq,
-      abstract_state=abstract(train.strip_boxes(boxed), state_shardings),
-      abstract_batch=abstract(host_example, {k: batch_sharding for k in host_example}))
+def build_step(config: ml_collections.ConfigDict) -> engine.Setup:
+  """What `loop.fit` runs for one config (the same `engine.setup`), so that both the timed runner and the memory
+  probe compile exactly the training loop's step."""
+  return engine.setup(config, pretrain.make_job(config))
 
 
-def compile_step(parts: SimpleNamespace) -> tuple[Any, float, float]:
+def compile_step(s: engine.Setup) -> tuple[Any, float, float]:
   """Lowers and compiles the step from shapes only. Returns (compiled, lower seconds, compile seconds)."""
-  with jax.set_mesh(parts.mesh), nn.logical_axis_rules(parts.rules):
-    start = time.perf_counter()
-    lowered = parts.jitted.lower(parts.abstract_state, parts.abstract_batch, jax.random.key(0))
-    lowered_at = time.perf_counter()
+  start = time.perf_counter()
+  lowered = s.lower_train_step()
+  lowered_at = time.perf_counter()
+  with s.context():
     compiled = lowered.compile()
   return compiled, lowered_at - start, time.perf_counter() - lowered_at
 
@@ -223,24 +195,23 @@ def step_memory_bytes(config: ml_collections.ConfigDict) -> int | None:
 
 
 class Ours:
-  """The real train step, built as `train.fit` builds it: the configured optimizer (LAMB by default), the state
-  sharded by the logical rules and donated to one jitted step that accumulates micro batches. Fed device-resident
+  """The real train step, built as `loop.fit` builds it (`engine.setup`): the configured optimizer (LAMB by
+  default), the state sharded by the logical rules and donated to one jitted step that accumulates micro batches. Fed device-resident
   synthetic batches unless `step(batch)` gets one. Compile time is measured apart (lower + compile)."""
 
   def __init__(self, config: ml_collections.ConfigDict, name: str = "ours"):
     self.name, self.config = name, config
-    parts = build_step(config)
-    self.batch_sharding, self.host_example = parts.batch_sharding, parts.host_example
-    self.examples_per_step = parts.split.global_batch
-    self.tokens_per_step = parts.split.global_batch * parts.seq
-    self.flops_per_token = flops.train_flops_per_token(parts.model_config, parts.seq,
-                                                       config.data.max_predictions_per_seq)
-    self.compiled, self.lower_s, self.compile_s = compile_step(parts)
-    with jax.set_mesh(parts.mesh), nn.logical_axis_rules(parts.rules):
-      self.state = train.create_state(parts.init_params, parts.tx, jax.random.key(config.seed),
-                                      parts.state_shardings)
-    self.batches = [self.put(self.host_example), self.put(next(parts.synthetic))]
-    self.rng = jax.device_put(jax.random.key(config.seed + 1), parts.replicated)
+    s = build_step(config)
+    self.batch_sharding = s.batch_sharding
+    synthetic = pretrain.SyntheticBatches(config.data, s.split, config.model.vocab_size, config.seed)
+    self.host_example = next(synthetic)
+    self.examples_per_step = s.split.global_batch
+    self.tokens_per_step = s.split.global_batch * s.job.tokens_per_example
+    self.flops_per_token = s.job.flops_per_token
+    self.compiled, self.lower_s, self.compile_s = compile_step(s)
+    self.state = s.create_state(jax.random.key(config.seed))
+    self.batches = [self.put(self.host_example), self.put(next(synthetic))]
+    self.rng = jax.device_put(jax.random.key(config.seed + 1), s.replicated)
     self.count = 0
 
   def put(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -314,7 +285,7 @@ class Peer:
     self.name, self.torch = name, torch
     torch.set_num_threads(threads or cpu_threads())
     self.device = torch.device("cuda" if torch.cuda.is_available() and jax.devices()[0].platform == "gpu" else "cpu")
-    model_config = train.model_config_from(config)
+    model_config = model_config_from(config)
     hf = {k: v for k, v in interop.config_to_hf(model_config).items() if k != "model_type"}
     if hf["hidden_act"] == "gelu_new":
       hf["hidden_act"] = "gelu_pytorch_tanh"   # the same tanh formula as one fused kernel: the stronger peer
@@ -329,8 +300,8 @@ class Peer:
     self.autocast = self.device.type == "cuda" and model_config.dtype == "bfloat16"
     seq = config.data.max_seq_length
     k = config.train.global_batch_size // (config.train.micro_batch_size * jax.device_count())
-    host = next(train.SyntheticBatches(config.data, config.train.global_batch_size, model_config.vocab_size,
-                                       config.seed))
+    host = pretrain.synthetic_batch(config.data, config.train.global_batch_size, model_config.vocab_size,
+                                    (config.seed, 0))  # the first batch `Ours` steps on
     labels = np.full(host["input_ids"].shape, -100, np.int64)
     np.put_along_axis(labels, host["masked_lm_positions"], host["masked_lm_ids"], axis=1)
     full = {"input_ids": host["input_ids"], "attention_mask": host["attention_mask"],

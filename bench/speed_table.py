@@ -17,7 +17,8 @@ import argparse
 
 import jax
 
-from albert_jax import flops, train
+from albert_jax import flops
+from albert_jax.model_config import model_config_from
 from bench import common
 
 MODULE = "bench.speed_table"
@@ -105,7 +106,7 @@ def main(argv=None) -> dict:
                      f"{jax.devices()[0].device_kind}{scaled}; MFU vs {source}")
   print(EXPLANATION, flush=True)
   full_depth = argparse.Namespace(**{**vars(args), "scale": 1.0})
-  full_depth_flops = {s: flops.train_flops_per_token(train.model_config_from(config_for(full_depth, s)), args.seq_len,
+  full_depth_flops = {s: flops.train_flops_per_token(model_config_from(config_for(full_depth, s)), args.seq_len,
                                                      args.predictions) for s in sizes}
   payload = {"seq_len": args.seq_len, "micro_batch": args.micro_batch, "scale": args.scale,
              "reduced_sizes": args.scale != 1, "reference": reference["name"], "rows": rows, "paper": PAPER,

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from albert_jax import train
+from albert_jax.model_config import model_config_from
 from tests.test_train import cli, logged
 
 EXPERIMENTS = sorted(p.stem for p in pathlib.Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.py")
@@ -15,7 +15,7 @@ EXPERIMENTS = sorted(p.stem for p in pathlib.Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_file_loads_and_builds_a_valid_model(name):
   config = importlib.import_module(f"experiments.{name}").get_config(None)
-  train.model_config_from(config)  # validates every model field
+  model_config_from(config)  # validates every model field
   assert config.train.global_batch_size > 0 and config.task
 
 

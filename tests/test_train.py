@@ -16,9 +16,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import checkpointing, optim, train
+from albert_jax import checkpointing, engine, optim, pretrain
 from albert_jax.model import AlbertForPreTraining
-from albert_jax.model_config import model_config_for
+from albert_jax.model_config import model_config_for, model_config_from
 from experiments import common
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,15 +156,15 @@ def step_setup(accumulation_steps):
   config.model.vocab_size = 300
   config.data.max_seq_length = 16
   config.data.max_predictions_per_seq = 4
-  model = AlbertForPreTraining(train.model_config_from(config))
+  model = AlbertForPreTraining(model_config_from(config))
   tx, schedule = optim.create_optimizer(train_config(optimizer="lamb", warmup_steps=0))
-  loss_fn = lambda p, b, r, t, deterministic=False: train.pretraining_loss(model, "sop", p, b, r, t, deterministic)
-  step = jax.jit(train.make_train_step(loss_fn, train.pretraining_totals, tx, schedule, accumulation_steps))
-  state = train.TrainState(step=jnp.zeros((), jnp.int32),
-                           params=nn.unbox(model.init(jax.random.key(0), jnp.ones((1, 16), jnp.int32))["params"]),
-                           opt_state=None)
+  loss_fn = lambda p, b, r, t, deterministic=False: pretrain.pretraining_loss(model, "sop", p, b, r, t, deterministic)
+  step = jax.jit(engine.make_train_step(loss_fn, pretrain.pretraining_totals, tx, schedule, accumulation_steps))
+  state = engine.TrainState(step=jnp.zeros((), jnp.int32),
+                            params=nn.unbox(model.init(jax.random.key(0), jnp.ones((1, 16), jnp.int32))["params"]),
+                            opt_state=None)
   state = state.replace(opt_state=tx.init(state.params))
-  batches = train.SyntheticBatches(config.data, 8, 300, seed=3)
+  batches = pretrain.SyntheticBatches(config.data, engine.BatchSplit(8, 8, 1, 1, 1, 0), 300, seed=3)
   return step, state, batches
 
 
@@ -317,7 +317,7 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(tmp_path):
 
 def test_warm_start_from_a_pretrained_directory(tmp_path):
   from albert_jax import pretrained
-  config = train.model_config_from(ml_collections.ConfigDict(
+  config = model_config_from(ml_collections.ConfigDict(
       {"model": {**common.model_config("tiny").to_dict(), "vocab_size": 300, "max_position_embeddings": 32}}))
   params = nn.unbox(AlbertForPreTraining(config).init(jax.random.key(7), jnp.ones((1, 4), jnp.int32))["params"])
   pretrained.save_pretrained(str(tmp_path / "init"), config, params)

@@ -53,13 +53,6 @@ def make_tokenizer(config) -> Tokenizer:
   return Tokenizer(config.data.spm_model, do_lower_case=config.data.do_lower_case)
 
 
-def check_seq_length(max_seq_length: int, model_config: ModelConfig) -> None:
-  """Positions are a slice of the learned table, so longer inputs have no embedding (the original asserts too)."""
-  if max_seq_length > model_config.max_position_embeddings:
-    raise ValueError(f"data.max_seq_length={max_seq_length} exceeds model.max_position_embeddings="
-                     f"{model_config.max_position_embeddings}; lower --config.data.max_seq_length.")
-
-
 def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
          max_seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """`[CLS] first [SEP] (second [SEP])`, right-padded with 0: (input_ids, attention_mask, token_type_ids).
@@ -113,13 +106,12 @@ class Task(abc.ABC):
   """
   metric_name: str = "accuracy"
   higher_is_better: bool = True
-  label_keys: tuple[str, ...] = ()     # feature keys that are targets, not model inputs
   eval_splits: tuple[str, ...] = ("dev",)  # scored at every evaluation; the first one selects the checkpoint
 
   def __init__(self, config):
     self.config = config
     if "model" in config:
-      check_seq_length(config.data.max_seq_length, ModelConfig.from_mapping(config.model))
+      ModelConfig.from_mapping(config.model).check_seq_length(config.data.max_seq_length)
 
   # --- data -----------------------------------------------------------------------------------------------
   @abc.abstractmethod
@@ -159,7 +151,7 @@ class Task(abc.ABC):
   # --- model ----------------------------------------------------------------------------------------------
   def build_model(self, model_config: ModelConfig):
     """The backbone (submodule "albert") + this task's head; checks the inputs fit the position table."""
-    check_seq_length(self.config.data.max_seq_length, model_config)
+    model_config.check_seq_length(self.config.data.max_seq_length)
     return self.make_model(model_config)
 
   @abc.abstractmethod
@@ -193,6 +185,11 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def write_predictions(self, split: Split, predictions, path: str) -> None:
     ...
+
+  def submission_name(self, split: str) -> str:
+    """The file name predictions of `split` are written under in the workdir (benchmarks' own names where they
+    have them)."""
+    return f"{split}_predictions"
 
   @abc.abstractmethod
   def read_predictions(self, path: str, split: Split):

@@ -80,7 +80,6 @@ def spec_for(task_name: str) -> GlueSpec:
 
 
 class GlueTask(Task):
-  label_keys = ("label",)
 
   def __init__(self, config):
     super().__init__(config)

@@ -39,7 +39,6 @@ def qa_text(question: str, option: str) -> str:
 
 
 class RaceTask(Task):
-  label_keys = ("label",)
 
   def __init__(self, config):
     super().__init__(config)

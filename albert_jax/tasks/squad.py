@@ -57,7 +57,6 @@ def null_odds_path(predictions_path: str) -> str:
 
 
 class SquadTask(Task):
-  label_keys = ("start_positions", "end_positions")
 
   def __init__(self, config):
     super().__init__(config)

@@ -1,0 +1,232 @@
+"""The task-free training engine: state, batch split, one jitted step and `setup`, the single place that builds
+them (after MaxText's `setup_train_loop`). Pretraining (`pretrain.py`) and fine-tuning (`finetune.py`) describe
+themselves as a `Job`; the training loop (`loop.fit`), evaluation, prediction, `--mode=compile` and the
+benchmarks all call `setup`, so what is compiled for a TPU topology is exactly what training runs.
+
+The same code runs a laptop smoke test and a TPU pod: the mesh decides how the global batch and the state are
+split, each host feeds its rows of the batch, and the step accumulates gradients over micro batches inside one
+jitted function, so one optimizer update = one call, and a step checkpoint means the same thing at any scale.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator, Sequence
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from albert_jax import checkpointing, optim, sharding
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+@dataclasses.dataclass
+class Job:
+  """What the engine trains, as functions; everything task-specific lives here.
+
+  The normalisation rule, the same for every job: `totals_fn` computes normalisers once over the GLOBAL batch,
+  `loss_fn` returns its micro batch's share of the global-batch loss under them plus additive `sums`, and the
+  engine adds shares, gradients and sums over micro batches. So k micro batches give exactly the gradient of
+  one batch of k times the rows, and `summarize` turns sums added over a window of steps into reported metrics.
+  """
+  init_params: Callable          # rng -> boxed params (logical axis names kept)
+  loss_fn: Callable              # (params, micro batch, rng, totals, deterministic=False) -> (share, sums)
+  totals_fn: Callable            # global batch -> normalisers handed to every micro batch's loss
+  summarize: Callable            # (sums added over steps, number of steps) -> reported metrics
+  batches: Callable              # (split name, BatchSplit) -> host-batch iterator with get_state/set_state
+  example_batch: Callable        # rows -> host arrays with the batch's shapes and dtypes
+  tokens_per_example: int
+  flops_per_token: float = 0.0
+  evaluate: Callable | None = None   # (step, params, Setup, writer) -> None: scores, writes, keeps the best
+  warm_start: Callable | None = None  # params (host) -> (params, fresh paths); raises if the checkpoint misfits
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSplit:
+  """How a global batch is cut: global = micro batch × data-parallel devices × accumulation steps, and each of
+  the processes feeds `host_batch` consecutive rows of it (`local`)."""
+  global_batch: int
+  micro_batch: int           # per data-parallel device and accumulation step
+  data_parallel: int
+  accumulation_steps: int
+  process_count: int
+  process_index: int
+
+  @property
+  def host_batch(self) -> int:
+    return self.global_batch // self.process_count
+
+  def local(self, rows: Any) -> Any:
+    """This process's rows of anything indexed by global-batch row."""
+    return rows[self.process_index * self.host_batch:(self.process_index + 1) * self.host_batch]
+
+
+def batch_split(train_config, mesh, process_count: int | None = None, process_index: int | None = None
+                ) -> BatchSplit:
+  """Checks at start-up that the global batch divides over processes, devices and micro batches."""
+  process_count = jax.process_count() if process_count is None else process_count
+  process_index = jax.process_index() if process_index is None else process_index
+  dp = sharding.data_parallel_size(mesh)
+  global_batch = int(train_config.global_batch_size)
+  if global_batch % process_count:
+    raise ValueError(f"train.global_batch_size={global_batch} is not divisible by the {process_count} "
+                     "processes; every host must feed the same number of examples.")
+  if global_batch % dp:
+    raise ValueError(f"train.global_batch_size={global_batch} is not divisible by the {dp} data-parallel "
+                     f"devices; use a multiple of {dp}.")
+  micro = int(train_config.micro_batch_size) or global_batch // dp
+  if global_batch % (micro * dp):
+    raise ValueError(f"train.global_batch_size={global_batch} must equal micro_batch_size={micro} × {dp} "
+                     "data-parallel devices × an integer number of accumulation steps; pick a micro batch that "
+                     f"divides {global_batch // dp}.")
+  return BatchSplit(global_batch, micro, dp, global_batch // (micro * dp), process_count, process_index)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Steps (pure functions).
+
+def make_train_step(loss_fn: Callable, totals_fn: Callable, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, accumulation_steps: int) -> Callable:
+  """step(state, batch, rng) -> (state, {"sums", "loss", "grad_norm", "learning_rate"}); see `Job`."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
+    rng = jax.random.fold_in(rng, state.step)
+    totals = totals_fn(batch)
+    if accumulation_steps == 1:
+      (loss, sums), grads = grad_fn(state.params, batch, rng, totals)
+    else:
+      # Row r goes to micro batch r % k: each device keeps its own rows, so no data moves between devices.
+      micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // accumulation_steps, accumulation_steps,
+                                               *x.shape[1:]).swapaxes(0, 1), batch)
+
+      def accumulate(carry, inputs):
+        micro_batch, index = inputs
+        out = grad_fn(state.params, micro_batch, jax.random.fold_in(rng, index), totals)
+        return jax.tree.map(jnp.add, carry, out), None
+
+      first = jax.tree.map(lambda x: x[0], micro)
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                           jax.eval_shape(grad_fn, state.params, first, rng, totals))
+      ((loss, sums), grads), _ = jax.lax.scan(accumulate, zeros, (micro, jnp.arange(accumulation_steps)))
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    step_metrics = {"sums": sums, "loss": loss, "grad_norm": optax.global_norm(grads),
+                    "learning_rate": schedule(state.step)}
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), step_metrics
+
+  return train_step
+
+
+def make_eval_step(loss_fn: Callable, totals_fn: Callable) -> Callable:
+  """eval_step(params, batch) -> sums, deterministic (no dropout)."""
+  def eval_step(params: Any, batch: dict[str, jax.Array]):
+    _, sums = loss_fn(params, batch, jax.random.key(0), totals_fn(batch), deterministic=True)
+    return sums
+  return eval_step
+
+
+def strip_boxes(tree: Any) -> Any:
+  """Drops the logical-axis boxes without applying their sharding constraints (safe on shape structs)."""
+  return jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) else x, tree,
+                      is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+  return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Set-up: the one place that builds a mesh, a batch split, shardings and the jitted steps.
+
+@dataclasses.dataclass
+class Setup:
+  """Everything a mode needs to run or compile a job on a mesh. Nothing here is compiled or allocated yet."""
+  job: Job
+  mesh: jax.sharding.Mesh
+  rules: tuple
+  split: BatchSplit
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  abstract_state: TrainState    # ShapeDtypeStructs carrying the state's shardings
+  state_shardings: TrainState
+  batch_sharding: jax.sharding.NamedSharding
+  replicated: jax.sharding.NamedSharding
+  train_step: Callable          # jitted, state donated
+  eval_step: Callable           # jitted
+  checkpointer: checkpointing.Checkpointer | None
+
+  @contextlib.contextmanager
+  def context(self) -> Iterator[None]:
+    """The mesh and the logical-axis rules, active together."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
+
+  def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """The global batch as shapes with its sharding: what `--mode=compile` lowers the step with."""
+    return {k: jax.ShapeDtypeStruct((self.split.global_batch, *v.shape[1:]), v.dtype, sharding=self.batch_sharding)
+            for k, v in self.job.example_batch(1).items()}
+
+  def abstract_rng(self) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((), jax.eval_shape(jax.random.key, 0).dtype, sharding=self.replicated)
+
+  def lower_train_step(self):
+    """The train step lowered from shapes only: nothing is allocated, any device kind (TPU topologies too)."""
+    with self.context():
+      return self.train_step.lower(self.abstract_state, self.abstract_batch(), self.abstract_rng())
+
+  def create_state(self, rng: jax.Array) -> TrainState:
+    """Initialises the state already sharded (never materialised whole on one device)."""
+    def init(rng):
+      params = nn.unbox(self.job.init_params(rng))
+      return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
+    with self.context():
+      return jax.jit(init, out_shardings=self.state_shardings)(rng)
+
+  def global_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return sharding.make_global_batch(host_batch, self.batch_sharding)
+
+
+def setup(config: ml_collections.ConfigDict, job: Job, workdir: str | None = None,
+          devices: Sequence[jax.Device] | None = None, process_count: int | None = None,
+          process_index: int | None = None) -> Setup:
+  """Mesh, rules, batch split, optimizer, shardings, jitted steps and (with a workdir) the checkpointer.
+
+  `devices` defaults to every device of every process; `--mode=compile` passes a TPU topology's devices and the
+  process count of that slice instead."""
+  mesh = sharding.create_mesh(config.mesh, devices)
+  rules = sharding.logical_rules(config.mesh)
+  split = batch_split(config.train, mesh, process_count, process_index)
+  tx, schedule = optim.create_optimizer(config.train)
+  key = jax.random.key(0)  # outside the mesh context: keys cannot be made on a compile-only topology's devices
+
+  def init_state(rng):
+    params = job.init_params(rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(init_state, key)
+  state_shardings = sharding.logical_shardings(boxed, mesh, rules)
+  batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  train_step = jax.jit(make_train_step(job.loss_fn, job.totals_fn, tx, schedule, split.accumulation_steps),
+                       in_shardings=(state_shardings, batch_sharding, replicated),
+                       out_shardings=(state_shardings, replicated), donate_argnums=0)
+  checkpointer = None
+  if workdir is not None:
+    c = config.checkpoint
+    checkpointer = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), c.every, c.keep, c.async_save)
+  return Setup(job=job, mesh=mesh, rules=rules, split=split, tx=tx, schedule=schedule,
+               abstract_state=_abstract(strip_boxes(boxed), state_shardings), state_shardings=state_shardings,
+               batch_sharding=batch_sharding, replicated=replicated, train_step=train_step,
+               eval_step=jax.jit(make_eval_step(job.loss_fn, job.totals_fn)), checkpointer=checkpointer)

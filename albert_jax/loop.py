@@ -1,0 +1,177 @@
+"""The training loop, thin (after big_vision `train.py` and flax lm1b `train.py`): resume or initialise, feed
+batches to the one jitted step of `engine.setup`, log, evaluate, checkpoint, handle preemption and stop on a
+non-finite step. Pretraining and fine-tuning both run through `fit`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from albert_jax import checkpointing, engine, flops, metrics as metrics_lib
+
+# Fields that fix the shapes of the parameters: a workdir's saved run must agree on them to resume.
+SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "num_hidden_groups", "inner_group_num", "max_position_embeddings",
+                "type_vocab_size", "sharing", "embedding_projection")
+
+
+def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Refuses to resume a workdir whose saved run has a different model shape; writes the resolved config."""
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f).get("model", {})
+    diffs = {k: (saved.get(k), config.model.get(k)) for k in SHAPE_FIELDS if saved.get(k) != config.model.get(k)}
+    if diffs and checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step() is not None:
+      listed = ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
+      raise ValueError(f"Workdir {workdir} holds checkpoints of a different model ({listed}). Use a new --workdir, "
+                       "or the saved config (config.json there) to resume.")
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+    os.replace(path + ".tmp", path)
+
+
+class _Preemption:
+  """SIGTERM (a TPU VM preemption notice) sets a flag; the loop saves at the next step boundary and exits."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def fetch(device_metrics: Any) -> Any:
+  """Device metrics (any tree) -> the same tree of Python floats."""
+  return jax.tree.map(float, jax.device_get(device_metrics))
+
+
+def add(total: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+  """Adds a tree of floats into a running total of the same structure (empty at first)."""
+  return jax.tree.map(lambda a, b: a + b, total, new) if total else new
+
+
+class _Window:
+  """Step metrics added over the steps since the last log line, fetched one step late (the host never stalls
+  the device) and checked for non-finite values before anything is saved."""
+
+  def __init__(self, checkpointer: checkpointing.Checkpointer):
+    self.checkpointer = checkpointer
+    self.total, self.steps, self.start, self.pending = {}, 0, time.time(), None
+
+  def push(self, step: int, device_metrics: Any) -> None:
+    self.drain()
+    self.pending = (step, device_metrics)
+
+  def drain(self) -> None:
+    if self.pending is not None:
+      self.total = add(self.total, _checked(*self.pending, self.checkpointer))
+      self.steps += 1
+      self.pending = None
+
+  def report(self, s: engine.Setup) -> dict[str, float]:
+    """The window's reported metrics (the job's summary, the engine's means, throughput); starts a new window."""
+    self.drain()
+    job, steps = s.job, self.steps
+    out = {**job.summarize(self.total["sums"], steps), "grad_norm": self.total["grad_norm"] / steps,
+           "learning_rate": self.total["learning_rate"] / steps,
+           **metrics_lib.throughput(steps, time.time() - self.start, s.split.global_batch,
+                                    s.split.global_batch * job.tokens_per_example, job.flops_per_token,
+                                    jax.device_count(), _peak_flops() if job.flops_per_token else None)}
+    self.total, self.steps, self.start = {}, 0, time.time()
+    return out
+
+
+def _peak_flops() -> float | None:
+  return flops.peak_flops(jax.devices()[0].device_kind)
+
+
+def _checked(step: int, device_metrics: Any, ckpt: checkpointing.Checkpointer) -> dict[str, Any]:
+  """Fetches a step's metrics and stops the run on a non-finite loss or gradient norm."""
+  values = fetch(device_metrics)
+  if not (np.isfinite(values["loss"]) and np.isfinite(values["grad_norm"])):
+    ckpt.wait()
+    latest = ckpt.latest_step()
+    where = f"step {latest} in {ckpt.directory}" if latest is not None else "none (no checkpoint was saved yet)"
+    raise FloatingPointError(f"Loss {values['loss']} / grad norm {values['grad_norm']} at step {step} is not finite. "
+                             f"The last good checkpoint is {where}; lower train.learning_rate (or use bf16 with "
+                             "float32 params) and restart: the run resumes from it.")
+  return values
+
+
+def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.TrainState:
+  """The workdir's latest checkpoint (with the loader's position), else a fresh or warm-started state."""
+  ckpt = s.checkpointer
+  latest = ckpt.latest_step()
+  if latest is not None:
+    state, data_state = ckpt.restore(latest, s.abstract_state)
+    train_iter.set_state(data_state)
+    print(f"Resumed from step {latest} in {ckpt.directory}", flush=True)
+    return state
+  state = s.create_state(init_rng)
+  if s.job.warm_start is not None:
+    params, fresh = s.job.warm_start(jax.device_get(state.params))
+    state = state.replace(params=jax.device_put(params, s.state_shardings.params))
+    print(f"Warm start from {config.init_checkpoint}; freshly initialised: {fresh or 'none'}", flush=True)
+  return state
+
+
+def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
+  """Trains `job` to `train.num_train_steps`, resuming from the workdir. Returns the last logged metrics."""
+  check_workdir_config(workdir, config)
+  s = engine.setup(config, job, workdir)
+  ckpt = s.checkpointer
+  total_steps = config.train.num_train_steps
+  with s.context():
+    train_iter = job.batches("train", s.split)
+    init_rng, rng = jax.random.split(jax.random.key(config.seed))
+    rng = jax.device_put(rng, s.replicated)
+    state = _initial_state(s, config, train_iter, init_rng)
+    writer = metrics_lib.MetricWriter(workdir, total_steps)
+    preemption = _Preemption()
+    first_step = int(state.step)
+    window, last = _Window(ckpt), {}
+    try:
+      for step in range(first_step, total_steps):
+        if step == config.log.profile_start:
+          jax.profiler.start_trace(os.path.join(workdir, "profile"))
+        state, step_metrics = s.train_step(state, s.global_batch(next(train_iter)), rng)
+        done = step + 1
+        window.push(done, step_metrics)
+        if config.log.profile_start >= 0 and done == config.log.profile_start + config.log.profile_steps:
+          jax.profiler.stop_trace()
+        stop = preemption.requested or ckpt.reached_preemption(done)
+        last_step = done == total_steps
+        if done % config.log.every == 0 or last_step or stop:
+          last = window.report(s)
+          writer.write(done, last)
+          writer.progress(done, last, first_step)
+        if job.evaluate and config.train.eval_every and (done % config.train.eval_every == 0 or last_step):
+          job.evaluate(done, state.params, s, writer)
+        if done % config.checkpoint.every == 0 or last_step or stop:
+          window.drain()  # never save parameters produced by a non-finite step
+          ckpt.save(done, state, train_iter.get_state(), force=True)
+        if stop:
+          ckpt.wait()
+          print(f"Preemption: saved step {done} in {ckpt.directory}; exiting cleanly.", flush=True)
+          break
+    finally:
+      ckpt.wait()
+      ckpt.close()
+      writer.close()
+      preemption.restore()
+  return last
