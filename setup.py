@@ -23,6 +23,7 @@ setup(
         "array-record>=0.7.0",
         "tensorboardX>=2.6.2",
         "numpy>=1.26",
+        "safetensors>=0.4",  # `python -m albert_jax.convert` writes and reads .safetensors on the basic install
     ],
     extras_require={
         "test": ["pytest>=8.0", "scipy>=1.11", "scikit-learn>=1.4"],

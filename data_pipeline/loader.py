@@ -103,8 +103,15 @@ class _BatchIterator(grain.DatasetIterator):
     self._position = state["position"]
 
 
-def _open_split(path: str, split: str, vocab_size: int) -> tuple[dict, DocumentSource, Tokenizer]:
+def _open_split(path: str, split: str, vocab_size: int,
+                spm_model: str | None = None) -> tuple[dict, DocumentSource, Tokenizer]:
+  """The split's documents and tokenizer, refused unless the shards were written with `spm_model` (when given:
+  the tokenizer the model is trained with) and with the manifest's own copy of the tokenizer."""
   manifest = records.read_manifest(path)
+  if spm_model and Tokenizer(spm_model).sha256 != manifest["tokenizer"]["sha256"]:
+    raise ValueError(f"The shards in {path} were tokenized with {os.path.join(path, manifest['tokenizer']['model'])}, "
+                     f"not with data.spm_model={spm_model} (sha256 differs); prepare the data with that model "
+                     "(python -m data_pipeline.prepare --spm_model=...) or point data.spm_model at the shards' one.")
   if manifest["tokenizer"]["vocab_size"] != vocab_size:
     raise ValueError(f"The data at {path!r} was tokenized with a {manifest['tokenizer']['vocab_size']}-piece "
                      f"vocabulary but the model has vocab_size={vocab_size}; set --config.model.vocab_size="
@@ -138,7 +145,7 @@ def make_pretraining_dataset(data_config: Mapping[str, Any], split: str, host_ba
                              process_index: int, process_count: int, vocab_size: int) -> grain.IterDataset:
   """The pipeline as a grain IterDataset (see the module docstring)."""
   config = ExampleConfig.from_config(data_config)
-  _, documents, tokenizer = _open_split(data_config["path"], split, vocab_size)
+  _, documents, tokenizer = _open_split(data_config["path"], split, vocab_size, data_config.get("spm_model"))
   if len(documents) < process_count:
     raise ValueError(f"Split {split!r} has {len(documents)} documents, fewer than the {process_count} hosts.")
   ds = document_stream(documents, seed, process_index, process_count).to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=16))

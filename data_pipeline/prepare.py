@@ -7,24 +7,34 @@ tokenizer, the seed and the shard counts, not on `--workers`. Each of K worker p
 Every shard is written under a temporary name and renamed when complete; rerunning after a crash skips finished
 shards. `manifest.json` is written last and marks the preparation complete; the SentencePiece model is copied in
 as `spiece.model`, so the directory is all a loader needs.
+
+What may be reused is decided by `prepare_config.json`: the settings plus a fingerprint of every input file (path,
+size, mtime and a hash of its first and last MiB) and the tokenizer's sha256. Different settings are refused (they
+are more likely a wrong --output_dir than a wish to lose the old output). The same settings over changed inputs or
+a replaced --spm_model mean "prepare these files again", as `make` rebuilds after a source changed: the stale
+shards are deleted and everything is prepared anew, said on stderr. Files are only ever written under a fresh
+temporary name and renamed into place, so a symlink placed in the output folder is replaced, never written through.
+Worker processes end themselves when the parent process dies (kill -9 included), so no orphan writes on.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import dataclasses
+import hashlib
 import json
 import multiprocessing
 import os
 import shutil
 import sys
+import threading
 import time
 
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from data_pipeline import records, rng, sources
 from data_pipeline.sentences import split_sentences
-from data_pipeline.sources import Source
+from data_pipeline.sources import Source, binary_file_error
 from data_pipeline.tokenization import Tokenizer
 
 SPLITS = ("train", "eval")
@@ -46,9 +56,11 @@ class PrepareConfig:
   do_lower_case: bool = True
   max_sentence_tokens: int = 512       # longer sentences are cut into pieces of this many tokens (counted)
   max_document_units: int = 10_000     # longer documents are cut (counted); bounds memory per document
+  max_unit_bytes: int = 1 << 20        # longer lines/paragraphs are cut (counted); bounds memory per line
 
   def source(self) -> Source:
-    return Source(self.input, self.format, self.text_field, self.tfds_data_dir, self.max_document_units)
+    return Source(self.input, self.format, self.text_field, self.tfds_data_dir, self.max_document_units,
+                  self.max_unit_bytes)
 
   def shard_counts(self) -> dict[str, int]:
     return {"train": self.num_shards, "eval": self.num_eval_shards}
@@ -65,6 +77,25 @@ def assign(seed: int, doc_index: int, eval_fraction: float, counts: dict[str, in
   key = rng.mix(seed, doc_index)
   split = "eval" if (key & 0xFFFFFFFF) < eval_fraction * 2**32 else "train"
   return split, (key >> 32) % counts[split]
+
+
+SAMPLE_BYTES = 1 << 20   # hashed at each end of an input file
+
+
+def input_fingerprint(path: str) -> dict:
+  """Size, mtime and a hash of the first and last MiB: cheap on a corpus of many GB, and it changes when a file
+  is replaced, appended to or edited at either end. Refuses a binary file (a NUL byte in those bytes)."""
+  stat = os.stat(path)
+  digest = hashlib.sha256(str(stat.st_size).encode())
+  with open(path, "rb") as f:
+    for start in sorted({0, max(0, stat.st_size - SAMPLE_BYTES)}):
+      f.seek(start)
+      sample = f.read(SAMPLE_BYTES)
+      if b"\0" in sample:
+        raise binary_file_error(path, start + sample.index(b"\0"))
+      digest.update(sample)
+  return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+          "sample_sha256": digest.hexdigest()}
 
 
 def _tokenize(doc, source: Source, tokenizer: Tokenizer, config: PrepareConfig, stats) -> list[list[int]]:
@@ -87,7 +118,7 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
   dtype = records.token_dtype(tokenizer.vocab_size)
   counts, source = config.shard_counts(), config.source()
   final = {s: os.path.join(config.output_dir, records.shard_name(s[0], s[1], counts[s[0]])) for s in shards}
-  writers = {s: ArrayRecordWriter(final[s] + ".tmp", "group_size:1") for s in shards}
+  writers = {s: ArrayRecordWriter(_fresh(final[s] + ".tmp"), "group_size:1") for s in shards}
   stats = {s: collections.Counter() for s in shards}
   for doc_index, doc in enumerate(source.documents()):
     shard = assign(config.seed, doc_index, config.eval_fraction, counts)
@@ -96,6 +127,7 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
     st = stats[shard]
     st["non_utf8_lines"] += doc.non_utf8_lines
     st["documents_cut"] += doc.cut
+    st["lines_cut"] += doc.lines_cut
     if doc.unreadable:
       st["unreadable_records"] += 1
       continue
@@ -110,26 +142,84 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
     writers[shard].write(records.encode_document(sentences, dtype))
   for shard in shards:
     writers[shard].close()
-    with open(final[shard] + ".stats.tmp", "w") as f:
-      json.dump(dict(stats[shard]), f)
-    os.replace(final[shard] + ".stats.tmp", final[shard] + ".stats.json")
+    _write_json(final[shard] + ".stats.json", dict(stats[shard]))
     os.replace(final[shard] + ".tmp", final[shard])
 
 
-def _check_or_record_identity(config: PrepareConfig) -> None:
+def _fresh(path: str) -> str:
+  """`path` with whatever was there (a symlink included) removed, so writing to it cannot go through a link."""
+  if os.path.lexists(path):
+    os.unlink(path)
+  return path
+
+
+def _write_json(path: str, value) -> None:
+  with open(_fresh(path + ".tmp"), "w") as f:
+    json.dump(value, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def _sha256(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def _is_done(path: str) -> bool:
+  """A finished output file; a symlink placed there is not one (it is replaced)."""
+  return os.path.isfile(path) and not os.path.islink(path)
+
+
+def _outputs(config: PrepareConfig) -> list[str]:
+  """Every file this preparation writes, temporary ones included, in deletion order (manifest first)."""
+  counts = config.shard_counts()
+  shards = [os.path.join(config.output_dir, records.shard_name(split, i, counts[split]))
+            for split in SPLITS for i in range(counts[split])]
+  return [os.path.join(config.output_dir, name) for name in (records.MANIFEST, records.MANIFEST + ".tmp",
+                                                             records.SPM_MODEL, records.SPM_MODEL + ".tmp")] + [
+      shard + suffix for shard in shards for suffix in ("", ".tmp", ".stats.json", ".stats.json.tmp")]
+
+
+def _check_or_record_identity(config: PrepareConfig, identity: dict) -> None:
+  """Refuse other settings; over changed inputs or tokenizer, delete the stale outputs (see the module docstring)."""
   path = os.path.join(config.output_dir, "prepare_config.json")
   if os.path.exists(path):
     with open(path) as f:
       previous = json.load(f)
-    if previous != config.identity():
-      changed = sorted(k for k in set(previous) | set(config.identity()) if previous.get(k) != config.identity().get(k))
-      raise ValueError(f"{config.output_dir!r} holds a preparation with different settings ({', '.join(changed)}); "
+    if previous == identity:
+      return
+    changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
+    settings = [k for k in changed if k not in _CONTENT_KEYS]
+    if settings:
+      raise ValueError(f"{config.output_dir!r} holds a preparation with different settings ({', '.join(settings)}); "
                        "use a new --output_dir, or delete it to start over.")
-    return
+    print(f"data_pipeline.prepare: {_describe_change(previous, identity)} since the preparation in "
+          f"{config.output_dir!r}; deleting its shards and preparing again.", file=sys.stderr, flush=True)
+    for output in _outputs(config):   # the manifest first: an interrupted deletion leaves no complete-looking data
+      if os.path.lexists(output):
+        os.unlink(output)
   os.makedirs(config.output_dir, exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(config.identity(), f, indent=1)
-  os.replace(path + ".tmp", path)
+  _write_json(path, identity)
+
+
+_CONTENT_KEYS = ("inputs", "tokenizer_sha256")
+
+
+def _describe_change(previous: dict, identity: dict) -> str:
+  if previous.get("tokenizer_sha256") != identity["tokenizer_sha256"]:
+    return f"--spm_model {identity['spm_model']} changed (sha256)"
+  before = {f["path"]: f for f in previous.get("inputs", [])}
+  now = {f["path"]: f for f in identity["inputs"]}
+  changed = sorted(p for p in set(before) | set(now) if before.get(p) != now.get(p))
+  return f"{len(changed)} input file(s) changed, e.g. {changed[0]}" if changed else "the inputs changed"
+
+
+def _watch_parent(parent: int) -> None:
+  """Runs in each worker: end it as soon as the parent is gone (kill -9 gives the parent no chance to stop it)."""
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(0.2)
+    os._exit(1)
+  threading.Thread(target=watch, daemon=True).start()
 
 
 def prepare(config: PrepareConfig) -> dict:
@@ -139,34 +229,33 @@ def prepare(config: PrepareConfig) -> dict:
     raise ValueError(f"--eval_fraction must be in [0, 1), got {config.eval_fraction}.")
   source = config.source()
   files = [] if source.format == "tfds" else source.files()
-  _check_or_record_identity(config)
+  inputs = [input_fingerprint(f) for f in files]
+  _check_or_record_identity(config, {**config.identity(), "inputs": inputs, "tokenizer_sha256": tokenizer.sha256})
   counts = config.shard_counts()
   todo = [(split, i) for split in SPLITS for i in range(counts[split])
-          if not os.path.exists(os.path.join(config.output_dir, records.shard_name(split, i, counts[split])))]
+          if not _is_done(os.path.join(config.output_dir, records.shard_name(split, i, counts[split])))]
   start = time.time()
   if todo:
     workers = max(1, min(config.workers, len(todo)))
     if workers == 1:
       _write_shards(config, todo)
     else:
-      with multiprocessing.get_context("spawn").Pool(workers) as pool:
+      with multiprocessing.get_context("spawn").Pool(workers, _watch_parent, (os.getpid(),)) as pool:
         pool.starmap(_write_shards, [(config, todo[k::workers]) for k in range(workers)])
   model_copy = os.path.join(config.output_dir, records.SPM_MODEL)
-  if not (os.path.exists(model_copy) and os.path.samefile(config.spm_model, model_copy)):
-    shutil.copyfile(config.spm_model, model_copy)
-  manifest = _manifest(config, tokenizer, files)
+  if not _is_done(model_copy) or _sha256(model_copy) != tokenizer.sha256:
+    shutil.copyfile(config.spm_model, _fresh(model_copy + ".tmp"))
+    os.replace(model_copy + ".tmp", model_copy)
+  manifest = _manifest(config, tokenizer, files, inputs)
   manifest["seconds"] = round(time.time() - start, 3)
   if not sum(manifest["splits"][s]["documents"] for s in SPLITS):
     raise ValueError(f"No documents in --input={config.input!r} ({manifest['totals']}); check --format "
                      f"(now {source.format!r}) and that the files hold text.")
-  path = os.path.join(config.output_dir, records.MANIFEST)
-  with open(path + ".tmp", "w") as f:
-    json.dump(manifest, f, indent=1)
-  os.replace(path + ".tmp", path)
+  _write_json(os.path.join(config.output_dir, records.MANIFEST), manifest)
   return manifest
 
 
-def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str]) -> dict:
+def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inputs: list[dict]) -> dict:
   counts = config.shard_counts()
   splits, totals = {}, collections.Counter(empty_files=sum(os.path.getsize(f) == 0 for f in files))
   for split in SPLITS:
@@ -185,6 +274,7 @@ def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str]) -> 
       "token_dtype": records.token_dtype(tokenizer.vocab_size).name,
       "config": config.identity(),
       "input_files": len(files),
+      "inputs": inputs,
       "splits": splits,
       "totals": dict(totals),
   }

@@ -10,8 +10,12 @@ Formats (`Source.format`):
               then into sentences. Lines that are not JSON objects with that string field are counted and skipped.
   tfds        a prepared TFDS dataset, `tfds:NAME[/CONFIG][:SPLIT]`, read with `tfds.data_source`, which needs no
               TensorFlow but does need the dataset prepared in array_record format.
-Bytes that are not UTF-8 are replaced by U+FFFD (which tokenizes to <unk>) and counted per document. A document
-longer than `max_document_units` lines/paragraphs is cut into several (counted), which bounds memory per document.
+Bytes that are not UTF-8 are replaced by U+FFFD (which tokenizes to <unk>) and counted per document; a NUL byte
+means a binary file (a .gz, a PDF) and is refused by name, since tokenizing one only fills the shards with <unk>.
+Memory per document is bounded while reading, not after: a line or paragraph longer than `max_unit_bytes` is cut
+into pieces (at a space where there is one; counted), and a document is ended after `max_document_units`
+lines/paragraphs (counted), so one huge line or a file without blank lines cannot take the whole corpus into memory.
+A JSONL record longer than `max_unit_bytes` cannot be parsed in pieces and is counted as unreadable.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ class RawDocument:
   non_utf8_lines: int = 0
   cut: bool = False          # continues the previous document, cut at max_document_units
   unreadable: bool = False   # a JSONL line that is not an object with a string text field
+  lines_cut: int = 0         # cuts inside lines/paragraphs longer than max_unit_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +46,12 @@ class Source:
   text_field: str = "text"
   tfds_data_dir: str | None = None
   max_document_units: int = 10_000
+  max_unit_bytes: int = 1 << 20
 
   def __post_init__(self):
+    if self.max_unit_bytes < 64 or self.max_document_units < 1:
+      raise ValueError(f"max_unit_bytes={self.max_unit_bytes} and max_document_units={self.max_document_units} must "
+                       "be at least 64 and 1; raise --max_unit_bytes / --max_document_units.")
     fmt = "tfds" if self.input.startswith("tfds:") else self.format
     object.__setattr__(self, "format", fmt)
     if fmt not in FORMATS:
@@ -64,67 +73,144 @@ class Source:
 
   def documents(self) -> Iterator[RawDocument]:
     if self.format == "tfds":
-      docs = _tfds_documents(self.input[len("tfds:"):], self.text_field, self.tfds_data_dir)
-    else:
-      read = {"lines": _line_documents, "paragraphs": _paragraph_documents, "jsonl": _jsonl_documents}[self.format]
-      docs = (doc for path in self.files() for doc in read(path, self.text_field))
-    for doc in docs:
-      yield from _cut(doc, self.max_document_units)
+      texts = _tfds_texts(self.input[len("tfds:"):], self.text_field, self.tfds_data_dir)
+      for text in texts:
+        yield from _text_documents(text, _Collector(self.max_document_units, self.max_unit_bytes))
+      return
+    read = {"lines": _line_documents, "paragraphs": _paragraph_documents, "jsonl": _jsonl_documents}[self.format]
+    for path in self.files():
+      docs = _Collector(self.max_document_units, self.max_unit_bytes)
+      yield from read(_decoded_lines(path, self.max_unit_bytes), self.text_field, docs)
 
 
-def _cut(doc: RawDocument, limit: int) -> Iterator[RawDocument]:
-  for start in range(0, max(len(doc.units), 1), limit):
-    yield dataclasses.replace(doc, units=doc.units[start:start + limit], cut=start > 0,
-                              non_utf8_lines=doc.non_utf8_lines if start == 0 else 0)
+class _Collector:
+  """Builds documents unit by unit and ends one at `max_units` units, so a document never grows past the limit."""
+
+  def __init__(self, max_units: int, max_bytes: int):
+    self.max_units, self.max_bytes, self.doc = max_units, max_bytes, RawDocument([])
+
+  def add(self, unit: str) -> RawDocument | None:
+    """Appends a unit; returns the document when it is full (the next one continues it, marked `cut`)."""
+    self.doc.units.append(unit)
+    if len(self.doc.units) < self.max_units:
+      return None
+    full, self.doc = self.doc, RawDocument([], cut=True)
+    return full
+
+  def end(self) -> RawDocument | None:
+    """Ends the document at a boundary; returns it unless it holds nothing."""
+    full, self.doc = self.doc, RawDocument([])
+    return full if full.units or full.non_utf8_lines else None
 
 
-def _decoded_lines(path: str) -> Iterator[tuple[str, bool]]:
-  """(line without its newline, whether it had invalid UTF-8), reading bytes so bad input cannot stop the run."""
+def binary_file_error(path: str, offset: int) -> ValueError:
+  return ValueError(f"--input file {path} is binary (a NUL byte at offset {offset}); pass text files "
+                    "(decompress .gz/.bz2/.zst first) or remove it from --input.")
+
+
+def _char_boundary(raw: bytes) -> int:
+  """The end of the last whole UTF-8 character in `raw` (len(raw) unless it ends inside one)."""
+  start = len(raw) - 1
+  while start > len(raw) - 4 and raw[start] & 0xC0 == 0x80:
+    start -= 1
+  lead = raw[start]
+  size = 1 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+  return start if start + size > len(raw) else len(raw)
+
+
+def _raw_pieces(f, limit: int) -> Iterator[tuple[bytes, bool]]:
+  """(bytes, whether the line goes on): lines, a line longer than `limit` in pieces cut after its last space
+  (or, with none, at a UTF-8 character boundary), so no more than `limit` bytes are held at once."""
+  while raw := f.readline(limit):
+    if raw.endswith(b"\n") or len(raw) < limit:
+      yield raw, False
+      continue
+    cut = raw.rfind(b" ") + 1 or _char_boundary(raw)
+    f.seek(cut - len(raw), os.SEEK_CUR)
+    yield raw[:cut], True
+
+
+def _decoded_lines(path: str, limit: int) -> Iterator[tuple[str, bool, bool]]:
+  """(text without its newline, whether it had invalid UTF-8, whether the line goes on in the next piece),
+  reading bytes so bad input cannot stop the run; refuses a binary file by name."""
+  offset = 0
   with open(path, "rb") as f:
-    for raw in f:
+    for raw, goes_on in _raw_pieces(f, limit):
+      if b"\0" in raw:
+        raise binary_file_error(path, offset + raw.index(b"\0"))
+      offset += len(raw)
       try:
-        yield raw.decode("utf-8").rstrip("\r\n"), False
+        yield raw.decode("utf-8").rstrip("\r\n"), False, goes_on
       except UnicodeDecodeError:
-        yield raw.decode("utf-8", errors="replace").rstrip("\r\n"), True
+        yield raw.decode("utf-8", errors="replace").rstrip("\r\n"), True, goes_on
 
 
-def _line_documents(path: str, _: str) -> Iterator[RawDocument]:
-  doc = RawDocument([])
-  for line, bad in _decoded_lines(path):
-    if not line.strip():
-      if doc.units or doc.non_utf8_lines:
+def _line_documents(lines, _: str, docs: _Collector) -> Iterator[RawDocument]:
+  continued = False   # this piece continues a cut line, so a blank piece is no document boundary
+  for line, bad, goes_on in lines:
+    if not continued and not goes_on and not line.strip():
+      if doc := docs.end():
         yield doc
-      doc = RawDocument([])
       continue
-    doc.units.append(line)
-    doc.non_utf8_lines += bad
-  if doc.units or doc.non_utf8_lines:
+    docs.doc.non_utf8_lines += bad
+    docs.doc.lines_cut += goes_on
+    if doc := docs.add(line):
+      yield doc
+    continued = goes_on
+  if doc := docs.end():
     yield doc
 
 
-def _paragraph_documents(path: str, _: str) -> Iterator[RawDocument]:
-  doc, paragraph, blanks = RawDocument([]), [], 0
-  for line, bad in _decoded_lines(path):
-    doc.non_utf8_lines += bad
-    if line.strip():
-      if blanks >= 2 and len(doc.units) >= MIN_DOCUMENT_PARAGRAPHS:
+def _paragraph_documents(lines, _: str, docs: _Collector) -> Iterator[RawDocument]:
+  paragraph, size, blanks, continued = [], 0, 0, False
+  for line, bad, goes_on in lines:
+    docs.doc.non_utf8_lines += bad
+    blank = not (continued or goes_on or line.strip())
+    continued = goes_on
+    if blank:
+      blanks += 1
+      if not paragraph:
+        continue
+    else:
+      if blanks >= 2 and len(docs.doc.units) >= MIN_DOCUMENT_PARAGRAPHS and (doc := docs.end()):
         yield doc
-        doc = RawDocument([])
       paragraph.append(line)
-      blanks = 0
-      continue
-    if paragraph:
-      doc.units.append(" ".join(paragraph))
-      paragraph = []
-    blanks += 1
-  if paragraph:
-    doc.units.append(" ".join(paragraph))
-  if doc.units or doc.non_utf8_lines:
+      size, blanks = size + len(line), 0
+      if size < docs.max_bytes:
+        continue
+      docs.doc.lines_cut += 1   # a paragraph as long as a cut line is cut too
+    if doc := docs.add(" ".join(paragraph)):
+      yield doc
+    paragraph, size = [], 0
+  if paragraph and (doc := docs.add(" ".join(paragraph))):
+    yield doc
+  if doc := docs.end():
     yield doc
 
 
-def _jsonl_documents(path: str, text_field: str) -> Iterator[RawDocument]:
-  for line, bad in _decoded_lines(path):
+def _text_documents(text: str, docs: _Collector, bad: bool = False) -> Iterator[RawDocument]:
+  """A JSONL/TFDS text: one document of its non-blank lines as paragraphs (cut at `max_units`); an empty text is
+  an empty document, so that it is counted as skipped."""
+  docs.doc.non_utf8_lines += bad
+  empty = True
+  for paragraph in text.split("\n"):
+    if paragraph.strip():
+      empty = False
+      if doc := docs.add(paragraph):
+        yield doc
+  doc = docs.end()
+  if doc or empty:
+    yield doc or RawDocument([])
+
+
+def _jsonl_documents(lines, text_field: str, docs: _Collector) -> Iterator[RawDocument]:
+  skipping = False   # inside a record longer than max_unit_bytes: it cannot be parsed, so it is unreadable
+  for line, bad, goes_on in lines:
+    if skipping or goes_on:
+      if not skipping:
+        yield RawDocument([], non_utf8_lines=int(bad), unreadable=True)
+      skipping = goes_on
+      continue
     if not line.strip():
       continue
     try:
@@ -134,10 +220,10 @@ def _jsonl_documents(path: str, text_field: str) -> Iterator[RawDocument]:
     except (ValueError, KeyError, TypeError, IndexError):
       yield RawDocument([], non_utf8_lines=int(bad), unreadable=True)
       continue
-    yield RawDocument([p for p in text.split("\n") if p.strip()], non_utf8_lines=int(bad))
+    yield from _text_documents(text, docs, bad)
 
 
-def _tfds_documents(spec: str, text_field: str, data_dir: str | None) -> Iterator[RawDocument]:
+def _tfds_texts(spec: str, text_field: str, data_dir: str | None) -> Iterator[str]:
   import tensorflow_datasets as tfds
   name, _, split = spec.partition(":")
   try:
@@ -149,5 +235,4 @@ def _tfds_documents(spec: str, text_field: str, data_dir: str | None) -> Iterato
                      "file_format='array_record').") from e
   for i in range(len(source)):
     text = source[i][text_field]
-    text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
-    yield RawDocument([p for p in text.split("\n") if p.strip()])
+    yield text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)

@@ -40,7 +40,11 @@ class Tokenizer:
     except FileNotFoundError:
       raise FileNotFoundError(f"SentencePiece model {self.model_path!r} not found; pass the path of a .model file "
                               "(ALBERT's is spiece.model), or train one with `python -m data_pipeline.train_spm`.")
-    self.sp.LoadFromSerializedProto(self._proto)
+    try:
+      self.sp.LoadFromSerializedProto(self._proto)
+    except RuntimeError:
+      raise ValueError(f"{self.model_path} is not a SentencePiece model (it does not parse as one); pass the .model "
+                       "file that spm_train writes (not the .vocab), e.g. ALBERT's spiece.model.") from None
     self.pad_id, self.unk_id = self.sp.PieceToId("<pad>"), self.sp.unk_id()
     self.cls_id, self.sep_id, self.mask_id = (self.sp.PieceToId(p) for p in ("[CLS]", "[SEP]", "[MASK]"))
     for piece, got in (("[CLS]", self.cls_id), ("[SEP]", self.sep_id), ("[MASK]", self.mask_id)):

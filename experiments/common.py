@@ -52,6 +52,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.kind = "prepared"        # "prepared" (data_pipeline.prepare output) | "synthetic" (benchmarks, smoke)
   c.data.path = ""                # directory written by `python -m data_pipeline.prepare`
+  c.data.spm_model = ""           # optional: the model's tokenizer; data prepared with another is refused
   c.data.max_seq_length = 512
   c.data.max_predictions_per_seq = 20   # 0 = no budget: exactly masked_lm_prob of the tokens
   c.data.masked_lm_prob = 0.15

@@ -142,7 +142,8 @@ def test_bad_input_is_counted_or_rejected(shared_data, tmp_path):
                                    output_dir=str(tmp_path / "out"), num_shards=2, eval_fraction=0))
   totals = manifest["totals"]
   assert totals["empty_files"] == 1 and totals["non_utf8_lines"] == 1 and totals["single_sentence_documents"] == 1
-  assert totals["documents"] == 4 and totals["long_sentences_split"] == 1      # the 10 MB line: 2M tokens, cut
+  # The 10 MB line: read in 10 pieces of at most 1 MiB, cut at spaces (9 cuts), so no word changes: 2M tokens.
+  assert totals["documents"] == 4 and totals["lines_cut"] == 9 and totals["long_sentences_split"] == 10
   longest = max(len(ids) for ids, _ in _documents(str(tmp_path / "out")))
   assert longest == 2_000_000
   (data / "docs.jsonl").write_text('{"text": ""}\n{"text": " \\u0301 "}\n[1]\n{"text": "One. Two."}\n')
@@ -155,3 +156,163 @@ def test_bad_input_is_counted_or_rejected(shared_data, tmp_path):
   with pytest.raises(FileNotFoundError, match="train_spm"):
     prepare(PrepareConfig(input=str(data / "mixed.txt"), spm_model=str(tmp_path / "nope.model"),
                           output_dir=str(tmp_path / "o3")))
+
+
+def _swapped_model(shared_data, path):
+  """ALBERT's model with the pieces '▁the' and '▁of' swapped: a valid tokenizer whose ids mean other words."""
+  from sentencepiece import sentencepiece_model_pb2
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString((shared_data / "albert_spm" / "spiece.model").read_bytes())
+  index = {p.piece: i for i, p in enumerate(proto.pieces)}
+  a, b = proto.pieces[index["\u2581the"]], proto.pieces[index["\u2581of"]]
+  a.piece, b.piece = b.piece, a.piece
+  path.write_bytes(proto.SerializeToString())
+  return str(path)
+
+
+def _stored_sentences(path):
+  return [ids[o[i]:o[i + 1]].tolist() for ids, o in _documents(str(path)) for i in range(len(o) - 1)]
+
+
+def test_rerun_after_the_corpus_or_tokenizer_changed_prepares_again(shared_data, tmp_path, capsys):
+  from data_pipeline.loader import make_pretraining_iterator
+  from data_pipeline.tokenization import Tokenizer
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("The end of the story.\nIt was the best of times.\n\nA second document.\nOf all things.\n")
+  spm = tmp_path / "spm.model"
+  spm.write_bytes((shared_data / "albert_spm" / "spiece.model").read_bytes())
+  out = tmp_path / "out"
+  config = PrepareConfig(input=str(corpus), spm_model=str(spm), output_dir=str(out), num_shards=1, eval_fraction=0)
+  assert prepare(config)["totals"]["documents"] == 2
+  # The corpus edited in place (same flags): the old shards are deleted and the new text prepared.
+  corpus.write_text(corpus.read_text() + "\nA third one, added later.\n")
+  manifest = prepare(config)
+  assert manifest["totals"]["documents"] == 3 and manifest["inputs"][0]["size"] == corpus.stat().st_size
+  assert capsys.readouterr().err == (f"data_pipeline.prepare: 1 input file(s) changed, e.g. {corpus} since the "
+                                     f"preparation in {str(out)!r}; deleting its shards and preparing again.\n")
+  # The tokenizer replaced in place: prepared again with it, and the manifest names its hash.
+  swapped = Tokenizer(_swapped_model(shared_data, spm))
+  manifest = prepare(config)
+  assert capsys.readouterr().err.startswith(f"data_pipeline.prepare: --spm_model {spm} changed (sha256) since")
+  assert manifest["tokenizer"]["sha256"] == swapped.sha256 != albert_tokenizer(shared_data).sha256
+  lines = [s for s in corpus.read_text().split("\n") if s]
+  assert _stored_sentences(out) == [swapped.encode(s) for s in lines]
+  assert _stored_sentences(out) != [albert_tokenizer(shared_data).encode(s) for s in lines]
+  prepare(config)   # nothing changed: nothing said, nothing rewritten
+  assert capsys.readouterr().err == ""
+  # The loader refuses shards made with another tokenizer than the model's.
+  data = {"kind": "prepared", "path": str(out), "spm_model": _spm(shared_data)}
+  with pytest.raises(ValueError) as error:
+    make_pretraining_iterator(data, "train", 8, 0, 0, 1, vocab_size=30000)
+  assert str(error.value) == (
+      f"The shards in {out} were tokenized with {out}/spiece.model, not with data.spm_model={_spm(shared_data)} "
+      "(sha256 differs); prepare the data with that model (python -m data_pipeline.prepare --spm_model=...) or "
+      "point data.spm_model at the shards' one.")
+
+
+def test_binary_input_and_a_non_sentencepiece_model_are_refused_by_name(shared_data, tmp_path):
+  import gzip
+  text = b"A sentence of text.\n" * 100_000          # 2 MB: the NUL below is in neither sampled MiB
+  archive = tmp_path / "corpus.txt.gz"
+  archive.write_bytes(gzip.compress(text, mtime=0))
+  config = PrepareConfig(input=str(archive), spm_model=_spm(shared_data), output_dir=str(tmp_path / "o"))
+  with pytest.raises(ValueError) as error:
+    prepare(config)
+  assert str(error.value) == (f"--input file {archive} is binary (a NUL byte at offset 3); pass text files "
+                              "(decompress .gz/.bz2/.zst first) or remove it from --input.")
+  middle = tmp_path / "middle.txt"
+  middle.write_bytes(text[:1_000_000] + b"\0" + text[1_000_000:])
+  with pytest.raises(ValueError, match=rf"^--input file {middle} is binary \(a NUL byte at offset 1000000\)"):
+    prepare(PrepareConfig(input=str(middle), spm_model=_spm(shared_data), output_dir=str(tmp_path / "o2")))
+  vocab = tmp_path / "spiece.vocab"
+  vocab.write_text("<pad>\t0\n<unk>\t0\n\u2581the\t-3.1\n")
+  with pytest.raises(ValueError) as error:
+    prepare(PrepareConfig(input=str(middle), spm_model=str(vocab), output_dir=str(tmp_path / "o3")))
+  assert str(error.value) == (f"{vocab} is not a SentencePiece model (it does not parse as one); pass the .model "
+                              "file that spm_train writes (not the .vocab), e.g. ALBERT's spiece.model.")
+
+
+def test_a_huge_line_is_read_in_bounded_pieces(tmp_path):
+  import tracemalloc
+  line = "word " * 4_000_000 + "end"                  # 20 MB, no newline anywhere
+  (tmp_path / "one_line.txt").write_text(line)
+  tracemalloc.start()
+  docs = list(Source(str(tmp_path / "one_line.txt"), max_document_units=4, max_unit_bytes=1 << 16).documents())
+  peak = tracemalloc.get_traced_memory()[1] - sum(len(u) + 49 for d in docs for u in d.units)
+  tracemalloc.stop()
+  assert peak < 1_000_000                              # beyond what is returned: about one piece, not the line
+  units = [u for d in docs for u in d.units]
+  assert "".join(units) == line and max(map(len, units)) <= 1 << 16 and len(units) == 306
+  assert [len(d.units) for d in docs] == [4] * 76 + [2] and [d.cut for d in docs] == [False] + [True] * 76
+  assert sum(d.lines_cut for d in docs) == 305
+  # A paragraph of many short lines is cut the same way.
+  (tmp_path / "paragraph.txt").write_text("many short words\n" * 10_000)
+  docs = list(Source(str(tmp_path / "paragraph.txt"), format="paragraphs", max_unit_bytes=1000).documents())
+  assert len(docs) == 1 and [len(u) for u in docs[0].units] == [63 * 17 - 1] * 158 + [46 * 17 - 1]   # 63 lines
+  assert docs[0].lines_cut == 158
+
+
+def test_nothing_is_written_through_a_symlink_in_the_output_folder(shared_data, tmp_path):
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("One sentence.\nTwo sentences.\n")
+  out = tmp_path / "out"
+  out.mkdir()
+  victims = {}
+  shard = records.shard_name("train", 0, 1)
+  for name in (shard, shard + ".tmp", shard + ".stats.json.tmp", "spiece.model", "spiece.model.tmp",
+               "manifest.json.tmp", "prepare_config.json.tmp"):
+    victim = tmp_path / f"victim_{name}"
+    victim.write_text("keep me")
+    (out / name).symlink_to(victim)
+    victims[name] = victim
+  manifest = prepare(PrepareConfig(input=str(corpus), spm_model=_spm(shared_data), output_dir=str(out),
+                                   num_shards=1, eval_fraction=0))
+  assert manifest["totals"]["documents"] == 1
+  assert all(v.read_text() == "keep me" for v in victims.values())
+  assert not any(p.is_symlink() for p in out.iterdir())
+  assert (out / "spiece.model").read_bytes() == (shared_data / "albert_spm" / "spiece.model").read_bytes()
+  tokenizer = albert_tokenizer(shared_data)
+  assert _stored_sentences(out) == [tokenizer.encode("One sentence."), tokenizer.encode("Two sentences.")]
+
+
+def _children(pid):
+  kids = []
+  for stat in os.listdir("/proc"):
+    try:
+      fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+      continue
+    if stat.isdigit() and int(fields[1]) == pid:
+      kids.append(int(stat))
+  return kids
+
+
+def _alive(pid):
+  try:
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process parents from /proc")
+def test_kill_9_of_the_parent_ends_its_workers(shared_data, tmp_path):
+  import signal
+  import subprocess
+  import sys
+  import time
+  out = tmp_path / "out"
+  parent = subprocess.Popen([sys.executable, "-m", "data_pipeline.prepare", f"--input={shared_data / 'corpus'}/*",
+                             "--format=paragraphs", f"--spm_model={_spm(shared_data)}", f"--output_dir={out}",
+                             "--num_shards=2", "--num_eval_shards=1", "--workers=2"])
+  deadline = time.time() + 60
+  while len(list(out.glob("*.array_record.tmp"))) < 2 and time.time() < deadline:   # both workers writing
+    time.sleep(0.1)
+  workers = [p for p in _children(parent.pid) if "spawn_main" in open(f"/proc/{p}/cmdline").read()]
+  assert len(workers) == 2
+  parent.send_signal(signal.SIGKILL)
+  parent.wait()
+  deadline = time.time() + 10
+  while any(map(_alive, workers)) and time.time() < deadline:
+    time.sleep(0.1)
+  assert not any(map(_alive, workers))
+  assert not list(out.glob("*.array_record"))         # no orphan finished (renamed) a shard

@@ -61,12 +61,12 @@ def _write(tmp_path, name, text):
 def test_errors_name_file_and_line(tmp_path):
   rte = task_for("rte")
   path = _write(tmp_path, "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\n")
-  with pytest.raises(InputError, match=r"dev.tsv:3: expected a column 3 but the line has 3"):
+  with pytest.raises(InputError, match=r"dev.tsv:3: 3 tab-separated fields but the header \(line 1\) has 4"):
     rte.read_examples(path, labeled=True)
   path = _write(tmp_path, "dev2.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tcontradiction\n")
   with pytest.raises(InputError, match=r"dev2.tsv:2: unknown label 'contradiction' for rte"):
     rte.read_examples(path, labeled=True)
-  path = _write(tmp_path, "sts.tsv", "h\n" + "\t".join(["x"] * 9 + ["high"]) + "\n")
+  path = _write(tmp_path, "sts.tsv", "\t".join(["h"] * 10) + "\n" + "\t".join(["x"] * 9 + ["high"]) + "\n")
   with pytest.raises(InputError, match=r"sts.tsv:2: label 'high' is not a number"):
     task_for("sts-b").read_examples(path, labeled=True)
   with pytest.raises(ValueError, match="Unknown GLUE task 'foo'"):
@@ -75,13 +75,51 @@ def test_errors_name_file_and_line(tmp_path):
     rte.split_path("dev_mismatched")
 
 
+@pytest.mark.parametrize("name,file,line,message", [
+    ("mrpc", "MRPC/dev.tsv", 5, "6 tab-separated fields but the header (line 1) has 5"),
+    ("cola", "CoLA/dev.tsv", 10, "5 tab-separated fields but CoLA files have 4")])
+def test_stray_tab_in_a_sentence_is_refused(shared_data, tmp_path, name, file, line, message):
+  lines = (shared_data / "glue" / file).read_bytes().split(b"\n")
+  last = lines[line - 1].rsplit(b"\t", 1)   # the last column is a sentence in both files
+  words = last[1].split(b" ")
+  lines[line - 1] = last[0] + b"\t" + b" ".join(words[:2]) + b"\t" + b" ".join(words[2:])
+  path = tmp_path / "dev.tsv"
+  path.write_bytes(b"\n".join(lines))
+  with pytest.raises(InputError) as error:
+    task_for(name).read_examples(str(path), labeled=True)
+  assert str(error.value) == f"{path}:{line}: {message}; a tab inside the text? Replace it by a space on that line."
+
+
+def test_prediction_file_refusals(shared_data, tmp_path):
+  task = task_for("rte")
+  split = task.gold_split(str(shared_data / "glue/RTE/dev.tsv"))
+  rows = [f"{i}\tentailment" for i in range(len(split.examples))]
+  cases = {
+      "no_header": ("\n".join(rows), ":1: the first line must be the header 'index<TAB>prediction', got ['0', "),
+      "conflict": ("\n".join(["index\tprediction", *rows, "3\tnot_entailment"]),
+                   f":{len(rows) + 2}: index 3 has another prediction on line 5; keep one."),
+      "extra": ("\n".join(["index\tprediction", *rows, "900\tentailment", "901\tentailment"]),
+                f":{len(rows) + 2}: 2 index(es) are not in {split.path}, e.g. 900; score against the gold file"),
+      "fields": ("\n".join(["index\tprediction", "0\tentailment\tx"]), ":2: 3 tab-separated fields, expected 2"),
+  }
+  for name, (text, message) in cases.items():
+    path = _write(tmp_path, f"{name}.tsv", text + "\n")
+    with pytest.raises(InputError) as error:
+      task.read_predictions(path, split)
+    assert str(error.value).startswith(path + message), (name, str(error.value))
+  same = _write(tmp_path, "same.tsv", "\n".join(["index\tprediction", *rows, "3\tentailment"]) + "\n")
+  assert task.score(split, task.read_predictions(same, split)) == {
+      "accuracy": sum(ex.label == 0 for ex in split.examples) / len(split.examples)}
+
+
 def test_mnli_splits_and_test_files(tmp_path, tokenizer):
   header = "\t".join(f"c{i}" for i in range(12))
   row = lambda label: "\t".join(["0", "1", "2", "fiction", "(", "(", "(", "(", "The cat sat.", "A cat sat.", "x",
                                  label])
   _write(tmp_path, "dev_matched.tsv", f"{header}\n{row('neutral')}\n{row('entailment')}\n")
   _write(tmp_path, "dev_mismatched.tsv", f"{header}\n{row('contradiction')}\n")
-  _write(tmp_path, "test_matched.tsv", "index\t" + header + "\n" + "\t".join(["17"] + ["x"] * 7 + ["a", "b"]) + "\n")
+  test_header = "\t".join(f"t{i}" for i in range(10))
+  _write(tmp_path, "test_matched.tsv", test_header + "\n" + "\t".join(["17"] + ["x"] * 7 + ["a", "b"]) + "\n")
   mnli = task_for("mnli")
   mnli.config.data.path = str(tmp_path)
   assert [ex.label for ex in mnli.load_split("dev", tokenizer).examples] == [2, 1]

@@ -90,6 +90,27 @@ def test_scorer_matches_hand_count(dev, tmp_path, shared_data):
   assert task.score(split, task.postprocess(split, {"logits": logits}))["accuracy"] == 1.0
 
 
+def test_prediction_file_refusals(dev, tmp_path, shared_data):
+  task, split = dev
+  path = tmp_path / "answers.json"
+  squad = {"56be4db0acb8001400a502ec": "Denver Broncos"}
+  path.write_text(json.dumps(squad))
+  with pytest.raises(InputError) as error:
+    task.read_predictions(str(path), split)
+  assert str(error.value) == (f"{path}:id 56be4db0acb8001400a502ec: 'Denver Broncos' is not one of the letters A, "
+                              "B, C, D; is this the predictions file of this task?")
+  qids = [ex.qid for ex in split.examples]
+  path.write_text(f'{{"{qids[0]}": "A", "{qids[0]}": "B"}}')
+  with pytest.raises(InputError, match=rf"answers.json:id {qids[0]}: given twice, as 'A' and 'B'; keep one.$"):
+    task.read_predictions(str(path), split)
+  path.write_text(json.dumps({qids[0]: "A", "high99999.txt-0": "B"}))
+  with pytest.raises(InputError, match=r"answers.json: 1 id\(s\) are not in .*dev, e.g. high99999.txt-0; score"):
+    task.read_predictions(str(path), split)
+  path.write_text(json.dumps({q: "ABCD"[ex.label] for q, ex in zip(qids[2:], split.examples[2:])}))
+  scores = task.score(split, task.read_predictions(str(path), split))
+  assert scores["missing"] == 2 and scores["accuracy"] == (len(qids) - 2) / len(qids)
+
+
 def test_bad_race_input(tmp_path, tokenizer):
   folder = tmp_path / "dev" / "high"
   folder.mkdir(parents=True)

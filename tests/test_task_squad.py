@@ -145,7 +145,9 @@ def test_squad_v2_null_answer_end_to_end(squad_json, tokenizer, tmp_path):
   odds = json.loads(open(null_odds_path(path)).read())
   ours = task.score(split, predictions)
   official = official_v2(dataset["data"], answers, odds, 0.0)
-  assert {k: v for k, v in ours.items() if not k.endswith("total")} == pytest.approx(official, abs=1e-9)
+  assert ours["missing"] == 0
+  assert {k: v for k, v in ours.items() if not k.endswith("total") and k != "missing"} == pytest.approx(official,
+                                                                                                        abs=1e-9)
   assert 0 < ours["best_f1"] < 100 and ours["best_f1"] >= ours["f1"] - 1e-9
   result = subprocess.run([sys.executable, "-m", "albert_jax.evaluate", "--task=squad_v2",
                            f"--data={tmp_path / 'dev-v2.0.json'}", f"--predictions={path}"],
@@ -166,6 +168,53 @@ def test_bad_squad_input(tmp_path, squad_json):
     squad_task(1, tmp_path).read_examples(str(tmp_path / "dev-v1.1.json"))
   with pytest.raises(ValueError, match="max_query_length=64 leaves no room"):
     squad_task(1, max_seq_length=64)
+
+
+def _refusal(read, *args):
+  with pytest.raises(InputError) as error:
+    read(*args)
+  return str(error.value)
+
+
+def test_prediction_file_refusals_and_missing_answers(tmp_path, squad_json):
+  (tmp_path / "dev-v1.1.json").write_text(json.dumps({"data": squad_json["data"][:1]}))
+  task = squad_task(1, tmp_path)
+  split = task.gold_split(str(tmp_path / "dev-v1.1.json"))
+  gold = {ex.qid: ex.answers[0] for ex in split.examples}
+  first, second = list(gold)[:2]
+  path = tmp_path / "predictions.json"
+  read = lambda text: (path.write_text(text), task.read_predictions(str(path), split))[1]
+  assert _refusal(read, json.dumps(list(gold.values()))) == (
+      f"{path}: a JSON list, expected an object {{id: an answer text}}; pass the file write_predictions wrote.")
+  assert _refusal(read, "{}").startswith(f"{path}: an empty object, expected an object")
+  assert _refusal(read, json.dumps({first: 3})) == (
+      f"{path}:id {first}: 3 is not an answer text; is this the predictions file of this task?")
+  assert _refusal(read, f'{{"{first}": "a", "{second}": "b", "{first}": "c"}}') == (
+      f"{path}:id {first}: given twice, as 'a' and 'c'; keep one.")
+  assert _refusal(read, json.dumps({**gold, "no-such-id": "x"})) == (
+      f"{path}: 1 id(s) are not in {split.path}, e.g. no-such-id; score against the gold file these predictions "
+      "are for.")
+  # Two questions unanswered: they score 0, as in the official v1.1 script, and the result counts them.
+  answers = {qid: text for qid, text in gold.items() if qid not in (first, second)}
+  text = json.dumps(answers)[:-1] + f', "{list(answers)[0]}": {json.dumps(list(answers.values())[0])}}}'
+  scores = task.score(split, read(text))   # a repeated id with the same answer is harmless
+  assert scores == {"exact_match": 100.0 * (len(gold) - 2) / len(gold), "f1": 100.0 * (len(gold) - 2) / len(gold),
+                    "missing": 2}
+
+
+def test_v2_null_odds_must_cover_the_answers(tmp_path, squad_json):
+  (tmp_path / "dev-v2.0.json").write_text(json.dumps({"data": squad_json["data"][:1]}))
+  task = squad_task(2, tmp_path)
+  split = task.gold_split(str(tmp_path / "dev-v2.0.json"))
+  qids = [ex.qid for ex in split.examples]
+  path = tmp_path / "predictions.json"
+  path.write_text(json.dumps({q: "x" for q in qids}))
+  odds = tmp_path / "predictions.null_odds.json"
+  odds.write_text(json.dumps({q: -1.0 for q in qids[1:]}))
+  assert _refusal(task.read_predictions, str(path), split) == (
+      f"{odds}: no null odds for 1 answered question(s), e.g. {qids[0]}; pass the file written with {path}.")
+  odds.write_text(json.dumps({q: True for q in qids}))
+  assert "True is not a number (the null odds)" in _refusal(task.read_predictions, str(path), split)
 
 
 def test_user_file_and_short_windows(tmp_path, tokenizer):

@@ -34,7 +34,7 @@ class GlueSpec:
   files: dict[str, str]
   submission: dict[str, str]            # split -> file name the GLUE server expects
   metric_name: str = "accuracy"
-  header: bool = True
+  headerless_fields: int = 0            # train/dev files without a header (CoLA): their number of fields
 
   @property
   def is_regression(self) -> bool:
@@ -45,7 +45,7 @@ _STANDARD = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
 
 SPECS: dict[str, GlueSpec] = {
     "cola": GlueSpec("CoLA", _BINARY, (3, None, 1), (1, None), _STANDARD, {"test": "CoLA.tsv"}, "mcc",
-                     header=False),
+                     headerless_fields=4),
     "sst-2": GlueSpec("SST-2", _BINARY, (0, None, 1), (1, None), _STANDARD, {"test": "SST-2.tsv"}),
     "mrpc": GlueSpec("MRPC", _BINARY, (3, 4, 0), (3, 4), _STANDARD, {"test": "MRPC.tsv"}),
     "sts-b": GlueSpec("STS-B", None, (7, 8, 9), (7, 8), _STANDARD, {"test": "STS-B.tsv"}, "pearson"),
@@ -100,13 +100,21 @@ class GlueTask(Task):
     return os.path.join(self.config.data.path, self.spec.files[split])
 
   def read_examples(self, path: str, labeled: bool) -> list[GlueExample]:
+    """Every row must have as many fields as the header (CoLA's header-less train/dev files: 4), since a stray tab
+    inside a sentence otherwise shifts the columns silently (text_a = its first words, text_b lost)."""
     rows = tsv_rows(path)
-    if self.spec.header or not labeled:  # every GLUE test file has a header, even CoLA's
-      next(rows, None)
+    if labeled and self.spec.headerless_fields:
+      width, expected = self.spec.headerless_fields, f"{self.spec.directory} files have {self.spec.headerless_fields}"
+    else:  # every GLUE test file has a header, even CoLA's
+      header_line, header = next(rows, (1, []))
+      width, expected = len(header), f"the header (line {header_line}) has {len(header)}"
     if labeled and self.spec.columns is None:
       raise ValueError(f"GLUE {self.name} has no labelled files (test only: predict with --mode=predict).")
     examples = []
     for number, fields in rows:
+      if len(fields) != width:
+        raise InputError(path, number, f"{len(fields)} tab-separated fields but {expected}; a tab inside the text? "
+                                       "Replace it by a space on that line.")
       get = lambda i: None if i is None else column(fields, i, path, number)
       if labeled:
         a, b, label = self.spec.columns
@@ -199,11 +207,26 @@ class GlueTask(Task):
                 f"{ex.guid}\t{self.spec.labels[int(pred)]}\n")
 
   def read_predictions(self, path: str, split: Split) -> np.ndarray:
-    by_guid = {}
+    """The submission format only: the header, then one `index<TAB>prediction` per example of `split`; refuses
+    what would be scored wrongly without it (a missing header, a conflicting repeat, an unknown index)."""
     rows = tsv_rows(path)
-    next(rows, None)
+    number, header = next(rows, (1, []))
+    if header != ["index", "prediction"]:
+      raise InputError(path, number, f"the first line must be the header 'index<TAB>prediction', got {header}; "
+                                     "add that line (write_predictions writes it).")
+    by_guid, line_of = {}, {}
     for number, fields in rows:
-      by_guid[column(fields, 0, path, number)] = self._label(column(fields, 1, path, number), path, number)
+      if len(fields) != 2:
+        raise InputError(path, number, f"{len(fields)} tab-separated fields, expected 2 (index, prediction); "
+                                       "fix that line.")
+      guid, prediction = fields[0], self._label(fields[1], path, number)
+      if guid in by_guid and by_guid[guid] != prediction:
+        raise InputError(path, number, f"index {guid} has another prediction on line {line_of[guid]}; keep one.")
+      by_guid[guid], line_of[guid] = prediction, number
+    extra = sorted(set(by_guid) - {ex.guid for ex in split.examples}, key=line_of.get)
+    if extra:
+      raise InputError(path, line_of[extra[0]], f"{len(extra)} index(es) are not in {split.path}, e.g. {extra[0]}; "
+                                                "score against the gold file these predictions are for.")
     missing = [ex.guid for ex in split.examples if ex.guid not in by_guid]
     if missing:
       raise InputError(path, None, f"no prediction for {len(missing)} example(s), e.g. index {missing[0]}")

@@ -18,7 +18,7 @@ import numpy as np
 from albert_jax.tasks.base import (InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack,
                                      read_text, stack_packed)
 from albert_jax.tasks.heads import PooledClassifier
-from albert_jax.tasks.records import field, user_records
+from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
 LETTERS = "ABCD"
 LEVELS = ("middle", "high")
@@ -133,8 +133,8 @@ class RaceTask(Task):
     return {ex.qid: LETTERS[c] for ex, c in zip(split.examples, choice, strict=True)}
 
   def score(self, split: Split, predictions: dict[str, str]) -> dict[str, float]:
-    """Accuracy over all questions and per level; a question without a prediction counts as wrong."""
-    out = {}
+    """Accuracy over all questions and per level; a question without a prediction counts as wrong (`missing`)."""
+    out = {"missing": sum(ex.qid not in predictions for ex in split.examples)}
     for name, level in (("accuracy", None), *((f"accuracy_{lv}", lv) for lv in LEVELS)):
       chosen = [ex for ex in split.examples if level in (None, ex.level)]
       if chosen:
@@ -146,4 +146,7 @@ class RaceTask(Task):
       json.dump(predictions, f, indent=1)
 
   def read_predictions(self, path: str, split: Split) -> dict[str, str]:
-    return json.loads(read_text(path))
+    """{question id: letter} for ids of `split` only (a SQuAD or GLUE file is refused by its values or ids)."""
+    predictions = read_id_map(path, "one of the letters A, B, C, D", lambda v: v in tuple(LETTERS))
+    check_ids(path, predictions, split)
+    return predictions

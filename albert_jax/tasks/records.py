@@ -46,6 +46,38 @@ def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     yield number, dict(zip(header, fields))
 
 
+def read_id_map(path: str, what: str, valid) -> dict[str, Any]:
+  """A predictions file that is one JSON object {id: value}, each value passing `valid`; refuses anything else by
+  name: another JSON type, no ids, a bad value, and an id given twice with different values (json.loads would
+  silently keep the last)."""
+  def unique(pairs):
+    out = {}
+    for key, value in pairs:
+      if key in out and out[key] != value:
+        raise InputError(path, f"id {key}", f"given twice, as {out[key]!r} and {value!r}; keep one.")
+      out[key] = value
+    return out
+  try:
+    values = json.loads(read_text(path), object_pairs_hook=unique)
+  except json.JSONDecodeError as e:
+    raise InputError(path, e.lineno, f"not JSON ({e.msg}); pass the file write_predictions wrote.") from None
+  if not isinstance(values, dict) or not values:
+    found = "an empty object" if isinstance(values, dict) else f"a JSON {type(values).__name__}"
+    raise InputError(path, None, f"{found}, expected an object {{id: {what}}}; pass the file write_predictions wrote.")
+  for key, value in values.items():
+    if not valid(value):
+      raise InputError(path, f"id {key}", f"{value!r} is not {what}; is this the predictions file of this task?")
+  return values
+
+
+def check_ids(path: str, predicted, split) -> None:
+  """Refuses predictions for ids that the gold file lacks: they would be ignored, hiding a mix-up of files."""
+  extra = [key for key in predicted if key not in {ex.qid for ex in split.examples}]
+  if extra:
+    raise InputError(path, None, f"{len(extra)} id(s) are not in {split.path}, e.g. {extra[0]}; score against the "
+                                 "gold file these predictions are for.")
+
+
 def field(record: dict[str, Any], key: str, path: str, line: int, kind=str):
   if key not in record:
     raise InputError(path, line, f"missing field {key!r} (have {sorted(record)})")

@@ -29,7 +29,7 @@ from albert_jax.tasks.alignment import AlignedText, align
 from albert_jax.tasks.base import (InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack,
                                      read_text, stack_packed)
 from albert_jax.tasks.heads import SpanExtractor
-from albert_jax.tasks.records import field, user_records
+from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
 
 @dataclasses.dataclass
@@ -187,11 +187,15 @@ class SquadTask(Task):
     return SquadPredictions(answers, null_odds)
 
   def score(self, split: Split, predictions: SquadPredictions) -> dict[str, float]:
+    """The official scores, and `missing`: questions without a prediction, which the official scripts score 0
+    (v1.1) or leave out of every total (v2.0)."""
     gold = {ex.qid: ex.answers for ex in split.examples}
     if not self.version_2:
-      return squad_metrics.evaluate_v1(gold, predictions.answers)
-    return squad_metrics.evaluate_v2(gold, predictions.answers, predictions.null_odds,
-                                     self.config.data.null_score_diff_threshold)
+      scores = squad_metrics.evaluate_v1(gold, predictions.answers)
+    else:
+      scores = squad_metrics.evaluate_v2(gold, predictions.answers, predictions.null_odds,
+                                         self.config.data.null_score_diff_threshold)
+    return {**scores, "missing": sum(qid not in predictions.answers for qid in gold)}
 
   def write_predictions(self, split: Split, predictions: SquadPredictions, path: str) -> None:
     _write_json(path, predictions.answers)
@@ -199,8 +203,19 @@ class SquadTask(Task):
       _write_json(null_odds_path(path), predictions.null_odds)
 
   def read_predictions(self, path: str, split: Split) -> SquadPredictions:
-    answers = json.loads(read_text(path))
-    null_odds = json.loads(read_text(null_odds_path(path))) if self.version_2 else {}
+    """The official format, {question id: answer text} (v2: and the null odds file), for ids of `split` only."""
+    answers = read_id_map(path, "an answer text", lambda v: isinstance(v, str))
+    check_ids(path, answers, split)
+    if not self.version_2:
+      return SquadPredictions(answers, {})
+    odds_path = null_odds_path(path)
+    null_odds = read_id_map(odds_path, "a number (the null odds)",
+                            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+    check_ids(odds_path, null_odds, split)
+    unmatched = [qid for qid in answers if qid not in null_odds]
+    if unmatched:
+      raise InputError(odds_path, None, f"no null odds for {len(unmatched)} answered question(s), e.g. "
+                                        f"{unmatched[0]}; pass the file written with {path}.")
     return SquadPredictions(answers, null_odds)
 
 
