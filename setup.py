@@ -1,6 +1,10 @@
 """albert_jax: ALBERT (Lan et al., ICLR 2020) and BERT baselines in JAX/Flax, TPU-first."""
 from setuptools import find_packages, setup
 
+# The TPU compiler must be the libtpu that this jax was built against: jax's own `tpu` extra pins it
+# (jax[tpu]==0.10.2 -> libtpu==0.0.42.*), so the `tpu` extra below names only the jax version.
+TPU_JAX_VERSION = "0.10.2"
+
 setup(
     name="albert_jax",
     version="0.1.0",
@@ -29,5 +33,7 @@ setup(
         "test": ["pytest>=8.0", "scipy>=1.11", "scikit-learn>=1.4"],
         # CPU torch: `pip install torch==2.13.0` first (see README) or pip pulls a multi-GB CUDA build.
         "hf": ["transformers>=5.0", "torch>=2.4", "safetensors>=0.4"],
+        # libtpu: compile for TPU topologies on any host (albert_jax.topology), or run on a TPU VM.
+        "tpu": [f"jax[tpu]=={TPU_JAX_VERSION}"],
     },
 )

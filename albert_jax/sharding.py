@@ -2,7 +2,8 @@
 
 Parameters carry logical axis names (model.py); `config.mesh.logical_axis_rules` maps them to the mesh axes
 `data`, `fsdp` and `tensor`. The default is pure data parallelism over every device of every host: ALBERT's
-12M-235M parameters and their LAMB moments fit on every chip, so only the batch is split.
+12M-235M parameters and their LAMB moments fit on every chip, so only the batch is split. Across TPU slices
+(multislice) `config.mesh.dcn_shape` puts the data axis on the data-centre network.
 """
 from __future__ import annotations
 
@@ -16,10 +17,17 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 BATCH_AXES = ("data", "fsdp")
+DEFAULT_DCN_SHAPE = (("data", -1), ("fsdp", 1), ("tensor", 1))  # multislice: the slices split the data axis
 
 
 def create_mesh(mesh_config, devices=None) -> Mesh:
-  """A Mesh of `mesh_config.shape`, e.g. (("data", -1), ("fsdp", 1), ("tensor", 1)); -1 takes what is left."""
+  """A Mesh of `mesh_config.shape`, e.g. (("data", -1), ("fsdp", 1), ("tensor", 1)); -1 takes what is left.
+
+  TPU devices are laid out by their physical coordinates (`mesh_utils.create_device_mesh`). Devices of several
+  slices (multislice: `slice_index` differs) are joined by the data-centre network (DCN), which is far slower than
+  the chips' own links (ICI); `mesh_config.dcn_shape` says how many slices each axis spans (default: the data axis
+  spans all of them), so only that axis's collectives - the gradient all-reduce for data parallelism - cross DCN.
+  """
   devices = jax.devices() if devices is None else devices
   names = [name for name, _ in mesh_config.shape]
   sizes = [int(size) for _, size in mesh_config.shape]
@@ -35,11 +43,45 @@ def create_mesh(mesh_config, devices=None) -> Mesh:
   if math.prod(sizes) != len(devices):
     raise ValueError(f"mesh.shape {dict(zip(names, sizes))} needs {math.prod(sizes)} devices but "
                      f"{len(devices)} are present; use -1 for the data axis to take all of them.")
-  try:
-    grid = mesh_utils.create_device_mesh(sizes, devices=devices, allow_split_physical_axes=True)
-  except (ValueError, NotImplementedError):  # e.g. CPU devices without a physical topology
-    grid = np.asarray(devices).reshape(sizes)
+  num_slices = len({getattr(d, "slice_index", 0) for d in devices})
+  dcn_sizes = _dcn_sizes(getattr(mesh_config, "dcn_shape", DEFAULT_DCN_SHAPE), names, sizes, num_slices)
+  if devices[0].platform != "tpu":
+    try:
+      grid = mesh_utils.create_device_mesh(sizes, devices=devices, allow_split_physical_axes=True)
+    except (ValueError, NotImplementedError):  # e.g. CPU devices without a physical topology
+      grid = np.asarray(devices).reshape(sizes)
+  else:
+    ici_sizes = [s // d for s, d in zip(sizes, dcn_sizes)]
+    try:
+      if num_slices > 1:
+        grid = mesh_utils.create_hybrid_device_mesh(ici_sizes, dcn_sizes, devices, allow_split_physical_axes=True)
+      else:
+        grid = mesh_utils.create_device_mesh(sizes, devices=devices, allow_split_physical_axes=True)
+    except (AssertionError, ValueError, NotImplementedError) as e:
+      raise ValueError(f"Cannot lay out mesh {dict(zip(names, ici_sizes))} per slice x {dict(zip(names, dcn_sizes))} "
+                       f"slices on {len(devices)} {devices[0].device_kind} devices: {e}. For v4/v5p use one device "
+                       "per chip (albert_jax.topology.tpu_devices does).") from e
   return Mesh(grid, tuple(names), axis_types=(AxisType.Auto,) * len(names))
+
+
+def _dcn_sizes(dcn_shape, names: list[str], sizes: list[int], num_slices: int) -> list[int]:
+  """How many slices each mesh axis spans; their product is the number of slices."""
+  dcn_names = [name for name, _ in dcn_shape]
+  dcn = [int(size) for _, size in dcn_shape]
+  if dcn_names != names:
+    raise ValueError(f"mesh.dcn_shape axes must be {', '.join(names)} in that order, got {dcn_names}.")
+  if dcn.count(-1) > 1:
+    raise ValueError(f"mesh.dcn_shape has more than one -1 in {dcn}; give at most one axis as -1.")
+  if -1 in dcn:
+    dcn[dcn.index(-1)] = max(num_slices // math.prod(s for s in dcn if s != -1), 1)
+  if math.prod(dcn) != num_slices:
+    raise ValueError(f"mesh.dcn_shape {dict(zip(names, dcn))} spans {math.prod(dcn)} slices but the devices come "
+                     f"from {num_slices}; use -1 for the data axis to span all of them.")
+  for name, size, slices in zip(names, sizes, dcn):
+    if size % slices:
+      raise ValueError(f"mesh axis {name} has {size} devices, which cannot be split over {slices} slices "
+                       f"(mesh.dcn_shape); make mesh.shape's {name} a multiple of {slices}.")
+  return dcn
 
 
 def logical_rules(mesh_config) -> tuple[tuple[str, Any], ...]:

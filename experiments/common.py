@@ -85,6 +85,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (("data", -1), ("fsdp", 1), ("tensor", 1))   # -1: all remaining devices
+  c.mesh.dcn_shape = (("data", -1), ("fsdp", 1), ("tensor", 1))  # slices per axis (multislice); -1: all slices
   c.mesh.logical_axis_rules = (
       ("act_batch", ("data", "fsdp")),
       ("embed", "fsdp"),

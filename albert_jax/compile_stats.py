@@ -1,0 +1,349 @@
+"""What a compiled step needs per device: HBM from `memory_analysis()`, collectives from the optimised HLO text.
+
+Used to check a TPU configuration from a CPU host (topology.tpu_devices): the numbers are the TPU compiler's own,
+for one device, for one call of the executable (one optimizer step).
+
+Collectives are read from `compiled.as_text()`. Each counts once per execution of the computation it sits in: an
+op inside a while loop (`lax.scan` over layers, gradient accumulation) counts once per trip. The trip count is
+`known_trip_count` when XLA records it, else read off the loop condition (`counter < N`, counter starting at a
+constant); a loop whose count cannot be read counts once and is named in `CollectiveStats.unknown_trip_counts`.
+Ops in both branches of a conditional count (an upper bound). With devices of several slices the TPU compiler
+emits one module per slice: collectives in it stay within the slice, and what crosses the data-centre network
+is a host transfer marked `_xla_megascale_transfer_type` (a send/recv pair), reported as `across_slices`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_BITS = {"pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16,
+         "bf16": 16, "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
+_ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*(.*?)\s+([a-z][a-z0-9-]*)\((.*)$")
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%(\S+)\s.*\{\s*$")
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBreakdown:
+  """Bytes per device. `arguments` = parameters + optimizer state + batch (+ RNG key) as sharded on one device."""
+  arguments: int
+  outputs: int
+  aliased: int          # outputs written into donated argument buffers (counted once, in `arguments`)
+  temporaries: int      # activations kept for the backward pass, workspace, collective buffers
+  generated_code: int
+  total: int            # arguments + outputs - aliased + temporaries: the conservative figure to compare with HBM
+  peak: int             # the compiler's `peak_memory_in_bytes` (0 if not reported); can be below `total`
+  argument_groups: dict[str, int] = dataclasses.field(default_factory=dict)  # e.g. {"state": ..., "batch": ...}
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def per_device_bytes(tree: Any) -> int:
+  """Bytes one device holds of a tree of arrays / ShapeDtypeStructs with shardings (the largest shard)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = tuple(leaf.shape)
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None:
+      shape = sharding.shard_shape(shape)
+    total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def memory_breakdown(compiled, arguments: dict[str, Any] | None = None) -> MemoryBreakdown:
+  """`compiled.memory_analysis()` per device; `arguments` (name -> tree) splits the argument bytes by group."""
+  m = compiled.memory_analysis()
+  total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+  groups = {name: per_device_bytes(tree) for name, tree in (arguments or {}).items()}
+  return MemoryBreakdown(
+      arguments=int(m.argument_size_in_bytes), outputs=int(m.output_size_in_bytes),
+      aliased=int(m.alias_size_in_bytes), temporaries=int(m.temp_size_in_bytes),
+      generated_code=int(m.generated_code_size_in_bytes), total=int(total),
+      peak=int(getattr(m, "peak_memory_in_bytes", 0) or 0), argument_groups=groups)
+
+
+def out_of_memory(error: BaseException) -> dict[str, int] | None:
+  """The TPU compiler's "does not fit" error -> {"required_bytes", "available_bytes"}; None for other errors.
+
+  The message reads "Ran out of memory on HBM, the total memory required for HLO temporaries (16.06G) exceeds
+  available HBM (15.48G)"; G is GiB, and "temporaries" there counts arguments and outputs too.
+  """
+  text = str(error)
+  if "RESOURCE_EXHAUSTED" not in text:
+    return None
+  found = re.search(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM\s*\(([\d.]+)([KMGT]?)\)", text)
+  if not found:
+    return {"required_bytes": -1, "available_bytes": -1}
+  scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+  return {"required_bytes": int(float(found[1]) * scale[found[2]]),
+          "available_bytes": int(float(found[3]) * scale[found[4]])}
+
+
+# ---------------------------------------------------------------------------------------------------- collectives
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  kind: str                 # one of KINDS
+  name: str                 # HLO instruction (or megascale rendezvous) name
+  computation: str
+  bytes: int                # per device per execution: the larger of the operands and the result
+  executions: int           # per step (product of enclosing while-loop trip counts)
+  group_size: int | None    # devices taking part in each group (None: not read)
+  across_slices: bool
+
+  @property
+  def bytes_per_step(self) -> int:
+    return self.bytes * self.executions
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveStats:
+  collectives: tuple[Collective, ...]
+  unknown_trip_counts: tuple[str, ...] = ()   # while loops counted once because their trip count was not read
+
+  def totals(self) -> dict[str, dict[str, int]]:
+    """kind -> {"within_slice", "across_slices"} bytes per step per device, for every kind in KINDS."""
+    out = {kind: {"within_slice": 0, "across_slices": 0} for kind in KINDS}
+    for c in self.collectives:
+      out[c.kind]["across_slices" if c.across_slices else "within_slice"] += c.bytes_per_step
+    return out
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"totals": self.totals(),
+            "collectives": [dict(dataclasses.asdict(c), bytes_per_step=c.bytes_per_step) for c in self.collectives],
+            "unknown_trip_counts": list(self.unknown_trip_counts)}
+
+
+@dataclasses.dataclass
+class _Instr:
+  name: str
+  opcode: str
+  arrays: list[tuple[int, int]]   # (bytes, rank) of each array in the result shape
+  operands: list[str]
+  rest: str                       # operands and attributes, as printed
+  root: bool
+
+
+def _arrays(shape_text: str) -> list[tuple[int, int]]:
+  out = []
+  for dtype, dims in _ARRAY.findall(shape_text):
+    if dtype in _BITS:
+      sizes = [int(d) for d in dims.split(",") if d]
+      out.append((math.prod(sizes) * _BITS[dtype] // 8, len(sizes)))
+  return out
+
+
+def _split_call(rest: str) -> tuple[str, str]:
+  """'a, b), attrs' -> ('a, b', 'attrs'): the operand list of an instruction and what follows it."""
+  depth = 0
+  for i, ch in enumerate(rest):
+    if ch in "({[":
+      depth += 1
+    elif ch in ")}]":
+      if depth == 0:
+        return rest[:i], rest[i + 1:]
+      depth -= 1
+  return rest, ""
+
+
+def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], str, dict[str, int]]:
+  computations: dict[str, list[_Instr]] = {}
+  entry, current = "", None
+  header = {}
+  for line in text.splitlines():
+    if line.startswith("HloModule"):
+      header = {k: int(v) for k, v in re.findall(r"\b(num_partitions|replica_count)=(\d+)", line)}
+      continue
+    if current is None:
+      if m := _COMPUTATION.match(line):
+        current = m[2]
+        computations[current] = []
+        if m[1]:
+          entry = current
+      continue
+    if line.startswith("}"):
+      current = None
+      continue
+    if m := _INSTR.match(line):
+      operands, _ = _split_call(m[4])
+      computations[current].append(_Instr(
+          name=m[1], opcode=m[3], arrays=_arrays(m[2]), operands=re.findall(r"%([\w.\-]+)", operands),
+          rest=m[4], root=line.lstrip().startswith("ROOT")))
+  if not entry:
+    raise ValueError("No ENTRY computation in the HLO text; pass `compiled.as_text()` of a compiled executable.")
+  return computations, entry, header
+
+
+def _trip_count(while_instr: _Instr, computations: dict[str, list[_Instr]], table: dict[str, _Instr]) -> int | None:
+  if m := re.search(r'"known_trip_count":\{"n":"(\d+)"', while_instr.rest):
+    return int(m[1])
+  cond = re.search(r"condition=%([\w.\-]+)", while_instr.rest)
+  body = computations.get(cond[1], []) if cond else []
+  local = {i.name: i for i in body}
+  root = next((i for i in body if i.root), None)
+  if root is None or root.opcode != "compare" or len(root.operands) != 2:
+    return None
+  direction = re.search(r"direction=(\w+)", root.rest)
+  a, b = (local.get(n) for n in root.operands)
+  if a is None or b is None or direction is None:
+    return None
+  flip = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE"}
+  op = direction[1]
+  if a.opcode == "constant":  # N > i  ==  i < N
+    a, b, op = b, a, flip.get(op, op)
+  if b.opcode != "constant" or a.opcode != "get-tuple-element" or op not in ("LT", "LE"):
+    return None
+  limit = re.match(r"\s*(-?\d+)\)", b.rest)
+  index = re.search(r"index=(\d+)", a.rest)
+  if not limit or not index:
+    return None
+  start = 0
+  init = table.get(while_instr.operands[0]) if while_instr.operands else None
+  if init is not None and init.opcode == "tuple" and int(index[1]) < len(init.operands):
+    first = table.get(init.operands[int(index[1])])
+    if first is not None and first.opcode == "constant" and (s := re.match(r"\s*(-?\d+)\)", first.rest)):
+      start = int(s[1])
+  return max(int(limit[1]) - start + (op == "LE"), 0)
+
+
+def _executions(computations, entry) -> tuple[dict[str, int], list[str]]:
+  """How many times each computation runs per call of the entry computation."""
+  edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
+  unknown = []
+  for comp, instrs in computations.items():
+    table = {i.name: i for i in instrs}
+    for i in instrs:
+      if i.opcode == "while":
+        trips = _trip_count(i, computations, table)
+        if trips is None:
+          unknown.append(i.name)
+          trips = 1
+        for callee in re.findall(r"(?:body|condition)=%([\w.\-]+)", i.rest):
+          edges[comp].append((callee, trips))
+      elif i.opcode.endswith("-done") or i.opcode == "async-update":
+        continue  # the -start op already called the computation
+      else:
+        for callee in re.findall(r"(?:calls|true_computation|false_computation)=%([\w.\-]+)", i.rest):
+          edges[comp].append((callee, 1))
+        if branches := re.search(r"branch_computations=\{([^}]*)\}", i.rest):
+          edges[comp].extend((c, 1) for c in re.findall(r"%([\w.\-]+)", branches[1]))
+  reachable, stack = {entry}, [entry]
+  while stack:
+    for callee, _ in edges[stack.pop()]:
+      if callee not in reachable:
+        reachable.add(callee)
+        stack.append(callee)
+  indegree = defaultdict(int)
+  for comp in reachable:
+    for callee, _ in edges[comp]:
+      indegree[callee] += 1
+  counts = defaultdict(int, {entry: 1})
+  ready = [entry]
+  while ready:
+    comp = ready.pop()
+    for callee, factor in edges[comp]:
+      counts[callee] += counts[comp] * factor
+      indegree[callee] -= 1
+      if indegree[callee] == 0:
+        ready.append(callee)
+  return counts, unknown
+
+
+def _iota(dims: str, perm: str | None) -> np.ndarray:
+  shape = [int(d) for d in dims.split(",")]
+  ids = np.arange(math.prod(shape)).reshape(shape)
+  return ids.transpose([int(p) for p in perm.split(",")]) if perm else ids
+
+
+def _groups(rest: str, num_devices: int) -> list[list[int]] | None:
+  """Replica groups of a collective in any of XLA's printed forms (logical device ids), or None."""
+  if m := re.search(r"source_target_pairs=\{(.*?)\}\}", rest):
+    return [[int(x) for x in pair.split(",")] for pair in re.findall(r"\{([\d,]+)", m[1] + "}")]
+  if m := re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", rest):
+    return _iota(m[3], m[4]).reshape(int(m[1]), int(m[2])).tolist()
+  if m := re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((\[[\d,]+\])(?:T\(([\d,]+)\))?\))?\s*"
+                    r"\{([^}]*)\}", rest):
+    axes = re.findall(r"'(\w+)'=(\d+)", m[1])
+    chosen = re.findall(r"'(\w+)'", m[4])
+    if not axes or ":" in m[4] or any(c not in dict(axes) for c in chosen):
+      return None
+    shape = [int(size) for _, size in axes]
+    ids = _iota(m[2][1:-1], m[3]) if m[2] else np.arange(math.prod(shape))
+    ids = ids.reshape(shape)
+    names = [name for name, _ in axes]
+    order = [k for k, n in enumerate(names) if n not in chosen] + [names.index(c) for c in chosen]
+    size = math.prod(shape[names.index(c)] for c in chosen)
+    return ids.transpose(order).reshape(-1, size).tolist()
+  if m := re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", rest):
+    groups = [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", m[1])]
+    return groups or [list(range(num_devices))]
+  return None
+
+
+def _kind(opcode: str) -> str | None:
+  base = opcode.removesuffix("-start")
+  return base if base in KINDS else None
+
+
+def collective_stats(compiled_or_text, devices: Sequence | None = None) -> CollectiveStats:
+  """Every collective of a compiled executable (or its `as_text()`), with bytes per step per device.
+
+  `devices`: the executable's devices in device-assignment order (`list(mesh.devices.flat)` for a jit over that
+  mesh's NamedShardings); used to tell within-slice from across-slice groups when one HLO module spans several
+  slices. TPU multislice modules are per slice; their cross-slice traffic is counted from the megascale transfers.
+  """
+  text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
+  computations, entry, header = _parse_module(text)
+  counts, unknown = _executions(computations, entry)
+  module_devices = header.get("num_partitions", 1) * header.get("replica_count", 1)
+  slice_of = [getattr(d, "slice_index", 0) for d in devices] if devices is not None else []
+  spans_slices = len(set(slice_of)) > 1 and module_devices == len(slice_of)
+  found: list[Collective] = []
+  megascale: dict[str, dict[str, Any]] = {}
+  for comp, instrs in computations.items():
+    if counts.get(comp, 0) == 0:
+      continue
+    table = {i.name: i for i in instrs}
+    for i in instrs:
+      operand_arrays = [a for n in i.operands if n in table for a in table[n].arrays]
+      transfer = re.search(r'_xla_megascale_transfer_type="(\w+)"', i.rest)
+      if transfer and i.opcode in ("send", "recv"):
+        key = re.search(r'_xla_host_transfer_rendezvous="([^"]+)"', i.rest)
+        t = megascale.setdefault(key[1] if key else i.name, {
+            "kind": transfer[1].lower().replace("_", "-"), "computation": comp, "bytes": 0,
+            "executions": counts[comp]})
+        sent = operand_arrays if i.opcode == "send" else i.arrays
+        t["bytes"] = max(t["bytes"], sum(b for b, rank in sent if rank > 0))
+        continue
+      kind = _kind(i.opcode)
+      if kind is None:
+        continue
+      operand_bytes = sum(b for b, _ in operand_arrays)
+      result_bytes = sum(b for b, rank in i.arrays if rank > 0)
+      if i.opcode.endswith("-start") and len(i.arrays) > 1:  # (operands..., results..., context scalars)
+        result_bytes -= operand_bytes
+      groups = _groups(i.rest, module_devices)
+      across = bool(spans_slices and groups and any(len({slice_of[d] for d in g}) > 1 for g in groups))
+      found.append(Collective(kind=kind, name=i.name, computation=comp, bytes=max(operand_bytes, result_bytes),
+                              executions=counts[comp], group_size=len(groups[0]) if groups else None,
+                              across_slices=across))
+  for name, t in megascale.items():
+    if t["kind"] not in KINDS:
+      raise ValueError(f"Unknown cross-slice transfer type {t['kind']!r} in the HLO; extend compile_stats.KINDS.")
+    found.append(Collective(kind=t["kind"], name=name, computation=t["computation"], bytes=t["bytes"],
+                            executions=t["executions"], group_size=None, across_slices=True))
+  return CollectiveStats(collectives=tuple(found), unknown_trip_counts=tuple(unknown))
+
