@@ -1,6 +1,7 @@
 """Shared benchmark plumbing, so every script measures the same way (../shared/PERFORMANCE.md §4.3).
 
-- `environment()`: what every JSON records (device kind, versions, CPU model, threads, XLA flags, command line);
+- `environment()`: what every JSON records (device kind, versions, CPU model, threads, XLA flags, command line, and
+  how busy the machine was: bench/machine.py);
 - `bench_config`: a pretraining config from a size (or an experiment file) plus the command-line overrides;
 - runners with one blocking `step()` each: `Ours` (the real jitted, donated, sharded train step), `Peer`
   (transformers' PyTorch ALBERT), `Matmul` (the machine's achievable matmul rate);
@@ -29,6 +30,7 @@ import numpy as np
 
 from albert_jax import engine, flops, pretrain, sharding
 from albert_jax.model_config import model_config_from
+from bench import machine
 from experiments import common as experiments
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -75,13 +77,14 @@ def _nvidia_smi() -> str | None:
     return None
 
 
-def environment(module: str) -> dict[str, Any]:
+def environment(module: str, matmul_tflops_per_s: float | None = None) -> dict[str, Any]:
+  """`machine`: load average and other processes' CPU share at start and end, with the run's matmul rate."""
   device = jax.devices()[0]
   return {"device_kind": device.device_kind, "platform": device.platform, "device_count": jax.device_count(),
           "jax": jax.__version__, "jaxlib": _version("jaxlib"), "flax": _version("flax"), "optax": _version("optax"),
           "torch": _version("torch"), "transformers": _version("transformers"), "python": platform.python_version(),
           "cpu_model": _cpu_model(), "cpu_threads": cpu_threads(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "loadavg_1min": os.getloadavg()[0],
+          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "machine": machine.report(matmul_tflops_per_s),
           "nvidia_smi": _nvidia_smi() if device.platform == "gpu" else None,
           "command": " ".join(["python", "-m", module] + [shlex.quote(a) for a in sys.argv[1:]]),
           "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -446,7 +449,8 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]], title: str = "") -> str:
-  """columns: (header, key, format spec). Returns (and prints) the table text."""
+  """columns: (header, key, format spec). Returns (and prints) the table text, with a last line saying so when the
+  machine was too busy for the figures to be quoted (bench/machine.py)."""
   cells = [[h for h, _, _ in columns]] + [[fmt(r.get(k), f) for _, k, f in columns] for r in rows]
   widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
   lines = [title] if title else []
@@ -454,7 +458,8 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str
     lines.append("  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths))))
     if i == 0:
       lines.append("  ".join("-" * w for w in widths))
-  text = "\n".join(lines)
+  note = machine.noisy_note()
+  text = "\n".join(lines + ([note] if note else []))
   print(text, flush=True)
   return text
 
@@ -475,10 +480,18 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   return out
 
 
+def matmul_rate(payload: dict[str, Any]) -> float | None:
+  """The run's jnp.dot TFLOP/s: its matmul_jax row, or the measured peak of a bench that keeps only step rows."""
+  rate = next((r["tflops_per_s"] for r in payload.get("rows", ()) if r.get("name") == "matmul_jax"), None)
+  if rate is None and str(payload.get("peak_source", "")).startswith("measured"):
+    rate = payload["peak_flops"] / 1e12
+  return rate
+
+
 def write_json(args: argparse.Namespace, default_name: str, module: str, payload: dict[str, Any]) -> str:
   os.makedirs(args.results_dir, exist_ok=True)
   path = os.path.join(args.results_dir, f"{args.name or default_name}.json")
-  record = {"benchmark": default_name, "environment": environment(module),
+  record = {"benchmark": default_name, "environment": environment(module, matmul_rate(payload)),
             "host_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **payload}
   with open(path + ".tmp", "w") as f:
     json.dump(record, f, indent=2, default=str)

@@ -1,4 +1,5 @@
-"""Input-pipeline benchmark (PERFORMANCE.md §4.2): tokenization, example building + masking, preparation memory.
+"""Input-pipeline benchmark (PERFORMANCE.md §4.2): tokenization, example building + masking, preparation memory,
+and the loader's rate next to the example builder's own at seq 512 in both short_seq_scope modes.
 
   python -m bench.data_pipeline                      # 30 MB corpus of ../shared/data, writes bench/results/
   python -m bench.data_pipeline --large_corpus_gb=1  # also prepare a generated 1 GB corpus (memory must stay flat)
@@ -7,11 +8,14 @@
 Throughputs are per core: one process, no worker processes, divided by the process's CPU time (so that other load
 on a shared machine does not count; grain's two document-read threads are included). Wall-clock rates are printed
 too. Peak memory is the largest process's maximum RSS while `data_pipeline.prepare` runs (in a subprocess).
+"Builder" is the loader's own example building (same documents, order, windows and batches, checked byte for byte)
+fed from documents decoded once into memory: the loader's reading, decoding and grain plumbing are the difference.
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import platform
@@ -19,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from bench import machine
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 
@@ -72,6 +78,95 @@ def examples_per_s(path: str, vocab_size: int, max_seq_length: int, max_predicti
   return 256 * batches / (time.process_time() - cpu), 256 * batches / (time.perf_counter() - wall)
 
 
+def _digest(batch: dict) -> str:
+  return hashlib.sha256(b"".join(k.encode() + batch[k].tobytes() for k in sorted(batch))).hexdigest()
+
+
+def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predictions: int, scope: str,
+                      blocks: int, block: int = 5, batch_size: int = 256, seed: int = 0) -> dict:
+  """Examples/s of the loader and of its example builder alone, in alternating blocks of `block` batches (order
+  reversed every round) so that other load slows both alike; per CPU second and per wall second."""
+  import grain
+  from data_pipeline import loader, records
+  from data_pipeline.examples import BatchBuilder, ExampleConfig
+  from data_pipeline.tokenization import Tokenizer
+
+  class Decoded:
+    """The split's documents decoded once (bench-sized data), drawn from as `DocumentSource` does."""
+
+    def __init__(self, source: loader.DocumentSource):
+      self.docs = [source[i] for i in range(len(source))]
+
+    def __len__(self) -> int:
+      return len(self.docs)
+
+    def __getitem__(self, index: int):
+      return self.docs[index]
+
+    def other(self, r, doc_index: int):
+      return self.docs[loader.DocumentSource.pick_other(r, doc_index, len(self.docs))]
+
+  class Stream(grain.DatasetIterator):
+    """`document_stream`'s (document index, epoch, document) elements, the documents taken from memory."""
+
+    def __init__(self, elements: list, documents: Decoded):
+      super().__init__()
+      self._elements, self._documents, self._next = elements, documents, 0
+
+    def __next__(self):
+      doc_index, epoch = self._elements[self._next]
+      self._next += 1
+      return doc_index, epoch, self._documents[doc_index]
+
+    def get_state(self) -> dict:
+      return {"next": self._next}
+
+    def set_state(self, state: dict) -> None:
+      self._next = state["next"]
+
+  data = {"kind": "prepared", "path": path, "max_seq_length": max_seq_length,
+          "max_predictions_per_seq": max_predictions, "short_seq_scope": scope, "num_workers": 0, "prefetch": 0}
+  config = ExampleConfig.from_config(data)
+  manifest = records.read_manifest(path)
+  source = loader.DocumentSource(records.split_files(path, manifest, "train"), manifest["token_dtype"])
+  documents = Decoded(source)
+  # Every document gives at least one instance, so this many stream elements cover the batches and a last window.
+  needed = (blocks * block + 1) * batch_size + config.shuffle_buffer
+  order = loader.document_stream(range(len(source)), seed, 0, 1)
+  elements = [order[i][:2] for i in range(needed)]
+  tokenizer = Tokenizer(os.path.join(path, manifest["tokenizer"]["model"]), manifest["tokenizer"]["do_lower_case"])
+  iterators = {"loader": loader.make_pretraining_iterator(data, "train", batch_size, seed, 0, 1, vocab_size),
+               "builder": loader._BatchIterator(Stream(elements, documents), documents,
+                                                BatchBuilder(tokenizer, config), batch_size, seed)}
+  digests = {name: [_digest(next(it))] for name, it in iterators.items()}   # opens files, fills the first window
+  cpu, wall, names = dict.fromkeys(iterators, 0.0), dict.fromkeys(iterators, 0.0), list(iterators)
+  for _ in range(blocks):
+    for name in names:
+      start_cpu, start_wall = time.process_time(), time.perf_counter()
+      batches = [next(iterators[name]) for _ in range(block)]
+      cpu[name] += time.process_time() - start_cpu
+      wall[name] += time.perf_counter() - start_wall
+      digests[name].extend(map(_digest, batches))
+    names.reverse()
+  examples = blocks * block * batch_size
+  out = {"short_seq_scope": scope, "max_seq_length": max_seq_length, "max_predictions": max_predictions,
+         "examples_each": examples, "block_batches": block, "batch_size": batch_size,
+         "identical_batches": digests["loader"] == digests["builder"]}
+  for name in iterators:
+    out[f"{name}_examples_per_s_per_core"] = round(examples / cpu[name])
+    out[f"{name}_examples_per_s_wall"] = round(examples / wall[name])
+  out["loader_fraction_per_core"] = round(cpu["builder"] / cpu["loader"], 3)
+  out["loader_fraction_wall"] = round(wall["builder"] / wall["loader"], 3)
+  return out
+
+
+def loader_vs_builder_lines(rows: list[dict]) -> list[str]:
+  return [f"seq {r['max_seq_length']} short_seq_scope={r['short_seq_scope']}: loader "
+          f"{r['loader_examples_per_s_per_core']} vs builder {r['builder_examples_per_s_per_core']} examples per CPU "
+          f"second = {r['loader_fraction_per_core']:.1%} (wall {r['loader_fraction_wall']:.1%}); identical batches: "
+          f"{r['identical_batches']}" for r in rows]
+
+
 def generate_corpus(files: list[str], directory: str, gigabytes: float) -> str:
   """Copies of the corpus books until `gigabytes`, one file per copy and book."""
   target, written, copy = gigabytes * 1e9, 0, 0
@@ -98,8 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
   books = sorted(glob.glob(os.path.join(args.shared_data, "corpus", "*.txt")))
   corpus_glob = books[0] if args.smoke else os.path.join(args.shared_data, "corpus", "*.txt")
   batches = 2 if args.smoke else 40
-  results = {"host": platform.node(), "cpu_count": os.cpu_count(), "load_average": os.getloadavg()[0],
-             "smoke": args.smoke}
+  results = {"host": platform.node(), "cpu_count": os.cpu_count(), "smoke": args.smoke}
   results["tokenization_mb_per_s_per_core"] = round(
       tokenization_mb_per_s(spm_model, books[:1] if args.smoke else books, 10**5 if args.smoke else 2 * 10**7), 2)
   with tempfile.TemporaryDirectory() as tmp:
@@ -109,16 +203,21 @@ def main(argv: list[str] | None = None) -> dict:
       per_cpu, per_wall = examples_per_s(prepared, 30000, seq, preds, batches)
       results[f"examples_per_s_per_core_seq{seq}_pred{preds or 'free'}"] = round(per_cpu)
       results[f"examples_per_s_wall_seq{seq}_pred{preds or 'free'}"] = round(per_wall)
+    results["loader_vs_builder_seq512"] = [loader_vs_builder(prepared, 30000, 512, 20, scope, 1 if args.smoke else 8,
+                                                             1 if args.smoke else 5) for scope in ("document", "chunk")]
     if args.large_corpus_gb:
       os.makedirs(os.path.join(tmp, "large"))
       large = generate_corpus(books, os.path.join(tmp, "large"), args.large_corpus_gb)
       results["prepare_large"] = prepare_peak(large, spm_model, os.path.join(tmp, "large_prepared"), args.workers)
+  results["machine"] = machine.report()
   os.makedirs(os.path.dirname(args.output), exist_ok=True)
   with open(args.output, "w") as f:
     json.dump(results, f, indent=1)
   width = max(map(len, results))
   for key, value in results.items():
     print(f"{key:<{width}}  {value}")
+  note = results["machine"]["noisy"]
+  print("\n".join(loader_vs_builder_lines(results["loader_vs_builder_seq512"]) + ([note] if note else [])))
   return results
 
 

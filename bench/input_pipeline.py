@@ -1,7 +1,9 @@
 """`python -m bench.input_pipeline`: is the train step input-bound? The same compiled step fed (a) by the real
 loader (data_pipeline.loader.make_pretraining_iterator: fetch + host->device transfer + step, as train.fit does)
 and (b) by device-resident synthetic batches, interleaved; the difference as % of the synthetic step time
-(PERFORMANCE.md §4.2 wants ≤ 3%), and the loader's standalone examples/s vs what the step consumes.
+(PERFORMANCE.md §4.2 wants ≤ 3%), and the loader's standalone examples/s vs what the step consumes. Then, at seq 512
+in both short_seq_scope modes, the loader's examples/s next to its example builder's own, interleaved
+(bench.data_pipeline.loader_vs_builder).
 
 Data: `--data-dir` (a data_pipeline.prepare output), else the bundled tiny corpus (data_pipeline.tiny, 4000-piece
 vocabulary, built once under --tiny-dir). The model's vocab_size is set to the data's.
@@ -16,6 +18,7 @@ import time
 import numpy as np
 
 from bench import common
+from bench.data_pipeline import loader_vs_builder, loader_vs_builder_lines
 
 MODULE = "bench.input_pipeline"
 
@@ -43,6 +46,8 @@ def main(argv=None) -> dict:
   p.add_argument("--tiny-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "albert_jax", "tiny"))
   p.add_argument("--loader-batches", type=int, default=50, help="batches for the loader's standalone rate")
   p.add_argument("--num-workers", type=int, default=0, help="data.num_workers (grain worker processes)")
+  p.add_argument("--compare-blocks", type=int, default=8, help="interleaved blocks of 5 batches of 256 for the "
+                 "loader vs example builder rates at seq 512 (0: skip)")
   args = p.parse_args(argv)
   from data_pipeline import records, tiny
   path = args.data_dir or tiny.ensure_tiny_dataset(args.tiny_dir)
@@ -64,10 +69,13 @@ def main(argv=None) -> dict:
            f"{synthetic['median_s'] * 1e3:.1f} ms)",
            f"loader alone: {alone['examples_per_s']:.0f} examples/s; the step consumes {consumed:.0f} examples/s "
            f"-> headroom {alone['examples_per_s'] / consumed:.2f}x"]
+  builder = [loader_vs_builder(path, args.vocab_size, 512, args.predictions, scope, args.compare_blocks)
+             for scope in ("document", "chunk")] if args.compare_blocks else []
+  lines += loader_vs_builder_lines(builder)
   print("\n".join(lines), flush=True)
   payload = {"config": common.describe(config), "data_path": path, "model": config.model.to_dict(),
              "rows": rows, "peak_flops": peak, "peak_source": source, "overhead_fraction": overhead,
-             "loader_standalone": alone, "step_consumes_examples_per_s": consumed,
+             "loader_standalone": alone, "loader_vs_builder_seq512": builder, "step_consumes_examples_per_s": consumed,
              "headroom": alone["examples_per_s"] / consumed, "summary": lines,
              "p90_overhead_fraction": float(np.subtract(real["p90_s"], synthetic["p90_s"]) / synthetic["p90_s"])}
   common.write_json(args, "input_pipeline", MODULE, payload)

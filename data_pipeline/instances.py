@@ -55,6 +55,8 @@ class PairConfig:
 
 
 Document = tuple[np.ndarray, np.ndarray]           # (token ids, sentence offsets), see records.decode_document
+# (random generator, this document's index) -> another document, whose ids may be in any integer dtype (e.g. a view
+# of the stored record, records.document_view): only the B segment taken from it is converted to int32.
 OtherDocument = Callable[[random.Random, int], Document]
 
 
@@ -80,12 +82,12 @@ def _trim(ids: np.ndarray, keep: int, r: random.Random) -> np.ndarray:
 
 
 def _random_segment(r: random.Random, doc: Document, target: int) -> np.ndarray:
-  """Whole sentences of `doc` from a random one on, until at least `target` tokens (or the document ends)."""
+  """Whole sentences of `doc` from a random one on, until at least `target` tokens (or the document ends), int32."""
   ids, offsets = doc
   start = r.randint(0, len(offsets) - 2)
   end = np.searchsorted(offsets, offsets[start] + target, side="left")
   end = min(max(int(end), start + 1), len(offsets) - 1)
-  return ids[offsets[start]:offsets[end]]
+  return ids[offsets[start]:offsets[end]].astype(np.int32, copy=False)
 
 
 def document_instances(doc: Document, doc_index: int, key: int, config: PairConfig,

@@ -42,13 +42,19 @@ class DocumentSource:
   def __getitem__(self, index: int) -> Document:
     return records.decode_document(self._records[index], self._dtype)
 
-  def other(self, r: random.Random, doc_index: int) -> Document:
-    """A random document other than `doc_index` (10 tries, as the original)."""
+  @staticmethod
+  def pick_other(r: random.Random, doc_index: int, count: int) -> int:
+    """A random document index other than `doc_index` (10 tries, as the original)."""
     for _ in range(10):
-      pick = r.randint(0, len(self) - 1)
+      pick = r.randint(0, count - 1)
       if pick != doc_index:
         break
-    return self[pick]
+    return pick
+
+  def other(self, r: random.Random, doc_index: int) -> Document:
+    """A random other document, undecoded: its ids are a view of the record in the stored dtype, so a random B
+    segment converts only the sentences it takes, not a whole book."""
+    return records.document_view(self._records[self.pick_other(r, doc_index, len(self))], self._dtype)
 
 
 class PretrainingBatches(grain.IterDataset):

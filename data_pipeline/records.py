@@ -25,14 +25,21 @@ def encode_document(sentences: list[list[int]], dtype: np.dtype) -> bytes:
   return np.uint32(len(sentences)).tobytes() + lengths.tobytes() + ids.tobytes()
 
 
+def document_view(record: bytes, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+  """(token ids as stored [T], a read-only view of `record`; sentence start offsets int64 [n+1]).
+
+  Only the n+1 offsets are computed, so taking a few sentences of a book-length document does not convert all of
+  its tokens (`DocumentSource.other`)."""
+  n = int(np.frombuffer(record, np.uint32, 1)[0])
+  offsets = np.zeros(n + 1, np.int64)
+  np.cumsum(np.frombuffer(record, np.uint32, n, offset=4), out=offsets[1:])
+  return np.frombuffer(record, dtype, offset=4 + 4 * n), offsets
+
+
 def decode_document(record: bytes, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
   """(token ids int32 [T], sentence start offsets int64 [n+1])."""
-  n = int(np.frombuffer(record, np.uint32, 1)[0])
-  lengths = np.frombuffer(record, np.uint32, n, offset=4)
-  ids = np.frombuffer(record, dtype, offset=4 + 4 * n).astype(np.int32)
-  offsets = np.zeros(n + 1, np.int64)
-  np.cumsum(lengths, out=offsets[1:])
-  return ids, offsets
+  ids, offsets = document_view(record, dtype)
+  return ids.astype(np.int32), offsets
 
 
 def shard_name(split: str, index: int, count: int) -> str:

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from bench import common
+from bench import common, machine
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--size", "tiny", "--layers", "2", "--seq-len", "32", "--micro-batch", "2", "--steps", "3", "--warmup", "1",
         "--block", "2", "--matmul-size", "256"]
-ENVIRONMENT_FIELDS = {"device_kind", "jax", "torch", "cpu_model", "cpu_threads", "command", "xla_flags"}
+ENVIRONMENT_FIELDS = {"device_kind", "jax", "torch", "cpu_model", "cpu_threads", "command", "xla_flags", "machine"}
+MACHINE_FIELDS = {"cores", "start", "end", "other_cpu_share_during_run", "run_s", "matmul_tflops_per_s", "noisy"}
 ROW_FIELDS = {"name", "compile_s", "median_s", "p10_s", "p90_s", "examples_per_s", "tokens_per_s", "mfu",
               "flops_per_token", "compiled_memory_bytes"}
 
@@ -26,7 +27,16 @@ def bench(module: str, *args: str, results: Path) -> tuple[str, dict]:
   record = json.loads((results / f"{module}.json").read_text())
   assert ENVIRONMENT_FIELDS <= set(record["environment"]), record["environment"]
   assert record["environment"]["command"].startswith(f"python -m bench.{module}")
+  check_machine(record["environment"]["machine"])
   return proc.stdout, record
+
+
+def check_machine(m: dict) -> None:
+  """Load average and the other processes' CPU share at start and end, as bench/machine.py records them."""
+  assert MACHINE_FIELDS <= set(m) and m["cores"] >= 1 and m["run_s"] > 0, m
+  for when in ("start", "end"):
+    assert len(m[when]["loadavg"]) == 3 and 0 <= m[when]["other_cpu_share"] <= 1, m
+  assert 0 <= m["other_cpu_share_during_run"] <= 1
 
 
 @pytest.mark.slow
@@ -45,6 +55,7 @@ def test_train_step_with_peer(tmp_path):
   assert set(record["ratios"]) == {"ours_lamb/peer_adamw", "ours_lamb_rolled/peer_adamw", "ours_adamw/peer_adamw",
                                    "ours_lamb_rolled/ours_lamb"}
   assert record["peak_source"].startswith("measured") and record["rows"][0]["fraction_of_matmul"] > 0
+  assert record["environment"]["machine"]["matmul_tflops_per_s"] == record["rows"][4]["tflops_per_s"]
   assert "median ms" in out and "tokens/s ratio ours_adamw/peer_adamw" in out
 
 
@@ -57,11 +68,15 @@ def test_train_step_rejects_a_malformed_variant(tmp_path):
 
 
 def test_input_pipeline(tmp_path):
-  out, record = bench("input_pipeline", *TINY, "--loader-batches", "3", "--tiny-dir", str(tmp_path / "tiny"),
-                      results=tmp_path)
+  out, record = bench("input_pipeline", *TINY, "--loader-batches", "3", "--compare-blocks", "1", "--tiny-dir",
+                      str(tmp_path / "tiny"), results=tmp_path)
   assert [r["name"] for r in record["rows"]] == ["synthetic_on_device", "real_loader"]
   assert record["loader_standalone"]["examples_per_s"] > 0 and "overhead_fraction" in record
   assert "input overhead" in out and "loader alone" in out
+  compared = record["loader_vs_builder_seq512"]
+  assert [c["short_seq_scope"] for c in compared] == ["document", "chunk"]
+  assert all(c["identical_batches"] and c["loader_fraction_per_core"] > 0 for c in compared)
+  assert "short_seq_scope=document: loader" in out
 
 
 @pytest.mark.slow
@@ -108,6 +123,16 @@ def test_interleave_alternates_blocks_and_summarizes():
   assert row["mfu"] == pytest.approx(row["tokens_per_s"] * 1e6 / 1e12)
   text = common.print_table(common.table_rows([row]), common.STEP_COLUMNS)
   assert text.splitlines()[0].startswith("runner") and "n/a" in text   # no memory figure for the fake
+
+
+def test_noisy_flag_and_matmul_rate():
+  quiet = {"cores": 2, "start": {"loadavg": [0.4, 0.3, 0.2]}, "other_cpu_share_during_run": 0.1}
+  assert machine.noisy_note(quiet) is None
+  assert machine.noisy_note({**quiet, "start": {"loadavg": [2.5, 1, 1]}}).startswith("noisy: load 2.50 on 2 cores")
+  assert "1.20 cores" in machine.noisy_note({**quiet, "other_cpu_share_during_run": 0.6})
+  assert common.matmul_rate({"rows": [{"name": "ours"}, {"name": "matmul_jax", "tflops_per_s": 0.5}]}) == 0.5
+  assert common.matmul_rate({"rows": [], "peak_flops": 4e11, "peak_source": "measured float32 jnp.dot"}) == 0.4
+  assert common.matmul_rate({"rows": [], "peak_flops": 1e15, "peak_source": "table[H100]"}) is None
 
 
 def test_gpu_suite_script_parses():
