@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import flax
@@ -186,6 +188,19 @@ class Setup:
     with self.context():
       return self.train_step.lower(self.abstract_state, self.abstract_batch(), self.abstract_rng())
 
+  def compile_train_step(self) -> Callable:
+    """The train step compiled ahead of time, saying on the console for how many devices and how long it took
+    (a start that hits the persistent compilation cache shows it)."""
+    hits_before = _cache_hits
+    log = print if jax.process_index() == 0 else lambda *a, **k: None
+    log(f"Compiling the train step for {self.mesh.size} devices (micro batch {self.split.micro_batch} x "
+        f"{self.split.accumulation_steps} accumulation step(s))...", flush=True)
+    start = time.perf_counter()
+    compiled = self.lower_train_step().compile()
+    log(f"Compiled the train step in {time.perf_counter() - start:.1f} s"
+        f"{' (from the compilation cache)' if _cache_hits > hits_before else ''}.", flush=True)
+    return compiled
+
   def create_state(self, rng: jax.Array) -> TrainState:
     """Initialises the state already sharded (never materialised whole on one device)."""
     def init(rng):
@@ -196,6 +211,29 @@ class Setup:
 
   def global_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return sharding.make_global_batch(host_batch, self.batch_sharding)
+
+
+_cache_hits = 0
+
+
+def _count_cache_hit(event: str, **kwargs) -> None:
+  global _cache_hits
+  if event == "/jax/compilation_cache/cache_hits":
+    _cache_hits += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hit)
+
+
+def use_compilation_cache(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+  """Turns on JAX's persistent compilation cache (`compilation_cache_dir`, default `workdir/compilation_cache`),
+  so that a preempted or restarted job skips recompiling the step. "none" turns it off."""
+  directory = config.get("compilation_cache_dir", "") or os.path.join(workdir, "compilation_cache")
+  if directory == "none":
+    return None
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  return directory
 
 
 def setup(config: ml_collections.ConfigDict, job: Job, workdir: str | None = None,

@@ -141,6 +141,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dic
     init_rng, rng = jax.random.split(jax.random.key(config.seed))
     rng = jax.device_put(rng, s.replicated)
     state = _initial_state(s, config, train_iter, init_rng)
+    train_step = s.compile_train_step()
     writer = metrics_lib.MetricWriter(workdir, total_steps)
     preemption = _Preemption()
     first_step = int(state.step)
@@ -149,7 +150,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dic
       for step in range(first_step, total_steps):
         if step == config.log.profile_start:
           jax.profiler.start_trace(os.path.join(workdir, "profile"))
-        state, step_metrics = s.train_step(state, s.global_batch(next(train_iter)), rng)
+        state, step_metrics = train_step(state, s.global_batch(next(train_iter)), rng)
         done = step + 1
         window.push(done, step_metrics)
         if config.log.profile_start >= 0 and done == config.log.profile_start + config.log.profile_steps:

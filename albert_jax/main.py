@@ -18,6 +18,11 @@ flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and the resolve
 flags.DEFINE_enum("mode", "train", list(runner.MODES), "What to run:\n" + runner.modes_help())
 flags.DEFINE_string("input", None, "--mode=predict: the user's TSV/JSONL file.")
 flags.DEFINE_string("output", None, "--mode=predict: where predictions are written.")
+flags.DEFINE_string("topology", None, "--mode=compile: a Cloud TPU name (v3-256, v4-128, v5litepod-64, v5p-256, "
+                    "v6e-64) or a JAX topology string (v3:8x16).")
+flags.DEFINE_integer("num_slices", 1, "--mode=compile: slices joined by the data-centre network (multislice).")
+flags.DEFINE_bool("fit", False, "--mode=compile: search remat policy and micro batch for the fastest setting "
+                  "that fits.")
 flags.DEFINE_bool("multihost", None, "Call jax.distributed.initialize() (default: when the environment names a "
                   "coordinator or several TPU hosts).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs off TPU).")
@@ -48,7 +53,13 @@ def main(argv) -> None:
     raise app.UsageError(f"--workdir is required for --mode={FLAGS.mode}.")
   if mode.needs_workdir:
     _initialize_distributed()
-  runner.run(config, FLAGS.workdir, FLAGS.mode, runner.RunArgs(input=FLAGS.input, output=FLAGS.output))
+    from albert_jax import engine
+    engine.use_compilation_cache(config, FLAGS.workdir)
+  if FLAGS.mode == "compile" and not os.environ.get("JAX_PLATFORMS"):
+    import jax
+    jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip
+  runner.run(config, FLAGS.workdir, FLAGS.mode, runner.RunArgs(
+      input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit))
 
 
 if __name__ == "__main__":

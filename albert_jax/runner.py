@@ -25,6 +25,9 @@ MODES: dict[str, Mode] = {
                  "albert_jax.pretrain:evaluate_checkpoint", "albert_jax.finetune:evaluate"),
     "predict": Mode("fine-tuned weights on your own file: --input=FILE --output=PATH",
                     None, "albert_jax.finetune:predict"),
+    "compile": Mode("compile the exact train step for a TPU slice on this host (no TPU needed): memory per "
+                    "device, headroom, collectives; --topology=v3-256 [--num_slices=2] [--fit]; exit 3 if it does "
+                    "not fit", "albert_jax.tpu_compile:run", "albert_jax.tpu_compile:run", needs_workdir=False),
     "describe": Mode("parameter counts and FLOPs per token of the config's model; no devices, no workdir",
                      "albert_jax.describe:describe_config", "albert_jax.describe:describe_config",
                      needs_workdir=False),
@@ -36,6 +39,9 @@ class RunArgs:
   """The command-line values that only some modes read."""
   input: str | None = None
   output: str | None = None
+  topology: str | None = None
+  num_slices: int = 1
+  fit: bool = False
 
 
 def modes_help() -> str:

@@ -127,6 +127,11 @@ def tpu_devices(name: str | TpuTopology, num_slices: int = 1) -> list:
     dims = [int(d) for d in topo.topology.split(":")[1].split("x")]
     kwargs["chips_per_host_bounds"] = tuple(dims + [1] * (3 - len(dims)))
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # read when libtpu first loads in this process
+  # Off a TPU VM libtpu would ask the cloud metadata server what this host is, then print a page of warnings;
+  # describing a topology needs none of it (a TPU VM sets these, and they are left alone there).
+  for variable, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_WORKER_HOSTNAMES", "localhost"),
+                          ("TPU_ACCELERATOR_TYPE", "v3-8")):
+    os.environ.setdefault(variable, value)
   try:
     devices = topologies.get_topology_desc(topology_name=topo.topology, platform="tpu", **kwargs).devices
   except jax.errors.JaxRuntimeError as e:

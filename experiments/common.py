@@ -48,6 +48,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.model = model_config(size)
   c.seed = 0
   c.init_checkpoint = ""          # warm start (params only) from a run or `albert_jax.convert` output
+  c.compilation_cache_dir = ""    # persistent XLA cache; "" = workdir/compilation_cache, "none" = off
 
   c.data = ml_collections.ConfigDict()
   c.data.kind = "prepared"        # "prepared" (data_pipeline.prepare output) | "synthetic" (benchmarks, smoke)

@@ -325,3 +325,13 @@ def test_warm_start_from_a_pretrained_directory(tmp_path):
                f"--config.init_checkpoint={tmp_path / 'init'}", "--config.train.learning_rate=0")
   assert result.returncode == 0, result.stderr
   assert_trees_equal(jax.tree.map(np.asarray, params), final_params(tmp_path / "run")[1])
+
+
+def test_a_restarted_run_takes_the_step_from_the_compilation_cache(tmp_path):
+  first = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
+  assert first.returncode == 0, first.stderr
+  assert "Compiled the train step in" in first.stdout and "from the compilation cache" not in first.stdout
+  assert os.listdir(tmp_path / "compilation_cache")
+  second = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
+  assert second.returncode == 0, second.stderr
+  assert "(from the compilation cache)" in second.stdout

@@ -1,0 +1,200 @@
+"""`--mode=compile`: the exact train step of `--mode=train` (the same `engine.setup`), compiled for a TPU slice on
+any host — no TPU needed (after MaxText's `train_compile.py`). It answers, before a pod is booked: does the recipe
+fit in HBM, with how much headroom, and what crosses the interconnect and the data-centre network each step.
+
+`--fit` searches the remat policy and the micro batch (hence accumulation) for the fastest setting that fits with
+`HEADROOM` to spare: fewest recomputed FLOPs first, then the largest micro batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+import jax
+import ml_collections
+
+from albert_jax import compile_stats, engine, topology
+from albert_jax.topology import GiB
+
+EXIT_DOES_NOT_FIT = 3
+HEADROOM = 0.10   # of the chip's HBM, kept free by `--fit` (fragmentation, the runtime, profiler buffers)
+REMAT_BY_RECOMPUTE = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full")  # least recompute first
+
+
+@dataclasses.dataclass
+class Result:
+  """One compile of one setting for one slice."""
+  fits: bool
+  micro_batch: int
+  accumulation_steps: int
+  remat_policy: str
+  scan_unroll: int
+  dtype: str
+  compile_seconds: float
+  required_bytes: int                 # per device: the compiled total, or what the compiler said it needed
+  memory: compile_stats.MemoryBreakdown | None = None
+  collectives: compile_stats.CollectiveStats | None = None
+
+  def overrides(self) -> list[str]:
+    return [f"--config.train.micro_batch_size={self.micro_batch}", f"--config.model.remat_policy={self.remat_policy}"]
+
+
+def job_for(config: ml_collections.ConfigDict) -> engine.Job:
+  """The job `--mode=train` would build, without reading any data."""
+  if config.task == "pretrain":
+    from albert_jax import pretrain
+    return pretrain.make_job(config)
+  from albert_jax import finetune
+  from albert_jax.model_config import model_config_from
+  from albert_jax.tasks import get_task
+  task = get_task(config)
+  return finetune.make_job(config, task, task.build_model(model_config_from(config)))
+
+
+def with_settings(config: ml_collections.ConfigDict, micro_batch: int, remat_policy: str) -> ml_collections.ConfigDict:
+  changed = ml_collections.ConfigDict(config.to_dict())
+  changed.train.micro_batch_size = micro_batch
+  changed.model.remat_policy = remat_policy
+  return changed
+
+
+def compile_for(config: ml_collections.ConfigDict, devices: list) -> Result:
+  """Compiles `config`'s train step for `devices` (a slice's, from `topology.tpu_devices`)."""
+  processes = len({d.process_index for d in devices})
+  s = engine.setup(config, job_for(config), devices=devices, process_count=processes, process_index=0)
+  settings = dict(micro_batch=s.split.micro_batch, accumulation_steps=s.split.accumulation_steps,
+                  remat_policy=config.model.remat_policy, scan_unroll=config.model.scan_unroll,
+                  dtype=config.model.dtype)
+  start = time.perf_counter()
+  try:
+    lowered = s.lower_train_step()
+    with s.context():
+      compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    exhausted = compile_stats.out_of_memory(e)
+    if exhausted is None:
+      raise
+    return Result(fits=False, compile_seconds=time.perf_counter() - start,
+                  required_bytes=exhausted["required_bytes"], **settings)
+  seconds = time.perf_counter() - start
+  memory = compile_stats.memory_breakdown(compiled, {"state": s.abstract_state, "batch": s.abstract_batch()})
+  return Result(fits=True, compile_seconds=seconds, required_bytes=max(memory.total, memory.peak), memory=memory,
+                collectives=compile_stats.collective_stats(compiled, list(s.mesh.devices.flat)), **settings)
+
+
+def micro_batch_candidates(config: ml_collections.ConfigDict, devices: list) -> list[int]:
+  """Micro batches that divide the per-device share of the global batch, largest first."""
+  s = engine.setup(config, job_for(config), devices=devices, process_count=len({d.process_index for d in devices}),
+                   process_index=0)
+  per_device = s.split.global_batch // s.split.data_parallel
+  return [m for m in range(per_device, 0, -1) if per_device % m == 0]
+
+
+def search(config: ml_collections.ConfigDict, devices: list, hbm_bytes: int) -> tuple[Result | None, list[Result]]:
+  """The fastest setting that fits with HEADROOM: per remat policy (least recompute first), micro batches from the
+  largest down until one fits. Returns (best or None, every candidate tried)."""
+  budget = (1 - HEADROOM) * hbm_bytes
+  tried = []
+  micro_batches = micro_batch_candidates(config, devices)
+  for policy in REMAT_BY_RECOMPUTE:
+    for micro in micro_batches:
+      result = compile_for(with_settings(config, micro, policy), devices)
+      tried.append(result)
+      print(f"  remat {policy:<34} micro batch {micro:>5}: {_verdict(result, hbm_bytes)}", flush=True)
+      if result.fits and result.required_bytes <= budget:
+        return result, tried
+  return None, tried
+
+
+def _verdict(result: Result, hbm_bytes: int) -> str:
+  need = f"{result.required_bytes / GiB:.2f} GiB of {hbm_bytes / GiB:.2f}"
+  if not result.fits:
+    return f"does not fit ({need}; compiler refused)"
+  return f"fits ({need}, headroom {1 - result.required_bytes / hbm_bytes:.0%}) in {result.compile_seconds:.1f} s"
+
+
+def print_report(result: Result, topo: topology.TpuTopology, num_slices: int, devices: list) -> None:
+  hosts = len({d.process_index for d in devices})
+  print(f"{topo.name} ({topo.topology}) x {num_slices} slice(s): {len(devices)} devices of kind "
+        f"{devices[0].device_kind!r} on {hosts} hosts")
+  print(f"micro batch {result.micro_batch} x {result.accumulation_steps} accumulation step(s) per data-parallel "
+        f"device; dtype {result.dtype}; remat {result.remat_policy}; scan_unroll {result.scan_unroll}; "
+        f"compiled in {result.compile_seconds:.1f} s")
+  hbm = topo.hbm_bytes_per_device
+  if result.memory is None:
+    print(f"DOES NOT FIT: the compiler needs {result.required_bytes / GiB:.2f} GiB per device; the chip has "
+          f"{hbm / GiB:.2f} GiB.")
+    return
+  m = result.memory
+  rows = [("parameters + optimizer state", m.argument_groups["state"]), ("batch", m.argument_groups["batch"]),
+          ("temporaries (activations, workspace)", m.temporaries), ("total", m.total), ("HBM of the device", hbm),
+          ("headroom", hbm - m.total)]
+  print(f"{'per device':<40}{'GiB':>10}")
+  for name, value in rows:
+    print(f"{name:<40}{value / GiB:>10.3f}")
+  totals = result.collectives.totals()
+  print(f"{'collective, bytes per step per device':<40}{'within slice':>16}{'across slices':>16}")
+  for kind, split in totals.items():
+    print(f"{kind:<40}{split['within_slice']:>16,}{split['across_slices']:>16,}")
+  if result.collectives.unknown_trip_counts:
+    print(f"(loops whose trip count was not read, counted once: {len(result.collectives.unknown_trip_counts)})")
+
+
+def summary(result: Result, topo: topology.TpuTopology, num_slices: int, devices: list) -> dict[str, Any]:
+  return {"topology": topo.topology, "name": topo.name, "num_slices": num_slices, "devices": len(devices),
+          "fits": result.fits and result.required_bytes <= topo.hbm_bytes_per_device,
+          "peak_bytes_per_device": result.required_bytes, "hbm_bytes_per_device": topo.hbm_bytes_per_device,
+          "micro_batch": result.micro_batch, "accumulation_steps": result.accumulation_steps,
+          "remat_policy": result.remat_policy, "scan_unroll": result.scan_unroll, "dtype": result.dtype,
+          "compile_seconds": round(result.compile_seconds, 2),
+          "memory": result.memory.to_dict() if result.memory else None,
+          "collective_bytes": result.collectives.totals() if result.collectives else None}
+
+
+def _suggestions(config: ml_collections.ConfigDict, result: Result) -> str:
+  tips = []
+  if result.remat_policy != "full":
+    later = REMAT_BY_RECOMPUTE[REMAT_BY_RECOMPUTE.index(result.remat_policy) + 1:] if (
+        result.remat_policy in REMAT_BY_RECOMPUTE) else ("full",)
+    tips.append(f"--config.model.remat_policy={later[0]}")
+  if result.micro_batch > 1:
+    tips.append(f"--config.train.micro_batch_size={max(result.micro_batch // 2, 1)}")
+  if config.model.dtype != "bfloat16":
+    tips.append("--config.model.dtype=bfloat16")
+  return " or ".join(tips) + ", or add --fit to search for the fastest setting that fits"
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
+  """`--mode=compile --topology=NAME [--num_slices=N] [--fit]`: prints the report, then one JSON line; exits 3
+  when the step does not fit."""
+  del workdir
+  if not args.topology:
+    raise ValueError("--mode=compile needs --topology, a Cloud TPU name (v3-256, v4-128, v5litepod-64, v5p-256, "
+                     "v6e-64) or a JAX topology string (v3:8x16).")
+  topo = topology.parse(args.topology)
+  devices = topology.tpu_devices(topo, args.num_slices)
+  if args.fit:
+    print(f"Searching remat policy x micro batch for {topo.name} x {args.num_slices} slice(s) "
+          f"({HEADROOM:.0%} HBM headroom kept):", flush=True)
+    best, tried = search(config, devices, topo.hbm_bytes_per_device)
+    if best is None:
+      print(json.dumps({**summary(tried[-1], topo, args.num_slices, devices), "fits": False,
+                        "candidates": len(tried)}), flush=True)
+      print(f"No setting fits {topo.name}: use a larger slice or more slices (--num_slices).", file=sys.stderr)
+      sys.exit(EXIT_DOES_NOT_FIT)
+    print_report(best, topo, args.num_slices, devices)
+    print("Use: " + " ".join(best.overrides()))
+    print(json.dumps({**summary(best, topo, args.num_slices, devices), "candidates": len(tried),
+                      "overrides": best.overrides()}), flush=True)
+    return
+  print(f"Compiling the train step for {topo.name} ({len(devices)} devices)...", flush=True)
+  result = compile_for(config, devices)
+  print_report(result, topo, args.num_slices, devices)
+  report = summary(result, topo, args.num_slices, devices)
+  print(json.dumps(report), flush=True)
+  if not report["fits"]:
+    print(f"Does not fit on {topo.name}; try {_suggestions(config, result)}.", file=sys.stderr)
+    sys.exit(EXIT_DOES_NOT_FIT)

@@ -1,0 +1,87 @@
+"""`--mode=compile`: the real train step compiled for TPU slices on this CPU host, through the CLI, as a user runs
+it before booking a pod."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_train import REPO
+
+GIB = 1 << 30
+pytestmark = pytest.mark.tpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def libtpu():
+  """The `tpu` extra: required in CI (CI set), a skip on a machine without it."""
+  if not os.environ.get("CI"):
+    pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e '.[tpu]'")
+
+
+def compile_cli(*args, config="experiments/pretrain_tiny.py:synthetic"):
+  cmd = [sys.executable, "-m", "albert_jax.main", f"--config={config}", "--mode=compile", *args]
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # the mode itself keeps jax on the CPU
+  result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  report = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
+  return result, report
+
+
+def test_tiny_pretraining_fits_a_v3_8_and_reports_every_field():
+  result, report = compile_cli("--topology=v3-8")
+  assert result.returncode == 0, result.stderr
+  assert report["topology"] == "v3:2x2" and report["devices"] == 8 and report["num_slices"] == 1
+  assert report["fits"] is True
+  assert report["micro_batch"] == 8 and report["accumulation_steps"] == 1  # 64 examples over 8 cores
+  assert report["hbm_bytes_per_device"] == 16 * GIB
+  assert report["remat_policy"] == "none" and report["dtype"] == "float32" and report["scan_unroll"] == 4
+  assert 0 < report["peak_bytes_per_device"] < GIB and report["compile_seconds"] > 0
+  state = report["memory"]["argument_groups"]["state"]
+  assert state == 3 * 4 * 359_682 + 2 * 4  # describe's params_total, fp32, two LAMB moments; step and schedule count
+  grads = report["collective_bytes"]["all-reduce"]
+  assert grads["within_slice"] >= state // 3 and grads["across_slices"] == 0  # the gradient, once per step
+  assert "parameters + optimizer state" in result.stdout and "headroom" in result.stdout
+
+
+def test_two_slices_put_gradient_traffic_on_the_data_centre_network():
+  result, report = compile_cli("--topology=v5litepod-8", "--num_slices=2", "--config.train.micro_batch_size=2")
+  assert result.returncode == 0, result.stderr
+  assert report["topology"] == "v5e:2x4" and report["devices"] == 16 and report["num_slices"] == 2
+  assert report["micro_batch"] == 2 and report["accumulation_steps"] == 2  # 64 = 2 x 16 devices x 2
+  across = sum(kind["across_slices"] for kind in report["collective_bytes"].values())
+  assert across > 0
+
+
+def test_an_oversized_micro_batch_exits_3_with_overrides_to_try():
+  result, report = compile_cli("--topology=v3-8", "--config.train.global_batch_size=262144")
+  assert result.returncode == 3, result.stderr
+  assert report["fits"] is False and report["peak_bytes_per_device"] > 16 * GIB
+  assert "--config.train.micro_batch_size=16384" in result.stderr and "--fit" in result.stderr
+
+
+@pytest.mark.slow
+def test_fit_finds_the_largest_micro_batch_that_leaves_headroom():
+  result, report = compile_cli("--topology=v3-8", "--fit", "--config.train.global_batch_size=131072")
+  assert result.returncode == 0, result.stderr
+  assert report["fits"] is True and report["remat_policy"] == "none"
+  assert report["peak_bytes_per_device"] <= 0.9 * 16 * GIB
+  assert report["micro_batch"] < 16384 and report["candidates"] >= 2  # the whole per-core share did not fit
+  assert report["micro_batch"] * report["accumulation_steps"] == 16384
+  assert f"--config.train.micro_batch_size={report['micro_batch']}" in report["overrides"]
+
+
+def test_fine_tuning_configs_compile_too():
+  result, report = compile_cli("--topology=v3-8", "--config.data.max_seq_length=128",
+                               "--config.train.global_batch_size=32",
+                               config="experiments/glue.py:task=rte,size=tiny")
+  assert result.returncode == 0, result.stderr
+  assert report["fits"] is True and report["micro_batch"] == 4
+
+
+def test_unknown_topology_names_the_valid_forms():
+  result, _ = compile_cli("--topology=v9-64")
+  assert result.returncode != 0
+  assert "Unknown TPU generation 'v9'" in result.stderr and "v5litepod-64" in result.stderr
