@@ -45,7 +45,9 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.task = "pretrain"
   c.model_size = size
-  c.model = model_config(size)
+  # TPU recipe: bf16 compute (float32 params, LayerNorm and softmax) and activations saved only at the matmuls
+  # without batch dimensions, so the paper's slices hold the batch (bench/tpu_recipes.py measures it).
+  c.model = model_config(size, dtype="bfloat16", remat_policy="dots_with_no_batch_dims_saveable")
   c.seed = 0
   c.init_checkpoint = ""          # warm start (params only) from a run or `albert_jax.convert` output
   c.compilation_cache_dir = ""    # persistent XLA cache; "" = workdir/compilation_cache, "none" = off
@@ -148,6 +150,8 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
   c.allow_random_init = False     # an empty init_checkpoint is an error unless this is True (#132: F1 16)
   c.classifier_dropout_prob = 0.1  # on the pooled vector (GLUE, RACE); hard-coded 0.1 in the original
 
+  c.model.dtype = "float32"       # fine-tuning keeps full precision and every activation (short runs)
+  c.model.remat_policy = "none"
   c.data = ml_collections.ConfigDict()
   c.data.path = data              # the task's data folder (docs/finetuning.md lists the expected files)
   c.data.spm_model = spm_model    # SentencePiece model of the checkpoint (ALBERT: spiece.model / 30k-clean.model)

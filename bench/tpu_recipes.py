@@ -1,0 +1,106 @@
+"""`python -m bench.tpu_recipes`: the README's "Pretraining on TPU" table, measured by the TPU compiler on this host.
+
+Each row compiles the shipped experiment file's exact train step (`--mode=compile`'s code) for a slice and
+records memory per device, headroom and the collective bytes per step; `bench/results/tpu_compile_<row>.json`
+holds each row, and the printed Markdown tables are what the README shows. The second table compares the
+gradient all-reduce of ALBERT and BERT at the same size (the paper's Table 2 speed-up comes from it).
+Takes minutes per row on 2 CPU cores: pick rows with `--only`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+
+import jax
+
+from albert_jax import topology, tpu_compile
+from bench import common
+
+GiB = topology.GiB
+
+# name -> (experiment module, topology, slices, extra config overrides)
+ROWS = {
+    "base_v3-128": ("pretrain_base", "v3-128", 1, {}),
+    "large_v3-256": ("pretrain_large", "v3-256", 1, {}),
+    "xlarge_v3-512": ("pretrain_xlarge", "v3-512", 1, {}),
+    "xxlarge_v3-1024": ("pretrain_xxlarge", "v3-1024", 1, {}),
+    "large_v4-128": ("pretrain_large", "v4-128", 1, {}),
+    "large_v3-128x2": ("pretrain_large", "v3-128", 2, {}),
+    "bert_large_v3-256": ("bert_large", "v3-256", 1, {}),
+    "xxlarge_v5p-256": ("pretrain_xxlarge", "v5p-256", 1, {}),
+}
+
+
+def row_config(module: str, overrides: dict):
+  config = importlib.import_module(f"experiments.{module}").get_config(None)
+  for dotted, value in overrides.items():
+    section, key = dotted.split(".")
+    config[section][key] = value
+  return config
+
+
+def measure(name: str, results_dir: str) -> dict:
+  module, slice_name, slices, overrides = ROWS[name]
+  topo = topology.parse(slice_name)
+  devices = topology.tpu_devices(topo, slices)
+  result = tpu_compile.compile_for(row_config(module, overrides), devices)
+  record = {"row": name, "experiment": f"experiments/{module}.py", "overrides": overrides,
+            **tpu_compile.summary(result, topo, slices, devices)}
+  common.write_json(argparse.Namespace(results_dir=results_dir, name=None), f"tpu_compile_{name}",
+                    "bench.tpu_recipes", record)
+  return record
+
+
+def _gib(value: int | None) -> str:
+  return "-" if value is None else f"{value / GiB:.2f}"
+
+
+def print_tables(records: list[dict]) -> None:
+  print("| model | slice | devices | micro batch x accumulation | dtype | remat | state / device GiB | "
+        "temporaries GiB | total GiB | HBM GiB | fits | compile s |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in records:
+    memory = r["memory"] or {}
+    slice_name = r["name"] + (f" x {r['num_slices']}" if r["num_slices"] > 1 else "")
+    print(f"| {r['experiment'].split('/')[-1][:-3]} | {slice_name} | {r['devices']} | {r['micro_batch']} x "
+          f"{r['accumulation_steps']} | {r['dtype']} | {r['remat_policy']} | "
+          f"{_gib(memory.get('argument_groups', {}).get('state'))} | {_gib(memory.get('temporaries'))} | "
+          f"{_gib(r['peak_bytes_per_device'])} | {_gib(r['hbm_bytes_per_device'])} | "
+          f"{'yes' if r['fits'] else 'NO'} | {r['compile_seconds']:.0f} |")
+  print("\n| model | slice | all-reduce within slice, MB/step/device | across slices | all-gather | reduce-scatter |")
+  print("|---|---|---|---|---|---|")
+  for r in records:
+    c = r["collective_bytes"]
+    if c:
+      print(f"| {r['experiment'].split('/')[-1][:-3]} | {r['name']} x {r['num_slices']} | "
+            f"{c['all-reduce']['within_slice'] / 1e6:.1f} | {c['all-reduce']['across_slices'] / 1e6:.1f} | "
+            f"{sum(c['all-gather'].values()) / 1e6:.1f} | {sum(c['reduce-scatter'].values()) / 1e6:.1f} |")
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--only", default="", help=f"comma-separated rows of: {', '.join(ROWS)}")
+  parser.add_argument("--table-only", action="store_true", help="print the tables from the saved JSONs")
+  parser.add_argument("--results-dir", default=common.RESULTS_DIR)
+  args = parser.parse_args(argv)
+  jax.config.update("jax_platforms", "cpu")  # the slices' devices come from libtpu; nothing runs on a chip
+  names = [n for n in args.only.split(",") if n] or list(ROWS)
+  unknown = sorted(set(names) - set(ROWS))
+  if unknown:
+    parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
+  records = []
+  for name in names:
+    path = os.path.join(args.results_dir, f"tpu_compile_{name}.json")
+    if args.table_only:
+      if os.path.exists(path):
+        records.append(json.load(open(path)))
+      continue
+    print(f"compiling {name}...", flush=True)
+    records.append(measure(name, args.results_dir))
+  print_tables(records)
+
+
+if __name__ == "__main__":
+  main()
