@@ -95,6 +95,28 @@ def batch_split(train_config, mesh, process_count: int | None = None, process_in
   return BatchSplit(global_batch, micro, dp, global_batch // (micro * dp), process_count, process_index)
 
 
+def check_training_config(config: ml_collections.ConfigDict) -> None:
+  """Refuses, by field name, values that would crash later, train silently wrong or lose checkpoints."""
+  t, c, log = config.train, config.checkpoint, config.log
+  checks = [
+      (t.global_batch_size > 0, f"train.global_batch_size={t.global_batch_size} must be positive"),
+      (t.micro_batch_size >= 0, f"train.micro_batch_size={t.micro_batch_size} must be positive (or 0: global "
+                                "batch / data-parallel devices)"),
+      (t.num_train_steps > 0, f"train.num_train_steps={t.num_train_steps} must be positive"),
+      (t.learning_rate >= 0, f"train.learning_rate={t.learning_rate} is negative (that is gradient ascent); "
+                             "give a positive rate"),
+      (0 <= t.warmup_steps <= t.num_train_steps, f"train.warmup_steps={t.warmup_steps} must be between 0 and "
+                                                 f"train.num_train_steps={t.num_train_steps}"),
+      (t.eval_every >= 0, f"train.eval_every={t.eval_every} must be 0 (never) or positive"),
+      (c.every > 0, f"checkpoint.every={c.every} must be positive (steps between checkpoints)"),
+      (c.keep > 0, f"checkpoint.keep={c.keep} would keep no checkpoint, so nothing could resume; keep at least 1"),
+      (log.every > 0, f"log.every={log.every} must be positive (steps between log lines)"),
+  ]
+  problems = [message for ok, message in checks if not ok]
+  if problems:
+    raise ValueError("; ".join(problems) + ". Fix the value(s) with --config.<field>=...")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Steps (pure functions).
 

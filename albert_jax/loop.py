@@ -132,6 +132,7 @@ def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.Trai
 
 def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
   """Trains `job` to `train.num_train_steps`, resuming from the workdir. Returns the last logged metrics."""
+  engine.check_training_config(config)
   check_workdir_config(workdir, config)
   s = engine.setup(config, job, workdir)
   ckpt = s.checkpointer
@@ -168,6 +169,9 @@ def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dic
           ckpt.save(done, state, train_iter.get_state(), force=True)
         if stop:
           ckpt.wait()
+          if ckpt.latest_step() != done:
+            raise RuntimeError(f"Preemption: the checkpoint of step {done} is not in {ckpt.directory} after saving; "
+                               "the run resumes from the latest complete one there.")
           print(f"Preemption: saved step {done} in {ckpt.directory}; exiting cleanly.", flush=True)
           break
     finally:

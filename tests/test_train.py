@@ -2,6 +2,7 @@
 2 processes vs 1, and clear errors for bad configs."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -296,6 +297,31 @@ def test_impossible_batch_split_fails_clearly(tmp_path):
   assert "global_batch_size=12 is not divisible by the 8 data-parallel devices" in result.stderr
   result = cli(tmp_path, *SMALL_RUN, "--config.train.micro_batch_size=3")
   assert "must equal micro_batch_size=3" in result.stderr
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("train.global_batch_size", 0, "train.global_batch_size=0 must be positive"),
+    ("train.micro_batch_size", -2, "train.micro_batch_size=-2 must be positive"),
+    ("train.num_train_steps", -1, "train.num_train_steps=-1 must be positive"),
+    ("train.learning_rate", -0.1, "train.learning_rate=-0.1 is negative (that is gradient ascent)"),
+    ("train.warmup_steps", 20, "train.warmup_steps=20 must be between 0 and train.num_train_steps=10"),
+    ("checkpoint.every", 0, "checkpoint.every=0 must be positive"),
+    ("checkpoint.keep", 0, "checkpoint.keep=0 would keep no checkpoint"),
+    ("log.every", 0, "log.every=0 must be positive"),
+])
+def test_bad_training_values_are_refused_by_field(field, value, message):
+  config = common.pretraining_config("tiny")
+  config.train.num_train_steps, config.train.warmup_steps = 10, 2
+  section, key = field.split(".")
+  config[section][key] = value
+  with pytest.raises(ValueError, match=re.escape(message)):
+    engine.check_training_config(config)
+
+
+def test_keep_zero_is_refused_before_anything_is_written(tmp_path):
+  result = cli(tmp_path / "run", *SMALL_RUN, "--config.checkpoint.keep=0", "--config.train.num_train_steps=2")
+  assert result.returncode != 0 and "checkpoint.keep=0 would keep no checkpoint" in result.stderr
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
