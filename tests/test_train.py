@@ -361,3 +361,13 @@ def test_a_restarted_run_takes_the_step_from_the_compilation_cache(tmp_path):
   second = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
   assert second.returncode == 0, second.stderr
   assert "(from the compilation cache)" in second.stdout
+
+
+def test_sentence_metrics_are_named_after_the_sentence_task(tmp_path):
+  result = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2", "--config.data.sentence_task=nsp",
+               "--config.train.eval_every=2", "--config.train.eval_batches=1")
+  assert result.returncode == 0, result.stderr
+  keys = set().union(*(json.loads(line) for line in open(tmp_path / "metrics.jsonl")))
+  assert {"nsp_accuracy", "nsp_loss", "eval/nsp_accuracy", "eval/nsp_loss"} <= keys
+  assert not [k for k in keys if "sop" in k]
+  assert "nsp_accuracy" in result.stderr  # the console line
