@@ -40,7 +40,7 @@ def from_tf1(src: str, dst: str) -> None:
 
 def to_hf(src: str, dst: str) -> None:
   model_config, params = pretrained.load_pretrained(src)
-  interop.save_hf(model_config, params, dst)
+  interop.save_hf(model_config, params, dst, head=interop.finetuned_head(src))  # WORKDIR/best/step_N: its task
   logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
 
 
