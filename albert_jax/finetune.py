@@ -152,8 +152,34 @@ def _warm_start(config):
     raise ValueError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
+  _check_init_function(config)
   loaded = jax.device_get(pretrained.load_init_params(config.init_checkpoint))  # host arrays: see `replicate`
   return lambda params: pretrained.merge_init_params(params, loaded)
+
+
+# Fields that change the function without changing any weight shape, so the shape check of the warm start misses
+# them: the head count (the xlarge v2 TF-Hub weights have 32, the `xlarge` size 16), shared-layer repetitions, etc.
+SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps")
+
+
+def _check_init_function(config) -> None:
+  """Refuses an init_checkpoint whose recorded model (model_config.json of a converted directory, config.json of
+  a pretraining workdir) differs from config.model in a field that no weight shape shows."""
+  path = config.init_checkpoint
+  saved = None
+  if os.path.isfile(os.path.join(path, pretrained.CONFIG_FILE)):
+    with open(os.path.join(path, pretrained.CONFIG_FILE)) as f:
+      saved = json.load(f)
+  elif os.path.isfile(os.path.join(path, "config.json")):
+    with open(os.path.join(path, "config.json")) as f:
+      saved = json.load(f).get("model")
+  diffs = {k: (saved[k], config.model[k]) for k in SHAPELESS_FIELDS
+           if saved and k in saved and saved[k] != config.model[k]}
+  if diffs:
+    raise ValueError(f"init_checkpoint {path} was saved with " + ", ".join(
+        f"model.{k}={a!r} but this run has {b!r}" for k, (a, b) in diffs.items()) + "; no weight shape shows this, "
+        "so the weights would load and compute a different function. Pass " +
+        " ".join(f"--config.model.{k}={a}" for k, (a, _) in diffs.items()) + ".")
 
 
 def _rows(batch: dict[str, Any]) -> int:

@@ -13,11 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
-from albert_jax import model as model_lib, pretrained
+from albert_jax import finetune, model as model_lib, pretrained
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.squad import null_odds_path
 from experiments import glue as glue_experiment
@@ -247,3 +248,16 @@ def test_two_processes_fine_tune_to_the_same_best_as_one_process(shared_data, tm
   assert one[0] == multi[0] and one[0]["step"] == 1
   jax.tree.map(np.testing.assert_array_equal, one[1], multi[1])
   assert one[2:] == multi[2:]
+
+
+def test_warm_start_refuses_a_head_count_that_no_weight_shape_shows(tmp_path):
+  """The xlarge v2 TF-Hub weights have 32 heads, the `xlarge` size 16: converting records 32, fine-tuning must
+  not silently run them with 16."""
+  config = glue_experiment.get_config("task=rte,size=tiny")
+  model_config = model_config_from(config)
+  backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
+  backbone = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))
+  pretrained.save_pretrained(str(tmp_path / "init"), model_config.replace(num_attention_heads=8), {"albert": backbone})
+  config.init_checkpoint = str(tmp_path / "init")
+  with pytest.raises(ValueError, match="num_attention_heads=8 but this run has 4.*--config.model.num_attention_heads=8"):
+    finetune._warm_start(config)
