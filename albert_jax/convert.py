@@ -2,6 +2,7 @@
 
   python -m albert_jax.convert --from=hf --src=HF_DIR --dst=OUR_DIR   # then train/fine-tune from OUR_DIR
   python -m albert_jax.convert --to=hf --src=OUR_DIR --dst=HF_DIR     # AlbertForPreTraining.from_pretrained(HF_DIR)
+  python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
 
 The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
 """
@@ -12,10 +13,12 @@ import sys
 
 from absl import app, flags, logging
 
-from albert_jax import interop, pretrained
+from albert_jax import interop, pretrained, tf1
 
 FORMATS = ["hf"]
-flags.DEFINE_enum("from", None, FORMATS, "Convert from this format into our pretrained-weights directory.")
+flags.DEFINE_enum("from", None, FORMATS + ["tf1"], "Convert from this format into our pretrained-weights directory "
+                  "(tf1: a TF1 checkpoint + albert_config.json, as in the original's release tarballs and TF-Hub "
+                  "modules; TensorFlow is not needed).")
 flags.DEFINE_enum("to", None, FORMATS, "Convert our pretrained-weights directory into this format.")
 flags.DEFINE_string("src", None, "Directory to read.")
 flags.DEFINE_string("dst", None, "Directory to write.")
@@ -29,9 +32,15 @@ def from_hf(src: str, dst: str) -> None:
   logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
 
 
+def from_tf1(src: str, dst: str) -> None:
+  model_config, params = tf1.load_tf1(src)
+  pretrained.save_pretrained(dst, model_config, params)
+  logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
+
+
 def to_hf(src: str, dst: str) -> None:
   model_config, params = pretrained.load_pretrained(src)
-  interop.save_hf(model_config, params, dst)
+  interop.save_hf(model_config, params, dst, head=interop.finetuned_head(src))  # WORKDIR/best/step_N: its task
   logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
 
 
@@ -45,7 +54,7 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
     raise FileNotFoundError(f"--src={src} is not a directory.")
   if os.path.isdir(dst) and os.listdir(dst) and not overwrite:
     raise FileExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
-  (from_hf if source == "hf" else to_hf)(src, dst)
+  ({"hf": from_hf, "tf1": from_tf1}[source] if source else to_hf)(src, dst)
 
 
 def main(argv):

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from albert_jax import engine, loop, pretrained
@@ -85,7 +86,7 @@ class BestKeeper:
 
   def update(self, step: int, metrics: dict[str, float], params: Any, predictions: dict[str, tuple[Split, Any]]):
     value = metrics[self.task.metric_name]
-    if not self.is_better(value):
+    if not _on_every_process(self.is_better(value)):
       return
     step_dir = os.path.join(self.directory, f"step_{step}")
     pretrained.save_pretrained(step_dir, self.model_config, params)  # collective: every process enters it
@@ -103,6 +104,14 @@ class BestKeeper:
       for old in glob.glob(os.path.join(self.directory, "step_*")):
         if old != step_dir:
           shutil.rmtree(old, ignore_errors=True)
+
+
+def _on_every_process(decision: bool) -> bool:
+  """Process 0's decision, on every process: a collective save entered by some processes only deadlocks, and a
+  metric that differs in its last bit between hosts (host-side postprocessing) must not split the decision."""
+  if jax.process_count() == 1:
+    return decision
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
 
 
 def read_best(workdir: str) -> dict | None:
@@ -127,6 +136,13 @@ def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Set
   return metrics, predictions
 
 
+def replicate(params: Any, s: engine.Setup) -> Any:
+  """Loaded weights onto every device of the mesh. Restores are committed to this host's first device, and putting
+  committed arrays onto other hosts' devices is a cross-host transfer that CPU/GPU backends refuse; from host
+  (numpy) arrays every process places its own copy."""
+  return jax.device_put(jax.device_get(params), s.replicated)
+
+
 def _warm_start(config):
   """Pretrained weights are required unless random initialisation was asked for explicitly."""
   if not config.init_checkpoint:
@@ -136,8 +152,34 @@ def _warm_start(config):
     raise ValueError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
-  loaded = pretrained.load_init_params(config.init_checkpoint)
+  _check_init_function(config)
+  loaded = jax.device_get(pretrained.load_init_params(config.init_checkpoint))  # host arrays: see `replicate`
   return lambda params: pretrained.merge_init_params(params, loaded)
+
+
+# Fields that change the function without changing any weight shape, so the shape check of the warm start misses
+# them: the head count (the xlarge v2 TF-Hub weights have 32, the `xlarge` size 16), shared-layer repetitions, etc.
+SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps")
+
+
+def _check_init_function(config) -> None:
+  """Refuses an init_checkpoint whose recorded model (model_config.json of a converted directory, config.json of
+  a pretraining workdir) differs from config.model in a field that no weight shape shows."""
+  path = config.init_checkpoint
+  saved = None
+  if os.path.isfile(os.path.join(path, pretrained.CONFIG_FILE)):
+    with open(os.path.join(path, pretrained.CONFIG_FILE)) as f:
+      saved = json.load(f)
+  elif os.path.isfile(os.path.join(path, "config.json")):
+    with open(os.path.join(path, "config.json")) as f:
+      saved = json.load(f).get("model")
+  diffs = {k: (saved[k], config.model[k]) for k in SHAPELESS_FIELDS
+           if saved and k in saved and saved[k] != config.model[k]}
+  if diffs:
+    raise ValueError(f"init_checkpoint {path} was saved with " + ", ".join(
+        f"model.{k}={a!r} but this run has {b!r}" for k, (a, b) in diffs.items()) + "; no weight shape shows this, "
+        "so the weights would load and compute a different function. Pass " +
+        " ".join(f"--config.model.{k}={a}" for k, (a, _) in diffs.items()) + ".")
 
 
 def _rows(batch: dict[str, Any]) -> int:
@@ -180,7 +222,7 @@ def predict_split_file(config, workdir, task, model, tokenizer, params, split_na
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.load_split(split_name, tokenizer)
-    outputs = predict_features(task, model, jax.device_put(params, s.replicated), split.features, s)
+    outputs = predict_features(task, model, replicate(params, s), split.features, s)
     path = os.path.join(workdir, task.submission_name(split_name))
     if jax.process_index() == 0:
       os.makedirs(workdir, exist_ok=True)
@@ -214,7 +256,7 @@ def train(config, workdir: str, args=None) -> None:
             flush=True)
 
   loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, _warm_start(config)))
-  best = read_best(workdir)
+  best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
   if os.path.exists(task.split_path("test")):
@@ -238,7 +280,7 @@ def evaluate(config, workdir: str, args=None) -> None:
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
-    metrics, predictions = evaluate_splits(task, model, jax.device_put(params, s.replicated), splits, s)
+    metrics, predictions = evaluate_splits(task, model, replicate(params, s), splits, s)
     if jax.process_index() == 0:
       for name, (split, split_predictions) in predictions.items():
         task.write_predictions(split, split_predictions, os.path.join(workdir, f"{name}_predictions"))
@@ -255,7 +297,7 @@ def predict(config, workdir: str, args) -> None:
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.read_user_file(input_path, tokenizer)
-    outputs = predict_features(task, model, jax.device_put(params, s.replicated), split.features, s)
+    outputs = predict_features(task, model, replicate(params, s), split.features, s)
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), output_path)
       print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

@@ -14,11 +14,14 @@ from typing import Any, Mapping
 from absl import logging
 import flax.linen as nn
 from flax import traverse_util
+import ml_collections
 import numpy as np
 import safetensors.numpy
 
 from albert_jax import model as model_lib
 from albert_jax.model_config import ModelConfig
+from albert_jax.tasks import get_task
+from albert_jax.tasks.heads import HF_HEAD_PARAMS, MULTIPLE_CHOICE, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION, HFHead
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -36,6 +39,7 @@ _HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gel
 # Non-persistent buffers that older transformers versions wrote into checkpoints.
 _HF_BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
 _HEADS = ("predictions", "sop_classifier")
+_POOLER = ("albert.pooler.weight", "albert.pooler.bias")  # absent from AlbertForQuestionAnswering
 
 Path = tuple[str, ...]
 
@@ -168,9 +172,11 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
 
   Returns the heads the checkpoint has: an `AlbertForPreTraining` gives {"albert", "predictions",
   "sop_classifier"}, an `AlbertForMaskedLM` no "sop_classifier", and an `AlbertModel` the backbone only
-  ({"albert": ...}); initialise missing heads before calling `AlbertForPreTraining`. Other heads (e.g. a fine-tuned
-  `classifier`) are skipped with a warning. Weights are upcast to float32 (lossless). The head count is invisible in
-  the weights: it comes from config.json alone.
+  ({"albert": ...}); initialise missing heads before calling `AlbertForPreTraining`. The fine-tuned heads of
+  `AlbertFor{SequenceClassification,MultipleChoice}` give "classifier", of `AlbertForQuestionAnswering`
+  "qa_outputs" (the fine-tuning tasks' param names; a QA checkpoint has no pooler, which span heads never use: it
+  is loaded as zeros). Other heads (e.g. token classification) are skipped with a warning. Weights are upcast to
+  float32 (lossless). The head count is invisible in the weights: it comes from config.json alone.
   """
   path = os.path.abspath(path)
   config_path = os.path.join(path, CONFIG_FILE)
@@ -178,7 +184,9 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
     raise FileNotFoundError(f"{config_path} not found; point to a directory written by transformers' "
                             "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
   with open(config_path) as f:
-    c = config_from_hf(json.load(f))
+    hf_config = json.load(f)
+  c = config_from_hf(hf_config)
+  architecture = (hf_config.get("architectures") or [""])[0]
   tensors = _read_tensors(path)
   if "albert.embeddings.word_embeddings.weight" not in tensors:  # AlbertModel: keys have no "albert." prefix
     tensors = {f"albert.{k}": v for k, v in tensors.items()}
@@ -187,6 +195,9 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   params = {}
   for ours, key, transpose in name_map(c):
     if ours[0] != "albert" and ours[0] not in heads:
+      continue
+    if key in _POOLER and key not in tensors and architecture == QUESTION_ANSWERING:
+      params[ours] = np.zeros(shapes[ours], np.float32)
       continue
     if key not in tensors:
       raise ValueError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint.")
@@ -198,6 +209,12 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
     if key in tensors and not np.array_equal(tensors.pop(key), tied_to):
       raise ValueError(f"{path}: {key} differs from the tensor it should be tied to; albert_jax ties the MLM "
                        "decoder to the word embeddings and predictions.bias, so untied weights cannot be loaded.")
+  if architecture in HF_HEAD_PARAMS and f"{HF_HEAD_PARAMS[architecture]}.weight" in tensors:
+    name = HF_HEAD_PARAMS[architecture]
+    weight, bias = tensors.pop(f"{name}.weight"), tensors.pop(f"{name}.bias")
+    _check_shape(f"{name}.weight", (name, "kernel"), weight.shape[1:], (c.hidden_size,), path)
+    params[(name, "kernel")] = np.ascontiguousarray(weight.T, dtype=np.float32)
+    params[(name, "bias")] = np.asarray(bias, dtype=np.float32)
   for key in _HF_BUFFERS:
     tensors.pop(key, None)
   ours_left = sorted(k for k in tensors if k.split(".")[0] in ("albert",) + _HEADS)
@@ -210,12 +227,15 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   return c, traverse_util.unflatten_dict(params)
 
 
-def save_hf(model_config: ModelConfig, params: Any, path: str) -> None:
-  """Writes config.json + model.safetensors that transformers' `AlbertForPreTraining.from_pretrained` loads.
+def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | None = None) -> None:
+  """Writes config.json + model.safetensors that transformers' `AlbertForPreTraining.from_pretrained` loads, or,
+  for fine-tuned params, the `AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice}` of `head`.
 
   `params` may be boxed (nn.Partitioned) and may lack heads (backbone only: the file is an `AlbertModel`, and
   `AlbertForPreTraining.from_pretrained` initialises the missing heads). Without an E->H projection (E == H and
   `embedding_projection` off) an identity projection is written, which HF requires and which changes nothing.
+  `head` (a task's `hf_head`) is needed only for a one-output `classifier`, which is a regression or a multiple
+  choice scorer; its labels become config.json's id2label.
   """
   c = model_config
   hf_config = config_to_hf(c)
@@ -226,6 +246,7 @@ def save_hf(model_config: ModelConfig, params: Any, path: str) -> None:
   if not c.has_embedding_projection:
     flat[mapping + ("kernel",)] = np.eye(c.embedding_size, c.hidden_size, dtype=dtype)
     flat[mapping + ("bias",)] = np.zeros(c.hidden_size, dtype)
+  head, head_tensors, head_config = _finetuned_head(flat, head, c)
   heads = {p[0] for p in flat} & set(_HEADS)
   shapes = _expected_shapes(layout)
   tensors = {}
@@ -240,9 +261,65 @@ def save_hf(model_config: ModelConfig, params: Any, path: str) -> None:
   if flat:
     raise ValueError(f"params have entries that the model config does not describe or that an HF ALBERT checkpoint "
                      f"has no place for: {sorted('/'.join(p) for p in flat)}.")
-  architecture = ("AlbertForPreTraining" if "sop_classifier" in heads else
-                  "AlbertForMaskedLM" if "predictions" in heads else "AlbertModel")
+  if head is not None:
+    if head.architecture == QUESTION_ANSWERING:  # HF's QA model has no pooler
+      tensors = {k: v for k, v in tensors.items() if k not in _POOLER}
+    tensors.update(head_tensors)
+  architecture = (head.architecture if head is not None else "AlbertForPreTraining" if "sop_classifier" in heads
+                  else "AlbertForMaskedLM" if "predictions" in heads else "AlbertModel")
   os.makedirs(path, exist_ok=True)
   safetensors.numpy.save_file(tensors, os.path.join(path, SAFETENSORS_FILE), metadata={"format": "pt"})
   with open(os.path.join(path, CONFIG_FILE), "w") as f:
-    json.dump({"architectures": [architecture], **hf_config, "dtype": dtype.name}, f, indent=2)
+    json.dump({"architectures": [architecture], **hf_config, **head_config, "dtype": dtype.name}, f, indent=2)
+
+
+def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
+                    c: ModelConfig) -> tuple[HFHead | None, dict[str, np.ndarray], dict[str, Any]]:
+  """Pops a fine-tuning head from `flat`: (its HFHead, its HF tensors, its config.json fields)."""
+  names = sorted({p[0] for p in flat} & {"classifier", "qa_outputs"})
+  if not names:
+    if head is not None:
+      raise ValueError(f"{head.architecture} needs a {HF_HEAD_PARAMS[head.architecture]!r} head; params have "
+                       f"{sorted({p[0] for p in flat})}.")
+    return None, {}, {}
+  if len(names) > 1 or {p[0] for p in flat} & set(_HEADS):
+    raise ValueError(f"params hold several heads {sorted({p[0] for p in flat} - {'albert'})}; an HF checkpoint "
+                     "holds one model class: export one head.")
+  name = names[0]
+  kernel, bias = flat.pop((name, "kernel")), flat.pop((name, "bias"))
+  outputs = kernel.shape[-1]
+  if head is None:
+    if name == "classifier" and outputs == 1:
+      raise ValueError("A one-output classifier is either a regression (AlbertForSequenceClassification) or a "
+                       "multiple-choice scorer (AlbertForMultipleChoice), which the weights cannot tell apart: "
+                       "convert the best/step_N directory inside its fine-tuning workdir (whose config.json names "
+                       "the task), or pass head= (the task's hf_head) to save_hf.")
+    head = HFHead(QUESTION_ANSWERING if name == "qa_outputs" else SEQUENCE_CLASSIFICATION)
+  if HF_HEAD_PARAMS[head.architecture] != name:
+    raise ValueError(f"{head.architecture} keeps its head in {HF_HEAD_PARAMS[head.architecture]!r}, but params "
+                     f"have {name!r}.")
+  expected = {QUESTION_ANSWERING: 2, MULTIPLE_CHOICE: 1}.get(head.architecture,
+                                                             len(head.labels) if head.labels else outputs)
+  _check_shape(f"{name}.weight", (name, "kernel"), kernel.shape, (c.hidden_size, expected), "params")
+  tensors = {f"{name}.weight": np.ascontiguousarray(kernel.T), f"{name}.bias": np.asarray(bias)}
+  config: dict[str, Any] = {}
+  if head.architecture == SEQUENCE_CLASSIFICATION:
+    labels = head.labels or [f"LABEL_{i}" for i in range(outputs)]
+    config = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)},
+              "problem_type": "single_label_classification" if head.labels or outputs > 1 else "regression"}
+  return head, tensors, config
+
+
+def finetuned_head(weights_dir: str) -> HFHead | None:
+  """The HF head of fine-tuned weights kept in a workdir (`WORKDIR/best/step_N`), from the task that the
+  workdir's config.json names; None for any other directory."""
+  weights_dir = os.path.abspath(weights_dir)
+  workdir = os.path.dirname(os.path.dirname(weights_dir))
+  config_path = os.path.join(workdir, "config.json")
+  if os.path.basename(os.path.dirname(weights_dir)) != "best" or not os.path.isfile(config_path):
+    return None
+  with open(config_path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  if "task" not in config:
+    return None
+  return get_task(config).hf_head

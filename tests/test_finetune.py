@@ -8,13 +8,20 @@ import csv
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import flax.linen as nn
+import jax
+import numpy as np
 import pytest
 
+from albert_jax import finetune, model as model_lib, pretrained
+from albert_jax.model_config import model_config_from
 from albert_jax.tasks.squad import null_odds_path
+from experiments import glue as glue_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 GLUE_DIRS = {"cola": "CoLA", "sst-2": "SST-2", "mrpc": "MRPC", "sts-b": "STS-B", "rte": "RTE", "wnli": "WNLI",
@@ -25,10 +32,12 @@ TINY_RUN = ["--config.model.num_hidden_layers=2", "--config.data.max_seq_length=
             "--config.log.every=2", "--config.allow_random_init=True"]
 
 
-def cli(config, workdir, *overrides, mode="train", extra=()):
+def cli(config, workdir, *overrides, mode="train", extra=(), devices=1, wait=True):
   cmd = [sys.executable, "-m", "albert_jax.main", f"--config={config}", f"--workdir={workdir}", f"--mode={mode}",
          *overrides, *extra]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+  if not wait:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -195,3 +204,60 @@ def test_warm_start_from_pretraining_then_ax_predictions_with_the_mnli_model(sha
            *overrides, "--config.train.num_train_steps=0", f"--config.init_checkpoint={best['weights']}")
   assert ax.returncode == 0, ax.stderr
   assert len((tmp_path / "ax" / "AX.tsv").read_text().strip().splitlines()) == 6
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _best_dir(workdir):
+  best = json.load(open(workdir / "best" / "best.json"))
+  step_dir = Path(best.pop("weights"))
+  assert [p.name for p in (workdir / "best").glob("step_*")] == [step_dir.name]  # older steps deleted
+  params = jax.tree.map(np.asarray, pretrained.load_pretrained(str(step_dir))[1])
+  return best, params, (step_dir / "dev_predictions").read_text(), (workdir / "RTE.tsv").read_text()
+
+
+@pytest.mark.slow
+def test_two_processes_fine_tune_to_the_same_best_as_one_process(shared_data, tmp_path):
+  """learning_rate=0 makes every evaluation after the first non-improving: the case where processes that keep
+  different records disagree about entering the collective save of best/ (and deadlock). Warm start, best/ and
+  the test predictions all load weights that must reach every process's devices."""
+  root = glue_data(shared_data, "rte", tmp_path / "glue")
+  write_tsv(root / "RTE" / "test.tsv", ("index", "sentence1", "sentence2"),
+            [(i, a, b) for i, (a, b, _) in enumerate(rte_pairs(shared_data, 5))])
+  arg = f"task=rte,size=tiny,data={root},spm={spm(shared_data)}"
+  model_config = model_config_from(glue_experiment.get_config(arg)).replace(num_hidden_layers=2)
+  backbone = model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(1))
+  pretrained.save_pretrained(str(tmp_path / "init"), model_config, {"albert": backbone})
+  run = [*(o for o in TINY_RUN if "allow_random_init" not in o), f"--config.init_checkpoint={tmp_path / 'init'}",
+         "--config.train.num_train_steps=3", "--config.train.eval_every=1", "--config.train.learning_rate=0",
+         "--config.checkpoint.async_save=false"]
+  single = cli(f"experiments/glue.py:{arg}", tmp_path / "single", *run, devices=2)
+  assert single.returncode == 0, single.stdout + single.stderr
+  port = _free_port()
+  procs = [cli(f"experiments/glue.py:{arg}", tmp_path / "multi", *run, devices=1, wait=False,
+               extra=[f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"])
+           for i in range(2)]
+  outputs = [p.communicate(timeout=600)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), outputs
+  assert outputs[0].count("(best: step 1,") == 3  # steps 2 and 3 did not improve
+  one, multi = _best_dir(tmp_path / "single"), _best_dir(tmp_path / "multi")
+  assert one[0] == multi[0] and one[0]["step"] == 1
+  jax.tree.map(np.testing.assert_array_equal, one[1], multi[1])
+  assert one[2:] == multi[2:]
+
+
+def test_warm_start_refuses_a_head_count_that_no_weight_shape_shows(tmp_path):
+  """The xlarge v2 TF-Hub weights have 32 heads, the `xlarge` size 16: converting records 32, fine-tuning must
+  not silently run them with 16."""
+  config = glue_experiment.get_config("task=rte,size=tiny")
+  model_config = model_config_from(config)
+  backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
+  backbone = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))
+  pretrained.save_pretrained(str(tmp_path / "init"), model_config.replace(num_attention_heads=8), {"albert": backbone})
+  config.init_checkpoint = str(tmp_path / "init")
+  with pytest.raises(ValueError, match="num_attention_heads=8 but this run has 4.*--config.model.num_attention_heads=8"):
+    finetune._warm_start(config)

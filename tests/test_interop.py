@@ -17,6 +17,8 @@ import safetensors.numpy  # noqa: E402
 from albert_jax import convert, interop, pretrained  # noqa: E402
 from albert_jax import model as model_lib  # noqa: E402
 from albert_jax.model_config import ModelConfig  # noqa: E402
+from albert_jax.tasks.heads import PooledClassifier, SpanExtractor  # noqa: E402
+from experiments import glue, race, squad_v1  # noqa: E402
 
 pytestmark = pytest.mark.hf
 REPO = Path(__file__).resolve().parents[1]
@@ -252,3 +254,83 @@ def test_group_assignment_matches_hf_wherever_we_export():
         continue
       hf_groups = [int(layer / (layers / groups)) for layer in range(layers)]
       assert model_lib.layers_per_group(layers, groups) == [hf_groups.count(g) for g in range(groups)]
+
+
+# ------------------------------------------------------------------------------------------------ fine-tuned heads
+
+FINETUNED = {  # task -> (experiment config, HF class, our model)
+    "rte": (lambda: glue.get_config("task=rte,size=tiny"), "AlbertForSequenceClassification",
+            lambda c: PooledClassifier(c, 2)),
+    "sts-b": (lambda: glue.get_config("task=sts-b,size=tiny"), "AlbertForSequenceClassification",
+              lambda c: PooledClassifier(c, 1)),
+    "squad": (lambda: squad_v1.get_config("size=tiny"), "AlbertForQuestionAnswering", SpanExtractor),
+    "race": (lambda: race.get_config("size=tiny"), "AlbertForMultipleChoice", lambda c: PooledClassifier(c, 1)),
+}
+
+
+def finetuned_workdir(tmp_path, task, config: ModelConfig, params) -> Path:
+  """A fine-tuning workdir as training leaves it: config.json naming the task, the best weights in best/step_3."""
+  run = FINETUNED[task][0]()
+  run.model.update({k: getattr(config, k) for k in SMALL})
+  run.data.update(max_seq_length=12, **({"max_query_length": 4} if task == "squad" else
+                                        {"max_qa_length": 4} if task == "race" else {}))
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(run.to_json_best_effort())
+  pretrained.save_pretrained(str(workdir / "best" / "step_3"), config, params)
+  return workdir / "best" / "step_3"
+
+
+def task_inputs(task):
+  ids, mask, types = batch()
+  if task != "race":
+    return ids, mask, types
+  return tuple(np.stack([np.roll(x, k, axis=0) for k in range(4)], axis=1) for x in (ids, mask, types))  # [3, 4, S]
+
+
+def task_logits(task, model, params, inputs) -> np.ndarray:
+  out = model.apply({"params": params}, *inputs)
+  return np.stack(out, -1) if task == "squad" else np.asarray(out).reshape(len(inputs[0]), -1)
+
+
+def hf_task_logits(task, model, inputs) -> np.ndarray:
+  out = hf_forward(model, *inputs)
+  return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1) if task == "squad" else out.logits.numpy()
+
+
+@pytest.mark.parametrize("task", sorted(FINETUNED))
+def test_finetuned_best_checkpoint_exports_to_its_hf_class_and_back(task, tmp_path):
+  config = ModelConfig(**SMALL)
+  model = FINETUNED[task][2](config)
+  rng = np.random.RandomState(0)
+  params = jax.tree.map(lambda x: (rng.standard_normal(x.shape) * 0.3).astype(np.float32),  # logits of order 1
+                        nn.unbox(model_lib.abstract_params(model)))
+  convert.convert(None, "hf", str(finetuned_workdir(tmp_path, task, config, params)), str(tmp_path / "hf"))
+  hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert hf_config["architectures"] == [FINETUNED[task][1]]
+  if task == "rte":
+    assert hf_config["id2label"] == {"0": "entailment", "1": "not_entailment"}
+  if task == "sts-b":
+    assert hf_config["problem_type"] == "regression"
+  hf, info = getattr(transformers, FINETUNED[task][1]).from_pretrained(tmp_path / "hf", output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+  inputs = task_inputs(task)
+  theirs, ours = hf_task_logits(task, hf.eval(), inputs), task_logits(task, model, params, inputs)
+  print(f"{task}: ours -> HF max |logit difference| {np.abs(theirs - ours).max():.2e} "
+        f"(max |logit| {np.abs(ours).max():.2f})")
+  np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
+
+  loaded_config, loaded = interop.load_hf(tmp_path / "hf")  # and back: HF's head is ours again
+  assert loaded_config == config.replace(embedding_projection=True)  # HF always has the E->H projection
+  if task == "squad":  # HF's QA model has no pooler; span heads do not use it
+    assert not np.any(loaded["albert"]["pooler"]["kernel"])
+    loaded["albert"]["pooler"] = params["albert"]["pooler"]
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
+def test_one_output_classifier_outside_its_workdir_is_refused(tmp_path):
+  config = ModelConfig(**SMALL)
+  params = nn.unbox(model_lib.abstract_params(PooledClassifier(config, 1)))
+  params = jax.tree.map(lambda x: np.zeros(x.shape, np.float32), params)
+  with pytest.raises(ValueError, match="regression .* or a multiple-choice scorer"):
+    interop.save_hf(config, params, tmp_path / "hf")

@@ -158,6 +158,8 @@ class Task(abc.ABC):
   def make_model(self, model_config: ModelConfig):
     ...
 
+  hf_head = None  # heads.HFHead: the transformers class of this task's model (`convert --to=hf` of best/step_N)
+
   @abc.abstractmethod
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     ...

@@ -15,7 +15,7 @@ import numpy as np
 
 from albert_jax.tasks import metrics
 from albert_jax.tasks.base import InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack, stack_packed
-from albert_jax.tasks.heads import PooledClassifier
+from albert_jax.tasks.heads import SEQUENCE_CLASSIFICATION, HFHead, PooledClassifier
 from albert_jax.tasks.records import column, field, tsv_rows, user_records
 
 _NLI = ("contradiction", "entailment", "neutral")
@@ -164,6 +164,10 @@ class GlueTask(Task):
   # --- model ----------------------------------------------------------------------------------------------
   def make_model(self, model_config):
     return PooledClassifier(model_config, self.num_outputs, self.config.classifier_dropout_prob)
+
+  @property
+  def hf_head(self) -> HFHead:
+    return HFHead(SEQUENCE_CLASSIFICATION, self.spec.labels)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     shape = (batch_size, self.config.data.max_seq_length)

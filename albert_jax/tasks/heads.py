@@ -4,12 +4,30 @@ and `race_utils.py`; logits are float32 whatever the compute dtype.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from albert_jax.model import AlbertModel, dense
 from albert_jax.model_config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class HFHead:
+  """A head as transformers names it, so a fine-tuned model leaves as the class its users load (`interop.save_hf`).
+  Our `classifier` is HF's `classifier` (sequence classification, regression, multiple choice: one score per
+  option) and our `qa_outputs` HF's; the architecture tells regression [H, 1] from multiple choice [H, 1]."""
+  architecture: str                      # AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice}
+  labels: tuple[str, ...] | None = None  # class names (HF id2label) of a classifier; None for regression
+
+
+SEQUENCE_CLASSIFICATION = "AlbertForSequenceClassification"
+QUESTION_ANSWERING = "AlbertForQuestionAnswering"
+MULTIPLE_CHOICE = "AlbertForMultipleChoice"
+HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", MULTIPLE_CHOICE: "classifier",
+                  QUESTION_ANSWERING: "qa_outputs"}
 
 
 class PooledClassifier(nn.Module):

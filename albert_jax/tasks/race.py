@@ -17,7 +17,7 @@ import numpy as np
 
 from albert_jax.tasks.base import (InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack,
                                      read_text, stack_packed)
-from albert_jax.tasks.heads import PooledClassifier
+from albert_jax.tasks.heads import MULTIPLE_CHOICE, HFHead, PooledClassifier
 from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
 LETTERS = "ABCD"
@@ -113,6 +113,8 @@ class RaceTask(Task):
   # --- model ----------------------------------------------------------------------------------------------
   def make_model(self, model_config):
     return PooledClassifier(model_config, 1, self.config.classifier_dropout_prob)
+
+  hf_head = HFHead(MULTIPLE_CHOICE)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     shape = (batch_size, len(LETTERS), self.config.data.max_seq_length)

@@ -28,7 +28,7 @@ from albert_jax.tasks import squad_metrics
 from albert_jax.tasks.alignment import AlignedText, align
 from albert_jax.tasks.base import (InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack,
                                      read_text, stack_packed)
-from albert_jax.tasks.heads import SpanExtractor
+from albert_jax.tasks.heads import QUESTION_ANSWERING, HFHead, SpanExtractor
 from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
 
@@ -146,6 +146,8 @@ class SquadTask(Task):
   # --- model ----------------------------------------------------------------------------------------------
   def make_model(self, model_config):
     return SpanExtractor(model_config)
+
+  hf_head = HFHead(QUESTION_ANSWERING)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     shape = (batch_size, self.config.data.max_seq_length)
