@@ -10,27 +10,20 @@ from __future__ import annotations
 import argparse
 import json
 
-from albert_jax.tasks import get_task
+from albert_jax.tasks import TaskSettings, get_task
 from albert_jax.tasks.glue import SPECS
 
 
-def task_config(task: str, null_threshold: float = 0.0):
+def task_settings(task: str, null_threshold: float = 0.0) -> TaskSettings:
   if task in SPECS:
-    from experiments import glue
-    return glue.get_config(f"task={task}")
-  if task in ("squad_v1", "squad_v2"):
-    from experiments import common
-    config = common.squad_config("base", int(task[-1]), "", "")
-    config.data.null_score_diff_threshold = null_threshold
-    return config
-  if task == "race":
-    from experiments import race
-    return race.get_config()
+    return TaskSettings(task="glue", task_name=task)
+  if task in ("squad_v1", "squad_v2", "race"):
+    return TaskSettings(task=task, null_score_diff_threshold=null_threshold)
   raise ValueError(f"Unknown task {task!r}; choose a GLUE task ({', '.join(SPECS)}), squad_v1, squad_v2 or race.")
 
 
 def evaluate(task_name: str, gold_path: str, predictions_path: str, null_threshold: float = 0.0) -> dict:
-  task = get_task(task_config(task_name.lower(), null_threshold))
+  task = get_task(task_settings(task_name.lower(), null_threshold))
   gold = task.gold_split(gold_path)
   return task.score(gold, task.read_predictions(predictions_path, gold))
 

@@ -30,6 +30,8 @@ ROWS = {
     "large_v3-128x2": ("pretrain_large", "v3-128", 2, {}),
     "bert_large_v3-256": ("bert_large", "v3-256", 1, {}),
     "xxlarge_v5p-256": ("pretrain_xxlarge", "v5p-256", 1, {}),
+    "large_v3-512": ("pretrain_large", "v3-512", 1, {}),
+    "bert_large_v3-512": ("bert_large", "v3-512", 1, {}),
 }
 
 

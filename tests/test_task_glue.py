@@ -1,5 +1,6 @@
 """GLUE: readers on every provided file, clear input errors, the pair truncation rule, submission files and the
 standalone scorer."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def test_mnli_splits_and_test_files(tmp_path, tokenizer):
   test_header = "\t".join(f"t{i}" for i in range(10))
   _write(tmp_path, "test_matched.tsv", test_header + "\n" + "\t".join(["17"] + ["x"] * 7 + ["a", "b"]) + "\n")
   mnli = task_for("mnli")
-  mnli.config.data.path = str(tmp_path)
+  mnli.settings = dataclasses.replace(mnli.settings, path=str(tmp_path))
   assert [ex.label for ex in mnli.load_split("dev", tokenizer).examples] == [2, 1]
   assert mnli.load_split("dev_mismatched", tokenizer).features["label"].tolist() == [0]
   test = mnli.load_split("test", tokenizer)

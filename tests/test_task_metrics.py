@@ -11,13 +11,13 @@ import scipy.stats
 import sklearn.metrics
 
 from albert_jax.tasks import metrics, squad_metrics
-from albert_jax.tasks.glue import GlueTask
+from albert_jax.tasks import get_task
 from experiments import glue
 
 
 def _glue_labels(shared_data, task):
   config = glue.get_config(f"task={task},data={shared_data / 'glue'}")
-  t = GlueTask(config)
+  t = get_task(config)
   return np.asarray([ex.label for ex in t.read_examples(t.split_path("dev"), labeled=True)])
 
 

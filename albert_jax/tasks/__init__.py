@@ -1,7 +1,8 @@
 """Fine-tuning tasks: `get_task(config)` returns the object the training engine drives (see `base.Task`)."""
 from __future__ import annotations
 
-from albert_jax.tasks.base import Split, Task, make_tokenizer, model_inputs
+from albert_jax.model_config import ModelConfig
+from albert_jax.tasks.base import Split, Task, TaskSettings, make_tokenizer, model_inputs
 from albert_jax.tasks.glue import GlueTask
 from albert_jax.tasks.race import RaceTask
 from albert_jax.tasks.squad import SquadTask
@@ -10,10 +11,13 @@ TASKS: dict[str, type[Task]] = {"glue": GlueTask, "squad_v1": SquadTask, "squad_
 
 
 def get_task(config) -> Task:
-  if config.task not in TASKS:
-    raise ValueError(f"Unknown fine-tuning task {config.task!r}; choose one of {sorted(TASKS)} "
+  """The task of an experiment config (checked against its model's position table), or of `TaskSettings`."""
+  settings = config if isinstance(config, TaskSettings) else TaskSettings.from_config(config)
+  if settings.task not in TASKS:
+    raise ValueError(f"Unknown fine-tuning task {settings.task!r}; choose one of {sorted(TASKS)} "
                      "(GLUE's sub-task goes in config.task_name).")
-  return TASKS[config.task](config)
+  if not isinstance(config, TaskSettings) and "model" in config:
+    ModelConfig.from_mapping(config.model).check_seq_length(settings.max_seq_length)
+  return TASKS[settings.task](settings)
 
-
-__all__ = ["Split", "Task", "TASKS", "get_task", "make_tokenizer", "model_inputs"]
+__all__ = ["Split", "Task", "TASKS", "TaskSettings", "get_task", "make_tokenizer", "model_inputs"]

@@ -97,6 +97,31 @@ def read_text(path: str) -> str:
     return f.read()
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskSettings:
+  """What a task reads of an experiment config, typed. Defaults are the original's recipes (run_squad_v1/v2,
+  run_race), so a task can be built for scoring alone (`albert_jax.evaluate`) without an experiment file."""
+  task: str                               # "glue" | "squad_v1" | "squad_v2" | "race"
+  task_name: str = ""                     # GLUE's sub-task, e.g. "sst-2"
+  path: str = ""                          # the task's data folder
+  max_seq_length: int = 512
+  classifier_dropout_prob: float = 0.1    # on the pooled vector (GLUE, RACE)
+  doc_stride: int = 128                   # SQuAD: tokens between the starts of consecutive context windows
+  max_query_length: int = 64              # SQuAD: question tokens kept (the first ones)
+  max_answer_length: int = 30             # SQuAD: longest predicted answer, in tokens
+  n_best_size: int = 20                   # SQuAD: start and end candidates per window
+  null_score_diff_threshold: float = 0.0  # SQuAD v2: answer "" when null_odds > this
+  max_qa_length: int = 128                # RACE: question + option tokens kept (the last ones)
+
+  @classmethod
+  def from_config(cls, config) -> "TaskSettings":
+    """The fields an experiment config has (top level or in `data`); the rest keep their defaults."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: config[k] for k in ("task", "task_name", "classifier_dropout_prob") if k in config}
+    values.update({k: v for k, v in config.data.items() if k in names})
+    return cls(**values)
+
+
 class Task(abc.ABC):
   """The interface the training engine drives; subclasses fill in the task-specific steps.
 
@@ -108,10 +133,8 @@ class Task(abc.ABC):
   higher_is_better: bool = True
   eval_splits: tuple[str, ...] = ("dev",)  # scored at every evaluation; the first one selects the checkpoint
 
-  def __init__(self, config):
-    self.config = config
-    if "model" in config:
-      ModelConfig.from_mapping(config.model).check_seq_length(config.data.max_seq_length)
+  def __init__(self, settings: TaskSettings):
+    self.settings = settings
 
   # --- data -----------------------------------------------------------------------------------------------
   @abc.abstractmethod
@@ -151,7 +174,7 @@ class Task(abc.ABC):
   # --- model ----------------------------------------------------------------------------------------------
   def build_model(self, model_config: ModelConfig):
     """The backbone (submodule "albert") + this task's head; checks the inputs fit the position table."""
-    model_config.check_seq_length(self.config.data.max_seq_length)
+    model_config.check_seq_length(self.settings.max_seq_length)
     return self.make_model(model_config)
 
   @abc.abstractmethod

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax.tasks import metrics
-from albert_jax.tasks.base import InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack, stack_packed
+from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
+                                    pack, stack_packed)
 from albert_jax.tasks.heads import SEQUENCE_CLASSIFICATION, HFHead, PooledClassifier
 from albert_jax.tasks.records import column, field, tsv_rows, user_records
 
@@ -81,9 +82,9 @@ def spec_for(task_name: str) -> GlueSpec:
 
 class GlueTask(Task):
 
-  def __init__(self, config):
-    super().__init__(config)
-    self.name = config.task_name.lower()
+  def __init__(self, settings: TaskSettings):
+    super().__init__(settings)
+    self.name = settings.task_name.lower()
     self.spec = spec_for(self.name)
     self.metric_name = self.spec.metric_name
     # MNLI: matched selects the checkpoint, mismatched is reported with it.
@@ -97,7 +98,7 @@ class GlueTask(Task):
   def split_path(self, split: str) -> str:
     if split not in self.spec.files:
       raise ValueError(f"GLUE {self.name} has no split {split!r}; choose one of {sorted(self.spec.files)}.")
-    return os.path.join(self.config.data.path, self.spec.files[split])
+    return os.path.join(self.settings.path, self.spec.files[split])
 
   def read_examples(self, path: str, labeled: bool) -> list[GlueExample]:
     """Every row must have as many fields as the header (CoLA's header-less train/dev files: 4), since a stray tab
@@ -144,7 +145,7 @@ class GlueTask(Task):
     return examples
 
   def featurize(self, examples: list[GlueExample], tokenizer):
-    max_len = self.config.data.max_seq_length
+    max_len = self.settings.max_seq_length
     rows = []
     for ex in examples:
       a = tokenizer.encode(ex.text_a)
@@ -163,14 +164,14 @@ class GlueTask(Task):
 
   # --- model ----------------------------------------------------------------------------------------------
   def make_model(self, model_config):
-    return PooledClassifier(model_config, self.num_outputs, self.config.classifier_dropout_prob)
+    return PooledClassifier(model_config, self.num_outputs, self.settings.classifier_dropout_prob)
 
   @property
   def hf_head(self) -> HFHead:
     return HFHead(SEQUENCE_CLASSIFICATION, self.spec.labels)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-    shape = (batch_size, self.config.data.max_seq_length)
+    shape = (batch_size, self.settings.max_seq_length)
     return {"input_ids": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),
             "token_type_ids": np.zeros(shape, np.int32),
             "label": np.zeros(batch_size, np.float32 if self.spec.is_regression else np.int32)}

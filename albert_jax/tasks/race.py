@@ -15,8 +15,8 @@ import os
 
 import numpy as np
 
-from albert_jax.tasks.base import (InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack,
-                                     read_text, stack_packed)
+from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
+                                    pack, read_text, stack_packed)
 from albert_jax.tasks.heads import MULTIPLE_CHOICE, HFHead, PooledClassifier
 from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
@@ -40,16 +40,16 @@ def qa_text(question: str, option: str) -> str:
 
 class RaceTask(Task):
 
-  def __init__(self, config):
-    super().__init__(config)
-    d = config.data
+  def __init__(self, settings: TaskSettings):
+    super().__init__(settings)
+    d = settings
     if d.max_qa_length + 3 >= d.max_seq_length:
       raise ValueError(f"data.max_qa_length={d.max_qa_length} leaves no room for the article in "
                        f"data.max_seq_length={d.max_seq_length}.")
 
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:
-    return os.path.join(self.config.data.path, split)
+    return os.path.join(self.settings.path, split)
 
   def read_examples(self, path: str, labeled: bool) -> list[RaceExample]:
     levels = [level for level in LEVELS if os.path.isdir(os.path.join(path, level))]
@@ -94,7 +94,7 @@ class RaceTask(Task):
             for line, r in user_records(path)]
 
   def featurize(self, examples: list[RaceExample], tokenizer):
-    d = self.config.data
+    d = self.settings
     articles: dict[str, list[int]] = {}
     rows = []
     for ex in examples:
@@ -112,12 +112,12 @@ class RaceTask(Task):
 
   # --- model ----------------------------------------------------------------------------------------------
   def make_model(self, model_config):
-    return PooledClassifier(model_config, 1, self.config.classifier_dropout_prob)
+    return PooledClassifier(model_config, 1, self.settings.classifier_dropout_prob)
 
   hf_head = HFHead(MULTIPLE_CHOICE)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-    shape = (batch_size, len(LETTERS), self.config.data.max_seq_length)
+    shape = (batch_size, len(LETTERS), self.settings.max_seq_length)
     return {"input_ids": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),
             "token_type_ids": np.zeros(shape, np.int32), "label": np.zeros(batch_size, np.int32)}
 

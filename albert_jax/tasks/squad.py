@@ -26,8 +26,8 @@ import numpy as np
 
 from albert_jax.tasks import squad_metrics
 from albert_jax.tasks.alignment import AlignedText, align
-from albert_jax.tasks.base import (InputError, Split, Task, apply_model, check_outputs, cross_entropy, pack,
-                                     read_text, stack_packed)
+from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
+                                    pack, read_text, stack_packed)
 from albert_jax.tasks.heads import QUESTION_ANSWERING, HFHead, SpanExtractor
 from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
@@ -58,11 +58,11 @@ def null_odds_path(predictions_path: str) -> str:
 
 class SquadTask(Task):
 
-  def __init__(self, config):
-    super().__init__(config)
-    self.version_2 = config.task == "squad_v2"
+  def __init__(self, settings: TaskSettings):
+    super().__init__(settings)
+    self.version_2 = settings.task == "squad_v2"
     self.metric_name = "best_f1" if self.version_2 else "f1"
-    d = config.data
+    d = settings
     if d.max_query_length + 3 >= d.max_seq_length:
       raise ValueError(f"data.max_query_length={d.max_query_length} leaves no room for the context in "
                        f"data.max_seq_length={d.max_seq_length}.")
@@ -70,7 +70,7 @@ class SquadTask(Task):
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:
     version = "v2.0" if self.version_2 else "v1.1"
-    return os.path.join(self.config.data.path, f"{split}-{version}.json")
+    return os.path.join(self.settings.path, f"{split}-{version}.json")
 
   def read_examples(self, path: str, labeled: bool = True) -> list[SquadExample]:
     try:
@@ -107,7 +107,7 @@ class SquadTask(Task):
                          []) for line, r in records]
 
   def featurize(self, examples: list[SquadExample], tokenizer):
-    d = self.config.data
+    d = self.settings
     labeled = all(ex.labeled for ex in examples)
     rows, labels, info = [], [], {"example_index": [], "token_start_char": [], "token_end_char": [],
                                   "max_context": []}
@@ -150,7 +150,7 @@ class SquadTask(Task):
   hf_head = HFHead(QUESTION_ANSWERING)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-    shape = (batch_size, self.config.data.max_seq_length)
+    shape = (batch_size, self.settings.max_seq_length)
     zeros = np.zeros(batch_size, np.int32)
     return {"input_ids": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),
             "token_type_ids": np.zeros(shape, np.int32), "start_positions": zeros, "end_positions": zeros}
@@ -171,7 +171,7 @@ class SquadTask(Task):
     """Best span per window among the n-best starts × n-best ends (end >= start, at most max_answer_length
     tokens, start in its max-context window), then the best window per question."""
     check_outputs(split, outputs)
-    info, d = split.info, self.config.data
+    info, d = split.info, self.settings
     starts = np.asarray(outputs["start_logits"], np.float64)
     ends = np.asarray(outputs["end_logits"], np.float64)
     in_doc = info["token_start_char"] >= 0
@@ -196,7 +196,7 @@ class SquadTask(Task):
       scores = squad_metrics.evaluate_v1(gold, predictions.answers)
     else:
       scores = squad_metrics.evaluate_v2(gold, predictions.answers, predictions.null_odds,
-                                         self.config.data.null_score_diff_threshold)
+                                         self.settings.null_score_diff_threshold)
     return {**scores, "missing": sum(qid not in predictions.answers for qid in gold)}
 
   def write_predictions(self, split: Split, predictions: SquadPredictions, path: str) -> None:
