@@ -15,15 +15,16 @@ setup(
     packages=find_packages(include=["albert_jax*", "data_pipeline*", "experiments*", "bench*"]),
     package_data={"data_pipeline": ["assets/*"]},
     install_requires=[
-        "jax>=0.7.1",  # jax.set_mesh, AxisType.Auto, jax.nn.dot_product_attention
-        "flax>=0.12.0",
-        "optax>=0.2.4",
-        "orbax-checkpoint>=0.11.0",
+        # Upper bounds where the APIs we use move between releases (tested: the versions in constraints.txt).
+        "jax>=0.7.1,<0.11",  # jax.set_mesh, AxisType.Auto, jax.nn.dot_product_attention, topologies
+        "flax>=0.12.0,<0.13",
+        "optax>=0.2.4,<0.3",
+        "orbax-checkpoint>=0.11.0,<0.13",
         "ml-collections>=1.0.0",
         "absl-py>=2.1.0",
         "sentencepiece>=0.2.0",
         "tensorflow-datasets>=4.9.7",
-        "grain>=0.2.12",
+        "grain>=0.2.12,<0.3",
         "array-record>=0.7.0",
         "tensorboardX>=2.6.2",
         "numpy>=1.26",

@@ -118,6 +118,7 @@ def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.Trai
   ckpt = s.checkpointer
   latest = ckpt.latest_step()
   if latest is not None:
+    print(f"Restoring step {latest} from {ckpt.directory}...", flush=True)
     state, data_state = ckpt.restore(latest, s.abstract_state)
     train_iter.set_state(data_state)
     print(f"Resumed from step {latest} in {ckpt.directory}", flush=True)

@@ -133,9 +133,15 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
       example_batch=lambda rows: synthetic_batch(config.data, rows, config.model.vocab_size, 0),
       tokens_per_example=seq_len,
       flops_per_token=flops.train_flops_per_token(model_config, seq_len, config.data.max_predictions_per_seq),
-      evaluate=lambda step, params, s, writer: writer.write(step, evaluate(config, s, params), "eval/"),
+      evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
       warm_start=(lambda params: pretrained.merge_init_params(params, pretrained.load_init_params(
           config.init_checkpoint))) if config.init_checkpoint else None)
+
+
+def _log_evaluation(step: int, metrics: dict[str, float], writer) -> None:
+  writer.write(step, metrics, "eval/")
+  if jax.process_index() == 0:
+    print(f"held-out eval at step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), flush=True)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
