@@ -3,9 +3,10 @@
 One orbax CheckpointManager with two items per step: `state` (params, optimizer state, step) and `data` (each
 process's loader state as JSON, through grain's orbax handler). Orbax writes every step into a temporary directory
 and renames it once complete, so a kill -9 at any moment — mid-save included — leaves the last complete checkpoint
-intact; unfinished temporary directories are ignored on restore. On `gs://`, where there is no rename, orbax
-marks a complete step with a `commit_success.txt` object instead, written last. Saves are asynchronous; preemption (SIGTERM, or
-orbax's multi-host preemption notice) forces a save at the next step boundary.
+intact; unfinished temporary directories are ignored on restore. On `gs://`, which has no rename, orbax marks a
+complete step with a `commit_success.txt` object written last instead (the kill -9 test covers both). Saves are
+asynchronous; preemption (SIGTERM, or orbax's multi-host preemption notice) forces a save at the next step
+boundary.
 """
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ Document i (in input order) goes to a split and shard chosen by a hash of (seed,
 to "eval" (held out for pretraining evaluation), the rest to "train". The output depends only on the input, the
 tokenizer, the seed and the shard counts, not on `--workers`. Each of K worker processes streams the whole input
 (reading is cheap next to tokenizing) and tokenizes only the documents of its own shards, so memory stays flat.
-Every shard is written under a temporary name and renamed when complete; rerunning after a crash skips finished
-shards. `manifest.json` is written last and marks the preparation complete; the SentencePiece model is copied in
-as `spiece.model`, so the directory is all a loader needs.
+Every shard is written under a temporary name and renamed when complete (for a gs:// --output_dir: written
+locally, then uploaded in one put); rerunning after a crash skips finished shards. `manifest.json` is written last
+and marks the preparation complete; the SentencePiece model is copied in as `spiece.model`, so the directory is
+all a loader needs.
 
 What may be reused is decided by `prepare_config.json`: the settings plus a fingerprint of every input file (path,
 size, mtime and a hash of its first and last MiB) and the tokenizer's sha256. Different settings are refused (they
