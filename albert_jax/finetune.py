@@ -8,11 +8,9 @@ stays in `workdir/checkpoints/` (resumable like pretraining).
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
-import shutil
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -20,7 +18,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from albert_jax import engine, loop, pretrained
+from albert_jax import engine, loop, pretrained, storage
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks import Split, get_task, make_tokenizer
 
@@ -97,13 +95,10 @@ class BestKeeper:
     if jax.process_index() == 0:
       for split_name, (split, split_predictions) in predictions.items():
         self.task.write_predictions(split, split_predictions, os.path.join(step_dir, f"{split_name}_predictions"))
-      tmp = os.path.join(self.directory, BEST_FILE + ".tmp")
-      with open(tmp, "w") as f:
-        json.dump(self.record, f, indent=2)
-      os.replace(tmp, os.path.join(self.directory, BEST_FILE))
-      for old in glob.glob(os.path.join(self.directory, "step_*")):
-        if old != step_dir:
-          shutil.rmtree(old, ignore_errors=True)
+      storage.write_atomic(os.path.join(self.directory, BEST_FILE), json.dumps(self.record, indent=2))
+      for old in storage.path(self.directory).glob("step_*"):
+        if old.name != os.path.basename(step_dir):
+          old.rmtree(missing_ok=True)
 
 
 def _on_every_process(decision: bool) -> bool:
@@ -115,11 +110,8 @@ def _on_every_process(decision: bool) -> bool:
 
 
 def read_best(workdir: str) -> dict | None:
-  path = os.path.join(workdir, BEST_DIR, BEST_FILE)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  path = storage.path(workdir) / BEST_DIR / BEST_FILE
+  return json.loads(path.read_text()) if path.exists() else None
 
 
 
@@ -225,7 +217,6 @@ def predict_split_file(config, workdir, task, model, tokenizer, params, split_na
     outputs = predict_features(task, model, replicate(params, s), split.features, s)
     path = os.path.join(workdir, task.submission_name(split_name))
     if jax.process_index() == 0:
-      os.makedirs(workdir, exist_ok=True)
       task.write_predictions(split, task.postprocess(split, outputs), path)
   return path
 
@@ -259,7 +250,7 @@ def train(config, workdir: str, args=None) -> None:
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
-  if os.path.exists(task.split_path("test")):
+  if storage.path(task.split_path("test")).exists():
     params = pretrained.load_pretrained(best["weights"])[1]
     print(f"Test predictions (best checkpoint): "
           f"{predict_split_file(config, workdir, task, model, tokenizer, params, 'test')}", flush=True)

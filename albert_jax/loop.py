@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from albert_jax import checkpointing, engine, flops, metrics as metrics_lib
+from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, storage
 
 # Fields that fix the shapes of the parameters: a workdir's saved run must agree on them to resume.
 SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -24,20 +24,16 @@ SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layer
 
 def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Refuses to resume a workdir whose saved run has a different model shape; writes the resolved config."""
-  path = os.path.join(workdir, "config.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f).get("model", {})
+  path = storage.path(workdir) / "config.json"
+  if path.exists():
+    saved = json.loads(path.read_text()).get("model", {})
     diffs = {k: (saved.get(k), config.model.get(k)) for k in SHAPE_FIELDS if saved.get(k) != config.model.get(k)}
     if diffs and checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step() is not None:
       listed = ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
       raise ValueError(f"Workdir {workdir} holds checkpoints of a different model ({listed}). Use a new --workdir, "
                        "or the saved config (config.json there) to resume.")
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
-    os.replace(path + ".tmp", path)
+    storage.write_atomic(os.fspath(path), config.to_json_best_effort(indent=2))
 
 
 class _Preemption:
@@ -151,12 +147,14 @@ def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dic
     try:
       for step in range(first_step, total_steps):
         if step == config.log.profile_start:
-          jax.profiler.start_trace(os.path.join(workdir, "profile"))
+          profile = storage.Mirror(os.path.join(workdir, "profile"))  # the profiler writes local files only
+          jax.profiler.start_trace(profile.local)
         state, step_metrics = train_step(state, s.global_batch(next(train_iter)), rng)
         done = step + 1
         window.push(done, step_metrics)
         if config.log.profile_start >= 0 and done == config.log.profile_start + config.log.profile_steps:
           jax.profiler.stop_trace()
+          profile.close()
         stop = preemption.requested or ckpt.reached_preemption(done)
         last_step = done == total_steps
         if done % config.log.every == 0 or last_step or stop:

@@ -1,7 +1,9 @@
 """Metric output: `workdir/metrics.jsonl`, TensorBoard event files and a console progress line.
 
-Only process 0 writes (big_vision / flax lm1b). Throughput and MFU come from the step time measured on the host
-between fetched steps, with FLOPs from `flops.train_flops_per_token` (the `--mode=describe` formula).
+Only process 0 writes (big_vision / flax lm1b). For a `gs://` workdir both files are written to a local
+`storage.Mirror` and uploaded whole at every log step: objects cannot be appended to, and one put per file keeps
+every visible version complete. Throughput and MFU come from the step time measured on the host between fetched
+steps, with FLOPs from `flops.train_flops_per_token` (the `--mode=describe` formula).
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Any
 import jax
 from tensorboardX import SummaryWriter
 
+from albert_jax import storage
+
 
 class MetricWriter:
   def __init__(self, workdir: str, total_steps: int):
@@ -22,9 +26,9 @@ class MetricWriter:
     self.total_steps = total_steps
     self.start_time = time.time()
     if self.enabled:
-      os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._files = storage.Mirror(workdir, resume=("metrics.jsonl",))
+      self._jsonl = open(os.path.join(self._files.local, "metrics.jsonl"), "a", buffering=1)
+      self._tb = SummaryWriter(os.path.join(self._files.local, "tensorboard"))
 
   def write(self, step: int, metrics: dict[str, float], prefix: str = "") -> None:
     if not self.enabled:
@@ -35,6 +39,7 @@ class MetricWriter:
       if key != "step" and math.isfinite(value):
         self._tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
     self._tb.flush()
+    self._files.sync()
 
   def progress(self, step: int, metrics: dict[str, float], first_step: int) -> None:
     """One console line: step, losses, accuracy, throughput, ETA."""
@@ -53,6 +58,7 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+      self._files.close()
 
 
 def _hms(seconds: float) -> str:

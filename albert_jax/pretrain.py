@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from albert_jax import engine, flops, loop, pretrained
+from albert_jax import engine, flops, loop, pretrained, storage
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
 
@@ -110,7 +110,9 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, workd
     raise ValueError(f"data.kind={kind!r}; choose 'prepared', 'tiny' or 'synthetic'.")
   from data_pipeline import loader
   data_config = config.data
-  if kind == "tiny" and not config.data.path:  # the bundled corpus, built once inside the workdir
+  # The bundled corpus, built once inside a local workdir; a gs:// one uses the loader's local cache, since
+  # ArrayRecord reads local files only.
+  if kind == "tiny" and not config.data.path and not storage.is_remote(workdir):
     data_config = ml_collections.ConfigDict({**config.data.to_dict(), "path": os.path.join(workdir, "tiny_data")})
   return loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
                                           seed=config.seed, vocab_size=config.model.vocab_size)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from albert_jax import checkpointing
+from albert_jax import checkpointing, storage
 from albert_jax.checkpointing import local_restore_target
 from albert_jax.model_config import ModelConfig
 
@@ -26,31 +26,28 @@ PARAMS_DIR = "params"
 
 
 def save_pretrained(directory: str, model_config: ModelConfig, params: Any) -> None:
-  directory = os.path.abspath(directory)
-  os.makedirs(directory, exist_ok=True)
+  directory = storage.absolute(directory)
+  storage.path(directory).mkdir(parents=True, exist_ok=True)
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(os.path.join(directory, PARAMS_DIR), nn.unbox(params), force=True)
     checkpointer.wait_until_finished()
   if jax.process_index() == 0:
-    tmp = os.path.join(directory, CONFIG_FILE + ".tmp")
-    with open(tmp, "w") as f:
-      json.dump(model_config.to_dict(), f, indent=2)
-    os.replace(tmp, os.path.join(directory, CONFIG_FILE))
+    storage.write_atomic(os.path.join(directory, CONFIG_FILE), json.dumps(model_config.to_dict(), indent=2))
 
 
 def is_pretrained_dir(directory: str) -> bool:
-  return os.path.isfile(os.path.join(directory, CONFIG_FILE)) and os.path.isdir(os.path.join(directory, PARAMS_DIR))
+  root = storage.path(directory)
+  return (root / CONFIG_FILE).is_file() and (root / PARAMS_DIR).is_dir()
 
 
 def load_pretrained(directory: str) -> tuple[ModelConfig, Any]:
   """Returns (ModelConfig, params as host numpy/jax arrays)."""
-  directory = os.path.abspath(directory)
+  directory = storage.absolute(directory)
   if not is_pretrained_dir(directory):
     raise FileNotFoundError(f"{directory!r} is not a pretrained-weights directory (expected {CONFIG_FILE} and "
                             f"{PARAMS_DIR}/); write one with `python -m albert_jax.convert --from=hf ...` or point "
                             "to a training workdir.")
-  with open(os.path.join(directory, CONFIG_FILE)) as f:
-    model_config = ModelConfig.from_mapping(json.load(f))
+  model_config = ModelConfig.from_mapping(json.loads((storage.path(directory) / CONFIG_FILE).read_text()))
   path = os.path.join(directory, PARAMS_DIR)
   with ocp.StandardCheckpointer() as checkpointer:
     params = checkpointer.restore(path, local_restore_target(checkpointer.metadata(path).item_metadata))
@@ -62,7 +59,7 @@ def load_init_params(path: str) -> Any:
   if is_pretrained_dir(path):
     return load_pretrained(path)[1]
   ckpt_dir = checkpointing.checkpoint_dir(path)
-  if os.path.isdir(ckpt_dir):
+  if storage.path(ckpt_dir).is_dir():
     return checkpointing.Checkpointer(ckpt_dir, 1, 1).restore_params()
   raise FileNotFoundError(f"init_checkpoint={path!r} is neither a pretrained-weights directory (model_config.json + "
                           "params/, from `python -m albert_jax.convert`) nor a training workdir (checkpoints/).")

@@ -4,9 +4,10 @@ Document i (in input order) goes to a split and shard chosen by a hash of (seed,
 to "eval" (held out for pretraining evaluation), the rest to "train". The output depends only on the input, the
 tokenizer, the seed and the shard counts, not on `--workers`. Each of K worker processes streams the whole input
 (reading is cheap next to tokenizing) and tokenizes only the documents of its own shards, so memory stays flat.
-Every shard is written under a temporary name and renamed when complete; rerunning after a crash skips finished
-shards. `manifest.json` is written last and marks the preparation complete; the SentencePiece model is copied in
-as `spiece.model`, so the directory is all a loader needs.
+Every shard is written under a temporary name and renamed when complete (for a gs:// --output_dir: written
+locally, then uploaded in one put); rerunning after a crash skips finished shards. `manifest.json` is written last
+and marks the preparation complete; the SentencePiece model is copied in as `spiece.model`, so the directory is
+all a loader needs.
 
 What may be reused is decided by `prepare_config.json`: the settings plus a fingerprint of every input file (path,
 size, mtime and a hash of its first and last MiB) and the tokenizer's sha256. Different settings are refused (they
@@ -25,13 +26,14 @@ import hashlib
 import json
 import multiprocessing
 import os
-import shutil
 import sys
+import tempfile
 import threading
 import time
 
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from albert_jax import storage
 from data_pipeline import records, rng, sources
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source, binary_file_error
@@ -85,16 +87,16 @@ SAMPLE_BYTES = 1 << 20   # hashed at each end of an input file
 def input_fingerprint(path: str) -> dict:
   """Size, mtime and a hash of the first and last MiB: cheap on a corpus of many GB, and it changes when a file
   is replaced, appended to or edited at either end. Refuses a binary file (a NUL byte in those bytes)."""
-  stat = os.stat(path)
-  digest = hashlib.sha256(str(stat.st_size).encode())
-  with open(path, "rb") as f:
-    for start in sorted({0, max(0, stat.st_size - SAMPLE_BYTES)}):
+  size, mtime_ns = storage.size_and_mtime_ns(path)
+  digest = hashlib.sha256(str(size).encode())
+  with storage.path(path).open("rb") as f:
+    for start in sorted({0, max(0, size - SAMPLE_BYTES)}):
       f.seek(start)
       sample = f.read(SAMPLE_BYTES)
       if b"\0" in sample:
         raise binary_file_error(path, start + sample.index(b"\0"))
       digest.update(sample)
-  return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+  return {"path": storage.absolute(path), "size": size, "mtime_ns": mtime_ns,
           "sample_sha256": digest.hexdigest()}
 
 
@@ -113,12 +115,15 @@ def _tokenize(doc, source: Source, tokenizer: Tokenizer, config: PrepareConfig, 
 
 
 def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
-  """Stream the input once and write the given (split, shard) files."""
+  """Stream the input once and write the given (split, shard) files: locally under a temporary name, then
+  renamed, or uploaded for a gs:// output (ArrayRecord writes local files only)."""
   tokenizer = Tokenizer(config.spm_model, config.do_lower_case)
   dtype = records.token_dtype(tokenizer.vocab_size)
   counts, source = config.shard_counts(), config.source()
   final = {s: os.path.join(config.output_dir, records.shard_name(s[0], s[1], counts[s[0]])) for s in shards}
-  writers = {s: ArrayRecordWriter(_fresh(final[s] + ".tmp"), "group_size:1") for s in shards}
+  staging = tempfile.mkdtemp(prefix="albert_jax_shards_") if storage.is_remote(config.output_dir) else None
+  written = {s: os.path.join(staging, os.path.basename(final[s])) if staging else final[s] + ".tmp" for s in shards}
+  writers = {s: ArrayRecordWriter(_fresh(written[s]), "group_size:1") for s in shards}
   stats = {s: collections.Counter() for s in shards}
   for doc_index, doc in enumerate(source.documents()):
     shard = assign(config.seed, doc_index, config.eval_fraction, counts)
@@ -142,8 +147,14 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
     writers[shard].write(records.encode_document(sentences, dtype))
   for shard in shards:
     writers[shard].close()
-    _write_json(final[shard] + ".stats.json", dict(stats[shard]))
-    os.replace(final[shard] + ".tmp", final[shard])
+    storage.write_atomic(final[shard] + ".stats.json", json.dumps(dict(stats[shard]), indent=1))
+    if staging:
+      storage.copy_atomic(written[shard], final[shard])
+      os.unlink(written[shard])
+    else:
+      os.replace(written[shard], final[shard])
+  if staging:
+    os.rmdir(staging)
 
 
 def _fresh(path: str) -> str:
@@ -153,20 +164,13 @@ def _fresh(path: str) -> str:
   return path
 
 
-def _write_json(path: str, value) -> None:
-  with open(_fresh(path + ".tmp"), "w") as f:
-    json.dump(value, f, indent=1)
-  os.replace(path + ".tmp", path)
-
-
 def _sha256(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
+  return hashlib.sha256(storage.path(path).read_bytes()).hexdigest()
 
 
 def _is_done(path: str) -> bool:
   """A finished output file; a symlink placed there is not one (it is replaced)."""
-  return os.path.isfile(path) and not os.path.islink(path)
+  return storage.path(path).is_file() and not os.path.islink(path)
 
 
 def _outputs(config: PrepareConfig) -> list[str]:
@@ -182,9 +186,8 @@ def _outputs(config: PrepareConfig) -> list[str]:
 def _check_or_record_identity(config: PrepareConfig, identity: dict) -> None:
   """Refuse other settings; over changed inputs or tokenizer, delete the stale outputs (see the module docstring)."""
   path = os.path.join(config.output_dir, "prepare_config.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      previous = json.load(f)
+  if storage.path(path).exists():
+    previous = json.loads(storage.path(path).read_text())
     if previous == identity:
       return
     changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
@@ -195,10 +198,8 @@ def _check_or_record_identity(config: PrepareConfig, identity: dict) -> None:
     print(f"data_pipeline.prepare: {_describe_change(previous, identity)} since the preparation in "
           f"{config.output_dir!r}; deleting its shards and preparing again.", file=sys.stderr, flush=True)
     for output in _outputs(config):   # the manifest first: an interrupted deletion leaves no complete-looking data
-      if os.path.lexists(output):
-        os.unlink(output)
-  os.makedirs(config.output_dir, exist_ok=True)
-  _write_json(path, identity)
+      storage.remove(output)
+  storage.write_atomic(path, json.dumps(identity, indent=1))
 
 
 _CONTENT_KEYS = ("inputs", "tokenizer_sha256")
@@ -244,26 +245,24 @@ def prepare(config: PrepareConfig) -> dict:
         pool.starmap(_write_shards, [(config, todo[k::workers]) for k in range(workers)])
   model_copy = os.path.join(config.output_dir, records.SPM_MODEL)
   if not _is_done(model_copy) or _sha256(model_copy) != tokenizer.sha256:
-    shutil.copyfile(config.spm_model, _fresh(model_copy + ".tmp"))
-    os.replace(model_copy + ".tmp", model_copy)
+    storage.copy_atomic(config.spm_model, model_copy)
   manifest = _manifest(config, tokenizer, files, inputs)
   manifest["seconds"] = round(time.time() - start, 3)
   if not sum(manifest["splits"][s]["documents"] for s in SPLITS):
     raise ValueError(f"No documents in --input={config.input!r} ({manifest['totals']}); check --format "
                      f"(now {source.format!r}) and that the files hold text.")
-  _write_json(os.path.join(config.output_dir, records.MANIFEST), manifest)
+  storage.write_atomic(os.path.join(config.output_dir, records.MANIFEST), json.dumps(manifest, indent=1))
   return manifest
 
 
 def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inputs: list[dict]) -> dict:
   counts = config.shard_counts()
-  splits, totals = {}, collections.Counter(empty_files=sum(os.path.getsize(f) == 0 for f in files))
+  splits, totals = {}, collections.Counter(empty_files=sum(i["size"] == 0 for i in inputs))
   for split in SPLITS:
     shards = []
     for i in range(counts[split]):
       name = records.shard_name(split, i, counts[split])
-      with open(os.path.join(config.output_dir, name + ".stats.json")) as f:
-        stats = json.load(f)
+      stats = json.loads(storage.path(os.path.join(config.output_dir, name + ".stats.json")).read_text())
       shards.append({"file": name, "documents": stats.get("documents", 0)})
       totals.update(stats)
     splits[split] = {"shards": shards, "documents": sum(s["documents"] for s in shards)}

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 
 import numpy as np
+
+from albert_jax import storage
 
 MANIFEST = "manifest.json"
 SPM_MODEL = "spiece.model"   # a copy of the tokenizer, next to the shards
@@ -49,13 +52,12 @@ def shard_name(split: str, index: int, count: int) -> str:
 def read_manifest(path: str) -> dict:
   """The manifest of a finished preparation, or an error that says how to make one."""
   manifest_path = os.path.join(path, MANIFEST)
-  if not path or not os.path.isfile(manifest_path):
+  if not path or not storage.path(manifest_path).is_file():
     raise FileNotFoundError(
         f"No prepared pretraining data at {path!r} ({MANIFEST} missing). Run `python -m data_pipeline.prepare "
         f"--input=... --spm_model=... --output_dir={path or 'DIR'}` (it is resumable; an interrupted run is "
         "finished by running it again) and set --config.data.path to that directory.")
-  with open(manifest_path) as f:
-    manifest = json.load(f)
+  manifest = json.loads(storage.path(manifest_path).read_text())
   if manifest.get("format_version") != FORMAT_VERSION:
     raise ValueError(f"{manifest_path} has format_version {manifest.get('format_version')}, this code reads "
                      f"{FORMAT_VERSION}; prepare the data again with this version of data_pipeline.prepare.")
@@ -63,6 +65,16 @@ def read_manifest(path: str) -> dict:
 
 
 def split_files(path: str, manifest: dict, split: str) -> list[str]:
+  """The split's shard paths: local files, which is all that ArrayRecord's reader opens (its C++ file layer has
+  no Cloud Storage support), so a gs:// preparation is read through a gcsfuse mount."""
+  if storage.is_remote(path):
+    bucket, prefix = urllib.parse.urlparse(path).netloc, urllib.parse.urlparse(path).path.strip("/")
+    raise ValueError(f"data.path={path}: ArrayRecord shards are read from local files only (array_record has no "
+                     f"Cloud Storage reader). Mount the bucket with gcsfuse and point data.path at the mount: "
+                     f"`gcsfuse --implicit-dirs -o ro --file-cache-max-size-mb=-1 "
+                     f"--file-cache-cache-file-for-range-read=true --cache-dir=/tmp/gcsfuse_cache {bucket} "
+                     f"/mnt/{bucket}` then --config.data.path=/mnt/{bucket}/{prefix} (or copy it to local disk with "
+                     f"`gcloud storage cp -r {path} DIR`).")
   if split not in manifest["splits"]:
     raise ValueError(f"Split {split!r} not in the preparation at {path!r}; it has {sorted(manifest['splits'])}.")
   files = [os.path.join(path, s["file"]) for s in manifest["splits"][split]["shards"] if s["documents"]]

@@ -20,10 +20,11 @@ A JSONL record longer than `max_unit_bytes` cannot be parsed in pieces and is co
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 from typing import Iterator
+
+from albert_jax import storage
 
 FORMATS = ("lines", "paragraphs", "jsonl", "tfds")
 MIN_DOCUMENT_PARAGRAPHS = 3
@@ -65,10 +66,10 @@ class Source:
     """The input files in a fixed (sorted per pattern) order; an error if a pattern matches nothing."""
     files = []
     for pattern in filter(None, self.input.split(",")):
-      matched = sorted(glob.glob(os.path.expanduser(pattern)))
+      matched = storage.glob(pattern)
       if not matched:
         raise FileNotFoundError(f"--input pattern {pattern!r} matches no file.")
-      files.extend(m for m in matched if os.path.isfile(m))
+      files.extend(m for m in matched if storage.path(m).is_file())
     return files
 
   def documents(self) -> Iterator[RawDocument]:
@@ -134,7 +135,7 @@ def _decoded_lines(path: str, limit: int) -> Iterator[tuple[str, bool, bool]]:
   """(text without its newline, whether it had invalid UTF-8, whether the line goes on in the next piece),
   reading bytes so bad input cannot stop the run; refuses a binary file by name."""
   offset = 0
-  with open(path, "rb") as f:
+  with storage.open_read(path) as f:
     for raw, goes_on in _raw_pieces(f, limit):
       if b"\0" in raw:
         raise binary_file_error(path, offset + raw.index(b"\0"))

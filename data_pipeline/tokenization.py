@@ -11,6 +11,8 @@ import unicodedata
 
 import sentencepiece as spm
 
+from albert_jax import storage
+
 SPIECE_UNDERLINE = "\u2581"
 
 
@@ -35,8 +37,7 @@ class Tokenizer:
     self.do_lower_case = do_lower_case
     self.sp = spm.SentencePieceProcessor()
     try:
-      with open(self.model_path, "rb") as f:
-        self._proto = f.read()
+      self._proto = storage.path(self.model_path).read_bytes()
     except FileNotFoundError:
       raise FileNotFoundError(f"SentencePiece model {self.model_path!r} not found; pass the path of a .model file "
                               "(ALBERT's is spiece.model), or train one with `python -m data_pipeline.train_spm`.")

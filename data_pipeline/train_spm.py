@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 
 import sentencepiece as spm
 
+from albert_jax import storage
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import preprocess_text
@@ -41,10 +42,7 @@ def train(texts: Iterable[str], model_path: str, vocab_size: int = 30000, input_
       pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
       user_defined_symbols=USER_SYMBOLS, character_coverage=0.99995, input_sentence_size=input_sentence_size,
       shuffle_input_sentence=True, num_threads=num_threads, minloglevel=2)
-  os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
-  with open(model_path + ".tmp", "wb") as f:
-    f.write(model.getvalue())
-  os.replace(model_path + ".tmp", model_path)
+  storage.write_atomic(model_path, model.getvalue())
   return model_path
 
 

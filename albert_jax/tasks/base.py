@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import os
 from typing import Any
 
 import jax
@@ -17,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from albert_jax import storage
 from albert_jax.model_config import ModelConfig
 from data_pipeline.tokenization import Tokenizer
 
@@ -91,10 +91,10 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
 
 
 def read_text(path: str) -> str:
-  if not os.path.exists(path):
+  file = storage.path(path)
+  if not file.exists():
     raise FileNotFoundError(f"{path} not found; check --config.data.path (see docs/finetuning.md for the layout).")
-  with open(path, encoding="utf-8-sig") as f:  # MRPC's TSVs start with a byte-order mark
-    return f.read()
+  return file.read_text(encoding="utf-8-sig")  # MRPC's TSVs start with a byte-order mark
 
 
 @dataclasses.dataclass(frozen=True)

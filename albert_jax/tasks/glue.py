@@ -13,6 +13,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.tasks import metrics
 from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
                                     pack, stack_packed)
@@ -205,11 +206,9 @@ class GlueTask(Task):
 
   def write_predictions(self, split: Split, predictions, path: str) -> None:
     """GLUE's submission format: header `index<TAB>prediction`, label names (STS-B: the score)."""
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("index\tprediction\n")
-      for ex, pred in zip(split.examples, predictions, strict=True):
-        f.write(f"{ex.guid}\t{float(pred):.6f}\n" if self.spec.is_regression else
-                f"{ex.guid}\t{self.spec.labels[int(pred)]}\n")
+    values = [f"{float(p):.6f}" if self.spec.is_regression else self.spec.labels[int(p)] for p in predictions]
+    rows = [f"{ex.guid}\t{value}\n" for ex, value in zip(split.examples, values, strict=True)]
+    storage.write_atomic(path, "index\tprediction\n" + "".join(rows))
 
   def read_predictions(self, path: str, split: Split) -> np.ndarray:
     """The submission format only: the header, then one `index<TAB>prediction` per example of `split`; refuses

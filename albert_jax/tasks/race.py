@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
                                     pack, read_text, stack_packed)
 from albert_jax.tasks.heads import MULTIPLE_CHOICE, HFHead, PooledClassifier
@@ -52,14 +53,14 @@ class RaceTask(Task):
     return os.path.join(self.settings.path, split)
 
   def read_examples(self, path: str, labeled: bool) -> list[RaceExample]:
-    levels = [level for level in LEVELS if os.path.isdir(os.path.join(path, level))]
+    levels = [level for level in LEVELS if storage.path(path).joinpath(level).is_dir()]
     if not levels:
       raise FileNotFoundError(f"{path} has neither middle/ nor high/; point --config.data.path at the RACE folder "
                               "holding train/ dev/ test/ (each with middle/ and high/).")
     examples = []
     for level in levels:
       folder = os.path.join(path, level)
-      for name in sorted(n for n in os.listdir(folder) if n.endswith(".txt")):
+      for name in sorted(p.name for p in storage.path(folder).iterdir() if p.name.endswith(".txt")):
         examples.extend(self._passage(os.path.join(folder, name), level, labeled))
     return examples
 
@@ -144,8 +145,7 @@ class RaceTask(Task):
     return out
 
   def write_predictions(self, split: Split, predictions: dict[str, str], path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(predictions, f, indent=1)
+    storage.write_atomic(path, json.dumps(predictions, indent=1))
 
   def read_predictions(self, path: str, split: Split) -> dict[str, str]:
     """{question id: letter} for ids of `split` only (a SQuAD or GLUE file is refused by its values or ids)."""

@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from albert_jax import storage
 from albert_jax.tasks import squad_metrics
 from albert_jax.tasks.alignment import AlignedText, align
 from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
@@ -222,8 +223,7 @@ class SquadTask(Task):
 
 
 def _write_json(path: str, values: dict) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(values, f, ensure_ascii=False, indent=1)
+  storage.write_atomic(path, json.dumps(values, ensure_ascii=False, indent=1))
 
 
 def _windows(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
