@@ -8,6 +8,7 @@ stays in `workdir/checkpoints/` (resumable like pretraining).
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -56,14 +57,27 @@ class FeatureBatches:
     self.step = int(state["step"])
 
 
-def predict_features(task, model, params, features: dict[str, np.ndarray], s: engine.Setup) -> dict[str, np.ndarray]:
-  """Runs `task.predict_step` over every feature row in global batches (the last one padded, padding dropped)."""
-  predict = jax.jit(lambda p, b: task.predict_step(model, p, b), out_shardings=s.replicated)
+def prediction_split(split: engine.BatchSplit) -> engine.BatchSplit:
+  """Batches of prediction: `micro_batch` rows per data-parallel device (`train.micro_batch_size`, the memory of
+  one accumulation step of training), not the whole global batch at once."""
+  rows = split.micro_batch * split.data_parallel
+  if rows % split.process_count:
+    raise ValueError(f"train.micro_batch_size={split.micro_batch} x {split.data_parallel} data-parallel devices = "
+                     f"{rows} rows per prediction call do not divide over {split.process_count} processes; pick a "
+                     "micro batch that makes them divide.")
+  return dataclasses.replace(split, global_batch=rows, accumulation_steps=1)
+
+
+def predict_features(predict_fn: Callable, params, features: dict[str, np.ndarray],
+                     s: engine.Setup) -> dict[str, np.ndarray]:
+  """Runs `predict_fn(params, batch)` over every feature row in `prediction_split` batches (the last one padded,
+  padding dropped). A row's outputs do not depend on the rows beside it, so the micro batch changes no number."""
+  predict = jax.jit(predict_fn, out_shardings=s.replicated)
   num_rows = len(next(iter(features.values())))
-  global_batch = s.split.global_batch
+  split = prediction_split(s.split)
   outputs: dict[str, list[np.ndarray]] = {}
-  for start in range(0, num_rows, global_batch):
-    rows = s.split.local(np.arange(start, start + global_batch) % num_rows)  # wrap to pad the last batch
+  for start in range(0, num_rows, split.global_batch):
+    rows = split.local(np.arange(start, start + split.global_batch) % num_rows)  # wrap to pad the last batch
     batch = s.global_batch({k: v[rows] for k, v in features.items()})
     for name, value in jax.device_get(predict(params, batch)).items():
       outputs.setdefault(name, []).append(np.asarray(value))
@@ -127,7 +141,7 @@ def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Set
   """Scores every eval split; returns (flat metrics, {split: (split, predictions)})."""
   metrics, predictions = {}, {}
   for name, split in splits.items():
-    outputs = predict_features(task, model, params, split.features, s)
+    outputs = predict_features(task.predictor(model), params, split.features, s)
     split_predictions = task.postprocess(split, outputs)
     scores = task.score(split, split_predictions)
     prefix = "" if name == "dev" else f"{name}/"
@@ -222,7 +236,7 @@ def predict_split_file(config, workdir, task, model, tokenizer, params, split_na
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.load_split(split_name, tokenizer)
-    outputs = predict_features(task, model, replicate(params, s), split.features, s)
+    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s)
     path = os.path.join(workdir, task.submission_name(split_name))
     if jax.process_index() == 0:
       os.makedirs(workdir, exist_ok=True)
@@ -297,7 +311,7 @@ def predict(config, workdir: str, args) -> None:
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.read_user_file(input_path, tokenizer)
-    outputs = predict_features(task, model, replicate(params, s), split.features, s)
+    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s)
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), output_path)
       print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

@@ -10,14 +10,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import jax.numpy as jnp
 import numpy as np
 
-from albert_jax.tasks import metrics
-from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
-                                    pack, stack_packed)
-from albert_jax.tasks.heads import SEQUENCE_CLASSIFICATION, HFHead, PooledClassifier
+from albert_jax.tasks.base import InputError, Split, TaskSettings
 from albert_jax.tasks.records import column, field, tsv_rows, user_records
+from albert_jax.tasks.sequence import SequenceClassificationTask
 
 _NLI = ("contradiction", "entailment", "neutral")
 _ENTAIL = ("entailment", "not_entailment")
@@ -80,19 +77,20 @@ def spec_for(task_name: str) -> GlueSpec:
   return SPECS[name]
 
 
-class GlueTask(Task):
+class GlueTask(SequenceClassificationTask):
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
     self.name = settings.task_name.lower()
     self.spec = spec_for(self.name)
     self.metric_name = self.spec.metric_name
+    self.metric_names = (self.metric_name, *_EXTRA_METRICS.get(self.name, ()))
     # MNLI: matched selects the checkpoint, mismatched is reported with it.
     self.eval_splits = tuple(s for s in self.spec.files if s.startswith("dev"))
 
   @property
-  def num_outputs(self) -> int:
-    return 1 if self.spec.is_regression else len(self.spec.labels)
+  def labels(self) -> tuple[str, ...] | None:
+    return self.spec.labels
 
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:
@@ -144,65 +142,7 @@ class GlueTask(Task):
                                   field(record, "text_b", path, line) if pair else None, None))
     return examples
 
-  def featurize(self, examples: list[GlueExample], tokenizer):
-    max_len = self.settings.max_seq_length
-    rows = []
-    for ex in examples:
-      a = tokenizer.encode(ex.text_a)
-      b = tokenizer.encode(ex.text_b) if ex.text_b is not None else None
-      if b is None:
-        a = a[:max_len - 2]
-      else:  # pop from the END of the longer segment (fine-tuning rule; pretraining trims either end)
-        while len(a) + len(b) > max_len - 3:
-          (a if len(a) > len(b) else b).pop()
-      rows.append(pack(a, b, tokenizer.cls_id, tokenizer.sep_id, max_len))
-    features = stack_packed(rows, (len(examples),))
-    if all(ex.label is not None for ex in examples):
-      features["label"] = np.asarray([ex.label for ex in examples],
-                                     np.float32 if self.spec.is_regression else np.int32)
-    return features, {}
-
-  # --- model ----------------------------------------------------------------------------------------------
-  def make_model(self, model_config):
-    return PooledClassifier(model_config, self.num_outputs, self.settings.classifier_dropout_prob)
-
-  @property
-  def hf_head(self) -> HFHead:
-    return HFHead(SEQUENCE_CLASSIFICATION, self.spec.labels)
-
-  def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-    shape = (batch_size, self.settings.max_seq_length)
-    return {"input_ids": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),
-            "token_type_ids": np.zeros(shape, np.int32),
-            "label": np.zeros(batch_size, np.float32 if self.spec.is_regression else np.int32)}
-
-  def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
-    logits = apply_model(model, params, batch, rng, deterministic)
-    if self.spec.is_regression:
-      loss = jnp.mean(jnp.square(logits[:, 0] - batch["label"]))
-      return loss, {"loss": loss, "mse": loss}
-    loss, acc = cross_entropy(logits, batch["label"])
-    return loss, {"loss": loss, "accuracy": acc}
-
-  def predict_step(self, model, params, batch):
-    return {"logits": apply_model(model, params, batch)}
-
   # --- outputs --------------------------------------------------------------------------------------------
-  def postprocess(self, split: Split, outputs) -> np.ndarray:
-    """One prediction per example: the class index, or the STS-B score."""
-    check_outputs(split, outputs)
-    logits = np.asarray(outputs["logits"])
-    return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
-
-  def score(self, split: Split, predictions) -> dict[str, float]:
-    labels = [ex.label for ex in split.examples]
-    if any(label is None for label in labels):
-      raise ValueError(f"split {split.name!r} ({split.path}) has no labels to score against.")
-    functions = {"accuracy": metrics.accuracy, "f1": metrics.f1_binary, "mcc": metrics.matthews_corrcoef,
-                 "pearson": metrics.pearson, "spearman": metrics.spearman}
-    names = (self.metric_name, *_EXTRA_METRICS.get(self.name, ()))
-    return {name: functions[name](labels, predictions) for name in names}
-
   def write_predictions(self, split: Split, predictions, path: str) -> None:
     """GLUE's submission format: header `index<TAB>prediction`, label names (STS-B: the score)."""
     with open(path, "w", encoding="utf-8") as f:

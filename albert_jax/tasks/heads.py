@@ -60,3 +60,17 @@ class SpanExtractor(nn.Module):
     sequence, _ = AlbertModel(self.config, name="albert")(input_ids, attention_mask, token_type_ids, deterministic)
     logits = dense(self.config, 2, ("embed", "classes"), "qa_outputs")(sequence).astype(jnp.float32)
     return logits[..., 0], logits[..., 1]
+
+
+class TokenClassifier(nn.Module):
+  """Every token's vector -> dropout -> dense(num_labels) (transformers' AlbertForTokenClassification)."""
+  config: ModelConfig
+  num_labels: int
+  dropout_rate: float = 0.1
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array,
+               deterministic: bool = True) -> jax.Array:
+    sequence, _ = AlbertModel(self.config, name="albert")(input_ids, attention_mask, token_type_ids, deterministic)
+    sequence = nn.Dropout(self.dropout_rate)(sequence, deterministic=deterministic)
+    return dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(sequence).astype(jnp.float32)
