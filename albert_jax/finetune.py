@@ -231,13 +231,15 @@ def _task_and_model(config):
   return task, tokenizer, model_config, task.build_model(model_config)
 
 
-def predict_split_file(config, workdir, task, model, tokenizer, params, split_name: str) -> str:
-  """Predictions for a whole split (e.g. the unlabelled test set) written into the workdir."""
+def predict_split_file(config, workdir, task, model, tokenizer, params, split_name: str,
+                       output: str | None = None) -> str:
+  """Predictions for a whole split (e.g. the unlabelled test set) written to `output`, by default into the workdir
+  under the benchmark's file name."""
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.load_split(split_name, tokenizer)
     outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s)
-    path = os.path.join(workdir, task.submission_name(split_name))
+    path = output or os.path.join(workdir, task.submission_name(split_name))
     if jax.process_index() == 0:
       os.makedirs(workdir, exist_ok=True)
       task.write_predictions(split, task.postprocess(split, outputs), path)
@@ -273,10 +275,12 @@ def train(config, workdir: str, args=None) -> None:
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
-  if os.path.exists(task.split_path("test")):
+  test_splits = [name for name in task.test_splits if os.path.exists(task.split_path(name))]
+  if test_splits:
     params = pretrained.load_pretrained(best["weights"])[1]
+  for name in test_splits:
     print(f"Test predictions (best checkpoint): "
-          f"{predict_split_file(config, workdir, task, model, tokenizer, params, 'test')}", flush=True)
+          f"{predict_split_file(config, workdir, task, model, tokenizer, params, name)}", flush=True)
   print(json.dumps(best), flush=True)
 
 
@@ -302,12 +306,18 @@ def evaluate(config, workdir: str, args=None) -> None:
 
 
 def predict(config, workdir: str, args) -> None:
-  """`--mode=predict`: the best (else latest) weights on the user's own file (`--input`), written to `--output`."""
+  """`--mode=predict`: the best (else latest) weights on the user's own file (`--input`), written to `--output`,
+  or on a named split of the task (`--split`), written to `--output` or the workdir under the benchmark's name."""
   input_path, output_path = args.input, args.output
-  if not input_path or not output_path:
-    raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH.")
+  if bool(args.split) == bool(input_path) or (input_path and not output_path):
+    raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
+                     "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
   task, tokenizer, _, model = _task_and_model(config)
   params, which = _trained_params(workdir)
+  if args.split:
+    path = predict_split_file(config, workdir, task, model, tokenizer, params, args.split, output_path)
+    print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)
+    return
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.read_user_file(input_path, tokenizer)

@@ -23,7 +23,8 @@ MODES: dict[str, Mode] = {
     "eval": Mode("score the workdir's weights: held-out MLM/sentence metrics (pretraining), dev splits with "
                  "predictions (fine-tuning); prints one JSON line",
                  "albert_jax.pretrain:evaluate_checkpoint", "albert_jax.finetune:evaluate"),
-    "predict": Mode("fine-tuned weights on your own file: --input=FILE --output=PATH",
+    "predict": Mode("fine-tuned weights on your own file: --input=FILE --output=PATH; or on a split of the task: "
+                    "--split=NAME (test, dev, test_mismatched, ax, ...) [--output=PATH]",
                     None, "albert_jax.finetune:predict"),
     "embed": Mode("one vector per line of a text file, from the backbone of the workdir's weights (else "
                   "init_checkpoint): --input=FILE --output=OUT.npy [--pooling=mean|pooled]",

@@ -141,6 +141,7 @@ class Task(abc.ABC):
   metric_name: str = "accuracy"
   higher_is_better: bool = True
   eval_splits: tuple[str, ...] = ("dev",)  # scored at every evaluation; the first one selects the checkpoint
+  test_splits: tuple[str, ...] = ("test",)  # predicted with the best checkpoint after training, where present
 
   def __init__(self, settings: TaskSettings):
     self.settings = settings

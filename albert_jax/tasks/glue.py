@@ -33,6 +33,7 @@ class GlueSpec:
   submission: dict[str, str]            # split -> file name the GLUE server expects
   metric_name: str = "accuracy"
   headerless_fields: int = 0            # train/dev files without a header (CoLA): their number of fields
+  companions: tuple[str, ...] = ()      # test-only tasks predicted with this task's model (MNLI: AX)
 
   @property
   def is_regression(self) -> bool:
@@ -51,7 +52,7 @@ SPECS: dict[str, GlueSpec] = {
     "mnli": GlueSpec("MNLI", _NLI, (8, 9, -1), (8, 9),
                      {"train": "train.tsv", "dev": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
                       "test": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv"},
-                     {"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"}),
+                     {"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"}, companions=("ax",)),
     "qnli": GlueSpec("QNLI", _ENTAIL, (1, 2, 3), (1, 2), _STANDARD, {"test": "QNLI.tsv"}),
     "rte": GlueSpec("RTE", _ENTAIL, (1, 2, 3), (1, 2), _STANDARD, {"test": "RTE.tsv"}),
     "wnli": GlueSpec("WNLI", _BINARY, (1, 2, 3), (1, 2), _STANDARD, {"test": "WNLI.tsv"}),
@@ -92,10 +93,31 @@ class GlueTask(SequenceClassificationTask):
   def labels(self) -> tuple[str, ...] | None:
     return self.spec.labels
 
+  @property
+  def test_splits(self) -> tuple[str, ...]:
+    """MNLI: matched, mismatched and AX (the diagnostic set, from the folder beside MNLI/)."""
+    return (*(s for s in self.spec.files if s.startswith("test")), *self.spec.companions)
+
+  def _companion(self, split: str) -> GlueTask | None:
+    """The test-only task named `split` (AX for MNLI), reading its own folder beside this task's."""
+    if split not in self.spec.companions:
+      return None
+    folder = os.path.join(os.path.dirname(os.path.normpath(self.settings.path)), SPECS[split].directory)
+    return GlueTask(dataclasses.replace(self.settings, task_name=split, path=folder))
+
+  def load_split(self, split: str, tokenizer) -> Split:
+    companion = self._companion(split)
+    if companion is None:
+      return super().load_split(split, tokenizer)
+    return dataclasses.replace(companion.load_split("test", tokenizer), name=split)
+
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:
+    if self._companion(split):
+      return self._companion(split).split_path("test")
     if split not in self.spec.files:
-      raise ValueError(f"GLUE {self.name} has no split {split!r}; choose one of {sorted(self.spec.files)}.")
+      raise ValueError(f"GLUE {self.name} has no split {split!r}; choose one of "
+                       f"{sorted([*self.spec.files, *self.spec.companions])}.")
     return os.path.join(self.settings.path, self.spec.files[split])
 
   def read_examples(self, path: str, labeled: bool) -> list[GlueExample]:
@@ -178,4 +200,6 @@ class GlueTask(SequenceClassificationTask):
     return np.asarray([by_guid[ex.guid] for ex in split.examples])
 
   def submission_name(self, split: str) -> str:
+    if self._companion(split):
+      return self._companion(split).submission_name("test")
     return self.spec.submission.get(split, f"{self.spec.directory}-{split}.tsv")
