@@ -26,8 +26,10 @@ class HFHead:
 SEQUENCE_CLASSIFICATION = "AlbertForSequenceClassification"
 QUESTION_ANSWERING = "AlbertForQuestionAnswering"
 MULTIPLE_CHOICE = "AlbertForMultipleChoice"
+TOKEN_CLASSIFICATION = "AlbertForTokenClassification"
 HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", MULTIPLE_CHOICE: "classifier",
-                  QUESTION_ANSWERING: "qa_outputs"}
+                  QUESTION_ANSWERING: "qa_outputs", TOKEN_CLASSIFICATION: "classifier"}
+NO_POOLER = (QUESTION_ANSWERING, TOKEN_CLASSIFICATION)  # HF builds these without the pooler
 
 
 class PooledClassifier(nn.Module):

@@ -25,7 +25,7 @@ import optax
 from albert_jax.tasks import metrics
 from albert_jax.tasks.base import InputError, Split, Task, apply_model, check_outputs, pack, read_text, stack_packed
 from albert_jax.tasks.classification import label_order
-from albert_jax.tasks.heads import TokenClassifier
+from albert_jax.tasks.heads import TOKEN_CLASSIFICATION, HFHead, TokenClassifier
 from albert_jax.tasks.records import field, user_records
 
 OUTSIDE = "O"
@@ -125,6 +125,10 @@ class TokenClassificationTask(Task):
   # --- model ----------------------------------------------------------------------------------------------
   def make_model(self, model_config):
     return TokenClassifier(model_config, len(self.labels), self.settings.classifier_dropout_prob)
+
+  @property
+  def hf_head(self) -> HFHead:
+    return HFHead(TOKEN_CLASSIFICATION, self.labels)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     shape = (batch_size, self.settings.max_seq_length)
