@@ -8,6 +8,7 @@ stays in `workdir/checkpoints/` (resumable like pretraining).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -54,14 +55,27 @@ class FeatureBatches:
     self.step = int(state["step"])
 
 
-def predict_features(task, model, params, features: dict[str, np.ndarray], s: engine.Setup) -> dict[str, np.ndarray]:
-  """Runs `task.predict_step` over every feature row in global batches (the last one padded, padding dropped)."""
-  predict = jax.jit(lambda p, b: task.predict_step(model, p, b), out_shardings=s.replicated)
+def prediction_split(split: engine.BatchSplit) -> engine.BatchSplit:
+  """Batches of prediction: `micro_batch` rows per data-parallel device (`train.micro_batch_size`, the memory of
+  one accumulation step of training), not the whole global batch at once."""
+  rows = split.micro_batch * split.data_parallel
+  if rows % split.process_count:
+    raise ValueError(f"train.micro_batch_size={split.micro_batch} x {split.data_parallel} data-parallel devices = "
+                     f"{rows} rows per prediction call do not divide over {split.process_count} processes; pick a "
+                     "micro batch that makes them divide.")
+  return dataclasses.replace(split, global_batch=rows, accumulation_steps=1)
+
+
+def predict_features(predict_fn: Callable, params, features: dict[str, np.ndarray],
+                     s: engine.Setup) -> dict[str, np.ndarray]:
+  """Runs `predict_fn(params, batch)` over every feature row in `prediction_split` batches (the last one padded,
+  padding dropped). A row's outputs do not depend on the rows beside it, so the micro batch changes no number."""
+  predict = jax.jit(predict_fn, out_shardings=s.replicated)
   num_rows = len(next(iter(features.values())))
-  global_batch = s.split.global_batch
+  split = prediction_split(s.split)
   outputs: dict[str, list[np.ndarray]] = {}
-  for start in range(0, num_rows, global_batch):
-    rows = s.split.local(np.arange(start, start + global_batch) % num_rows)  # wrap to pad the last batch
+  for start in range(0, num_rows, split.global_batch):
+    rows = split.local(np.arange(start, start + split.global_batch) % num_rows)  # wrap to pad the last batch
     batch = s.global_batch({k: v[rows] for k, v in features.items()})
     for name, value in jax.device_get(predict(params, batch)).items():
       outputs.setdefault(name, []).append(np.asarray(value))
@@ -119,7 +133,7 @@ def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Set
   """Scores every eval split; returns (flat metrics, {split: (split, predictions)})."""
   metrics, predictions = {}, {}
   for name, split in splits.items():
-    outputs = predict_features(task, model, params, split.features, s)
+    outputs = predict_features(task.predictor(model), params, split.features, s)
     split_predictions = task.postprocess(split, outputs)
     scores = task.score(split, split_predictions)
     prefix = "" if name == "dev" else f"{name}/"
@@ -159,12 +173,10 @@ def _check_init_function(config) -> None:
   a pretraining workdir) differs from config.model in a field that no weight shape shows."""
   path = config.init_checkpoint
   saved = None
-  if os.path.isfile(os.path.join(path, pretrained.CONFIG_FILE)):
-    with open(os.path.join(path, pretrained.CONFIG_FILE)) as f:
-      saved = json.load(f)
-  elif os.path.isfile(os.path.join(path, "config.json")):
-    with open(os.path.join(path, "config.json")) as f:
-      saved = json.load(f).get("model")
+  if storage.path(os.path.join(path, pretrained.CONFIG_FILE)).is_file():
+    saved = json.loads(storage.path(os.path.join(path, pretrained.CONFIG_FILE)).read_text())
+  elif storage.path(os.path.join(path, "config.json")).is_file():
+    saved = json.loads(storage.path(os.path.join(path, "config.json")).read_text()).get("model")
   diffs = {k: (saved[k], config.model[k]) for k in SHAPELESS_FIELDS
            if saved and k in saved and saved[k] != config.model[k]}
   if diffs:
@@ -209,13 +221,15 @@ def _task_and_model(config):
   return task, tokenizer, model_config, task.build_model(model_config)
 
 
-def predict_split_file(config, workdir, task, model, tokenizer, params, split_name: str) -> str:
-  """Predictions for a whole split (e.g. the unlabelled test set) written into the workdir."""
+def predict_split_file(config, workdir, task, model, tokenizer, params, split_name: str,
+                       output: str | None = None) -> str:
+  """Predictions for a whole split (e.g. the unlabelled test set) written to `output`, by default into the workdir
+  under the benchmark's file name."""
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.load_split(split_name, tokenizer)
-    outputs = predict_features(task, model, replicate(params, s), split.features, s)
-    path = os.path.join(workdir, task.submission_name(split_name))
+    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s)
+    path = output or os.path.join(workdir, task.submission_name(split_name))
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), path)
   return path
@@ -250,10 +264,12 @@ def train(config, workdir: str, args=None) -> None:
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
-  if storage.path(task.split_path("test")).exists():
+  test_splits = [name for name in task.test_splits if storage.path(task.split_path(name)).exists()]
+  if test_splits:
     params = pretrained.load_pretrained(best["weights"])[1]
+  for name in test_splits:
     print(f"Test predictions (best checkpoint): "
-          f"{predict_split_file(config, workdir, task, model, tokenizer, params, 'test')}", flush=True)
+          f"{predict_split_file(config, workdir, task, model, tokenizer, params, name)}", flush=True)
   print(json.dumps(best), flush=True)
 
 
@@ -279,16 +295,22 @@ def evaluate(config, workdir: str, args=None) -> None:
 
 
 def predict(config, workdir: str, args) -> None:
-  """`--mode=predict`: the best (else latest) weights on the user's own file (`--input`), written to `--output`."""
+  """`--mode=predict`: the best (else latest) weights on the user's own file (`--input`), written to `--output`,
+  or on a named split of the task (`--split`), written to `--output` or the workdir under the benchmark's name."""
   input_path, output_path = args.input, args.output
-  if not input_path or not output_path:
-    raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH.")
+  if bool(args.split) == bool(input_path) or (input_path and not output_path):
+    raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
+                     "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
   task, tokenizer, _, model = _task_and_model(config)
   params, which = _trained_params(workdir)
+  if args.split:
+    path = predict_split_file(config, workdir, task, model, tokenizer, params, args.split, output_path)
+    print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)
+    return
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.read_user_file(input_path, tokenizer)
-    outputs = predict_features(task, model, replicate(params, s), split.features, s)
+    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s)
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), output_path)
       print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

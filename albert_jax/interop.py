@@ -21,7 +21,8 @@ import safetensors.numpy
 from albert_jax import model as model_lib
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks import get_task
-from albert_jax.tasks.heads import HF_HEAD_PARAMS, MULTIPLE_CHOICE, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION, HFHead
+from albert_jax.tasks.heads import (HF_HEAD_PARAMS, MULTIPLE_CHOICE, NO_POOLER, QUESTION_ANSWERING,
+                                    SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, HFHead)
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -196,7 +197,7 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   for ours, key, transpose in name_map(c):
     if ours[0] != "albert" and ours[0] not in heads:
       continue
-    if key in _POOLER and key not in tensors and architecture == QUESTION_ANSWERING:
+    if key in _POOLER and key not in tensors and architecture in NO_POOLER:
       params[ours] = np.zeros(shapes[ours], np.float32)
       continue
     if key not in tensors:
@@ -262,7 +263,7 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
     raise ValueError(f"params have entries that the model config does not describe or that an HF ALBERT checkpoint "
                      f"has no place for: {sorted('/'.join(p) for p in flat)}.")
   if head is not None:
-    if head.architecture == QUESTION_ANSWERING:  # HF's QA model has no pooler
+    if head.architecture in NO_POOLER:  # HF's QA and token classification models have no pooler
       tensors = {k: v for k, v in tensors.items() if k not in _POOLER}
     tensors.update(head_tensors)
   architecture = (head.architecture if head is not None else "AlbertForPreTraining" if "sop_classifier" in heads
@@ -303,10 +304,11 @@ def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
   _check_shape(f"{name}.weight", (name, "kernel"), kernel.shape, (c.hidden_size, expected), "params")
   tensors = {f"{name}.weight": np.ascontiguousarray(kernel.T), f"{name}.bias": np.asarray(bias)}
   config: dict[str, Any] = {}
-  if head.architecture == SEQUENCE_CLASSIFICATION:
+  if head.architecture in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
     labels = head.labels or [f"LABEL_{i}" for i in range(outputs)]
-    config = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)},
-              "problem_type": "single_label_classification" if head.labels or outputs > 1 else "regression"}
+    config = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
+  if head.architecture == SEQUENCE_CLASSIFICATION:
+    config["problem_type"] = "single_label_classification" if head.labels or outputs > 1 else "regression"
   return head, tensors, config
 
 

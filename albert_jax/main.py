@@ -16,8 +16,12 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `file.py:arg`.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and the resolved config go.")
 flags.DEFINE_enum("mode", "train", list(runner.MODES), "What to run:\n" + runner.modes_help())
-flags.DEFINE_string("input", None, "--mode=predict: the user's TSV/JSONL file.")
-flags.DEFINE_string("output", None, "--mode=predict: where predictions are written.")
+flags.DEFINE_string("input", None, "--mode=predict: the user's TSV/JSONL file; --mode=embed: one text per line.")
+flags.DEFINE_string("output", None, "--mode=predict: where predictions are written; --mode=embed: the .npy file.")
+flags.DEFINE_enum("pooling", "mean", ["mean", "pooled"], "--mode=embed: mean of the last layer over the tokens, or "
+                  "the [CLS] pooler output.")
+flags.DEFINE_string("split", None, "--mode=predict: a named split of the task (test, dev, test_mismatched, ax, ...) "
+                    "instead of --input.")
 flags.DEFINE_string("topology", None, "--mode=compile: a Cloud TPU name (v3-256, v4-128, v5litepod-64, v5p-256, "
                     "v6e-64) or a JAX topology string (v3:8x16).")
 flags.DEFINE_integer("num_slices", 1, "--mode=compile: slices joined by the data-centre network (multislice).")
@@ -59,7 +63,8 @@ def main(argv) -> None:
     import jax
     jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip
   runner.run(config, FLAGS.workdir, FLAGS.mode, runner.RunArgs(
-      input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit))
+      input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit,
+      pooling=FLAGS.pooling, split=FLAGS.split))
 
 
 if __name__ == "__main__":

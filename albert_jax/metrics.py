@@ -48,8 +48,8 @@ class MetricWriter:
     elapsed = time.time() - self.start_time
     done = max(step - first_step, 1)
     eta = elapsed / done * (self.total_steps - step)
-    shown = " | ".join(f"{k} {metrics[k]:.4g}" for k in ("loss", "mlm_loss", "mlm_accuracy", "sop_accuracy",
-                                                            "nsp_accuracy", "accuracy", "learning_rate") if k in metrics)
+    keys = ("loss", "mlm_loss", "mlm_accuracy", "sop_accuracy", "nsp_accuracy", "accuracy", "learning_rate")
+    shown = " | ".join(f"{k} {metrics[k]:.4g}" for k in keys if k in metrics)
     rate = f"{metrics['tokens_per_sec']:,.0f} tok/s" if "tokens_per_sec" in metrics else ""
     mfu = f" | mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""
     print(f"step {step}/{self.total_steps} | {shown} | {rate}{mfu} | eta {_hms(eta)}", file=sys.stderr, flush=True)

@@ -23,8 +23,12 @@ MODES: dict[str, Mode] = {
     "eval": Mode("score the workdir's weights: held-out MLM/sentence metrics (pretraining), dev splits with "
                  "predictions (fine-tuning); prints one JSON line",
                  "albert_jax.pretrain:evaluate_checkpoint", "albert_jax.finetune:evaluate"),
-    "predict": Mode("fine-tuned weights on your own file: --input=FILE --output=PATH",
+    "predict": Mode("fine-tuned weights on your own file: --input=FILE --output=PATH; or on a split of the task: "
+                    "--split=NAME (test, dev, test_mismatched, ax, ...) [--output=PATH]",
                     None, "albert_jax.finetune:predict"),
+    "embed": Mode("one vector per line of a text file, from the backbone of the workdir's weights (else "
+                  "init_checkpoint): --input=FILE --output=OUT.npy [--pooling=mean|pooled]",
+                  "albert_jax.embed:embed", "albert_jax.embed:embed"),
     "compile": Mode("compile the exact train step for a TPU slice on this host (no TPU needed): memory per "
                     "device, headroom, collectives; --topology=v3-256 [--num_slices=2] [--fit]; exit 3 if it does "
                     "not fit", "albert_jax.tpu_compile:run", "albert_jax.tpu_compile:run", needs_workdir=False),
@@ -42,6 +46,8 @@ class RunArgs:
   topology: str | None = None
   num_slices: int = 1
   fit: bool = False
+  pooling: str = "mean"
+  split: str | None = None
 
 
 def modes_help() -> str:

@@ -196,3 +196,15 @@ def squad_config(size: str, version: int, data: str, spm_model: str) -> ml_colle
   # v2.0 ~5500 (130.3k questions -> ~132k windows; for the exact count use ceil(2 * windows / 48)).
   steps = 3649 if version == 1 else 5500
   return set_recipe(c, 5e-5, steps // 10, steps, 48, eval_every=steps)
+
+
+def own_data_config(size: str, task: str, data: str, spm_model: str, max_seq_length: int, learning_rate: float,
+                    batch: int, labels: str = "", **data_fields) -> ml_collections.ConfigDict:
+  """Your own data (classification, token_classification, multiple_choice): transformers' example defaults
+  rather than a paper recipe. 1000 steps with 10% warmup, dev scored every 100: set train.num_train_steps to
+  about 3 epochs of your train file (examples / batch × 3). `labels` is "a|b|c" (empty: from the train file)."""
+  c = finetuning_config(size, task, data=data, spm_model=spm_model)
+  c.data.max_seq_length = max_seq_length
+  c.data.labels = tuple(filter(None, labels.split("|")))
+  c.data.update(data_fields)
+  return set_recipe(c, learning_rate, 100, 1000, batch, eval_every=100)

@@ -188,18 +188,38 @@ def test_warm_start_from_pretraining_then_ax_predictions_with_the_mnli_model(sha
   pre = cli("experiments/pretrain_tiny.py:synthetic", tmp_path / "pre", "--config.model.vocab_size=30000",
             "--config.model.hidden_size=64", "--config.model.intermediate_size=256",
             "--config.model.num_hidden_layers=2", "--config.train.num_train_steps=2", "--config.data.max_seq_length=64",
-            "--config.train.global_batch_size=4", "--config.train.eval_every=0", "--config.checkpoint.every=2")
+            "--config.train.global_batch_size=4", "--config.train.eval_every=0", "--config.checkpoint.every=2",
+            "--config.train.warmup_steps=1")
   assert pre.returncode == 0, pre.stderr
   root = glue_data(shared_data, "mnli", tmp_path / "glue")
-  overrides = [o for o in TINY_RUN if "allow_random_init" not in o]
-  mnli = cli(f"experiments/glue.py:task=mnli,size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "mnli",
-             *overrides, f"--config.init_checkpoint={tmp_path / 'pre'}")
-  assert mnli.returncode == 0, mnli.stderr
-  assert "Warm start from" in mnli.stdout and "albert/" not in mnli.stdout.split("freshly initialised:")[1].split("\n")[0]
-  (root / "diagnostic").mkdir()
+  test_rows = lambda count: [(i, i, f"{i}t", "fiction", *["()"] * 4, a, b)
+                             for i, (a, b, _) in enumerate(rte_pairs(shared_data, count))]
+  test_header = ("index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+                 "sentence1_parse", "sentence2_parse", "sentence1", "sentence2")
+  write_tsv(root / "MNLI" / "test_matched.tsv", test_header, test_rows(3))
+  write_tsv(root / "MNLI" / "test_mismatched.tsv", test_header, test_rows(4))
   write_tsv(root / "diagnostic" / "diagnostic.tsv", ("index", "sentence1", "sentence2"),
             [(i, a, b) for i, (a, b, _) in enumerate(rte_pairs(shared_data, 5))])
+  overrides = [o for o in TINY_RUN if "allow_random_init" not in o]
+  mnli_config = f"experiments/glue.py:task=mnli,size=tiny,data={root},spm={spm(shared_data)}"
+  mnli = cli(mnli_config, tmp_path / "mnli", *overrides, f"--config.init_checkpoint={tmp_path / 'pre'}")
+  assert mnli.returncode == 0, mnli.stderr
+  assert "Warm start from" in mnli.stdout and "albert/" not in mnli.stdout.split("freshly initialised:")[1].split("\n")[0]
+  # The MNLI run predicts matched, mismatched and AX; dev_mismatched is scored and written next to dev.
+  assert [len((tmp_path / "mnli" / name).read_text().splitlines()) for name in ("MNLI-m.tsv", "MNLI-mm.tsv",
+                                                                                 "AX.tsv")] == [4, 5, 6]
   best = json.load(open(tmp_path / "mnli" / "best" / "best.json"))
+  assert "dev_mismatched/accuracy" in best["metrics"]
+  assert (Path(best["weights"]) / "dev_mismatched_predictions").exists()
+  split = cli(mnli_config, tmp_path / "mnli", *overrides, mode="predict",
+              extra=["--split=dev_mismatched", f"--output={tmp_path / 'mm.tsv'}"])
+  assert split.returncode == 0, split.stderr
+  assert len((tmp_path / "mm.tsv").read_text().splitlines()) == 1 + 24
+  submission = subprocess.run([sys.executable, "-m", "albert_jax.glue_submission", "--runs", str(tmp_path / "mnli"),
+                               "--out", str(tmp_path / "submission"), "--allow_partial", "--no_check_counts"],
+                              cwd=REPO, capture_output=True, text=True)
+  assert submission.returncode == 0, submission.stderr
+  assert sorted(p.name for p in (tmp_path / "submission").iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
   ax = cli(f"experiments/glue.py:task=ax,size=tiny,data={root},spm={spm(shared_data)}", tmp_path / "ax",
            *overrides, "--config.train.num_train_steps=0", f"--config.init_checkpoint={best['weights']}")
   assert ax.returncode == 0, ax.stderr

@@ -17,8 +17,8 @@ import safetensors.numpy  # noqa: E402
 from albert_jax import convert, interop, pretrained  # noqa: E402
 from albert_jax import model as model_lib  # noqa: E402
 from albert_jax.model_config import ModelConfig  # noqa: E402
-from albert_jax.tasks.heads import PooledClassifier, SpanExtractor  # noqa: E402
-from experiments import glue, race, squad_v1  # noqa: E402
+from albert_jax.tasks.heads import PooledClassifier, SpanExtractor, TokenClassifier  # noqa: E402
+from experiments import glue, race, squad_v1, token_classification  # noqa: E402
 
 pytestmark = pytest.mark.hf
 REPO = Path(__file__).resolve().parents[1]
@@ -265,6 +265,8 @@ FINETUNED = {  # task -> (experiment config, HF class, our model)
               lambda c: PooledClassifier(c, 1)),
     "squad": (lambda: squad_v1.get_config("size=tiny"), "AlbertForQuestionAnswering", SpanExtractor),
     "race": (lambda: race.get_config("size=tiny"), "AlbertForMultipleChoice", lambda c: PooledClassifier(c, 1)),
+    "ner": (lambda: token_classification.get_config("size=tiny,labels=B-X|I-X|O"), "AlbertForTokenClassification",
+            lambda c: TokenClassifier(c, 3)),
 }
 
 
@@ -295,7 +297,9 @@ def task_logits(task, model, params, inputs) -> np.ndarray:
 
 def hf_task_logits(task, model, inputs) -> np.ndarray:
   out = hf_forward(model, *inputs)
-  return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1) if task == "squad" else out.logits.numpy()
+  if task == "squad":
+    return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1)
+  return out.logits.numpy().reshape(len(inputs[0]), -1)
 
 
 @pytest.mark.parametrize("task", sorted(FINETUNED))
@@ -312,6 +316,8 @@ def test_finetuned_best_checkpoint_exports_to_its_hf_class_and_back(task, tmp_pa
     assert hf_config["id2label"] == {"0": "entailment", "1": "not_entailment"}
   if task == "sts-b":
     assert hf_config["problem_type"] == "regression"
+  if task == "ner":
+    assert hf_config["id2label"] == {"0": "B-X", "1": "I-X", "2": "O"}
   hf, info = getattr(transformers, FINETUNED[task][1]).from_pretrained(tmp_path / "hf", output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"]
   inputs = task_inputs(task)
@@ -322,7 +328,7 @@ def test_finetuned_best_checkpoint_exports_to_its_hf_class_and_back(task, tmp_pa
 
   loaded_config, loaded = interop.load_hf(tmp_path / "hf")  # and back: HF's head is ours again
   assert loaded_config == config.replace(embedding_projection=True)  # HF always has the E->H projection
-  if task == "squad":  # HF's QA model has no pooler; span heads do not use it
+  if task in ("squad", "ner"):  # HF's QA and token models have no pooler; their heads do not use it
     assert not np.any(loaded["albert"]["pooler"]["kernel"])
     loaded["albert"]["pooler"] = params["albert"]["pooler"]
   jax.tree.map(np.testing.assert_array_equal, loaded, params)

@@ -101,7 +101,7 @@ def read_text(path: str) -> str:
 class TaskSettings:
   """What a task reads of an experiment config, typed. Defaults are the original's recipes (run_squad_v1/v2,
   run_race), so a task can be built for scoring alone (`albert_jax.evaluate`) without an experiment file."""
-  task: str                               # "glue" | "squad_v1" | "squad_v2" | "race"
+  task: str                               # "glue" | "squad_v1" | "squad_v2" | "race" | your own data's tasks
   task_name: str = ""                     # GLUE's sub-task, e.g. "sst-2"
   path: str = ""                          # the task's data folder
   max_seq_length: int = 512
@@ -111,7 +111,15 @@ class TaskSettings:
   max_answer_length: int = 30             # SQuAD: longest predicted answer, in tokens
   n_best_size: int = 20                   # SQuAD: start and end candidates per window
   null_score_diff_threshold: float = 0.0  # SQuAD v2: answer "" when null_odds > this
-  max_qa_length: int = 128                # RACE: question + option tokens kept (the last ones)
+  max_qa_length: int = 128                # RACE, multiple_choice: question + option tokens kept (the last ones)
+  # Your own data (classification, token_classification, multiple_choice):
+  text_column: str = "text"               # classification: the (first) text's column / JSON field
+  text_pair_column: str = ""              # classification: the second text's column; "" = single text
+  label_column: str = "label"             # classification: the label's column
+  id_column: str = ""                     # classification: an id column kept in predictions; "" = row number
+  labels: tuple[str, ...] = ()            # class or tag names in output order; () = sorted set of the train file's
+  regression: bool = False                # classification: one float output (MSE) instead of classes
+  num_choices: int = 4                    # multiple_choice: options per question (fewer are padded and masked)
 
   @classmethod
   def from_config(cls, config) -> "TaskSettings":
@@ -119,6 +127,7 @@ class TaskSettings:
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: config[k] for k in ("task", "task_name", "classifier_dropout_prob") if k in config}
     values.update({k: v for k, v in config.data.items() if k in names})
+    values["labels"] = tuple(values.get("labels", ()))
     return cls(**values)
 
 
@@ -132,6 +141,7 @@ class Task(abc.ABC):
   metric_name: str = "accuracy"
   higher_is_better: bool = True
   eval_splits: tuple[str, ...] = ("dev",)  # scored at every evaluation; the first one selects the checkpoint
+  test_splits: tuple[str, ...] = ("test",)  # predicted with the best checkpoint after training, where present
 
   def __init__(self, settings: TaskSettings):
     self.settings = settings
@@ -197,6 +207,10 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def predict_step(self, model, params, batch) -> dict[str, jax.Array]:
     ...
+
+  def predictor(self, model):
+    """`predict_step` as a function of (params, batch), what `finetune.predict_features` runs."""
+    return lambda params, batch: self.predict_step(model, params, batch)
 
   # --- outputs --------------------------------------------------------------------------------------------
   @abc.abstractmethod

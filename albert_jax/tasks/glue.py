@@ -10,15 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.tasks import metrics
-from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
-                                    pack, stack_packed)
-from albert_jax.tasks.heads import SEQUENCE_CLASSIFICATION, HFHead, PooledClassifier
+from albert_jax.tasks.base import InputError, Split, TaskSettings
 from albert_jax.tasks.records import column, field, tsv_rows, user_records
+from albert_jax.tasks.sequence import SequenceClassificationTask
 
 _NLI = ("contradiction", "entailment", "neutral")
 _ENTAIL = ("entailment", "not_entailment")
@@ -37,6 +34,7 @@ class GlueSpec:
   submission: dict[str, str]            # split -> file name the GLUE server expects
   metric_name: str = "accuracy"
   headerless_fields: int = 0            # train/dev files without a header (CoLA): their number of fields
+  companions: tuple[str, ...] = ()      # test-only tasks predicted with this task's model (MNLI: AX)
 
   @property
   def is_regression(self) -> bool:
@@ -55,7 +53,7 @@ SPECS: dict[str, GlueSpec] = {
     "mnli": GlueSpec("MNLI", _NLI, (8, 9, -1), (8, 9),
                      {"train": "train.tsv", "dev": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
                       "test": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv"},
-                     {"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"}),
+                     {"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"}, companions=("ax",)),
     "qnli": GlueSpec("QNLI", _ENTAIL, (1, 2, 3), (1, 2), _STANDARD, {"test": "QNLI.tsv"}),
     "rte": GlueSpec("RTE", _ENTAIL, (1, 2, 3), (1, 2), _STANDARD, {"test": "RTE.tsv"}),
     "wnli": GlueSpec("WNLI", _BINARY, (1, 2, 3), (1, 2), _STANDARD, {"test": "WNLI.tsv"}),
@@ -81,24 +79,46 @@ def spec_for(task_name: str) -> GlueSpec:
   return SPECS[name]
 
 
-class GlueTask(Task):
+class GlueTask(SequenceClassificationTask):
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
     self.name = settings.task_name.lower()
     self.spec = spec_for(self.name)
     self.metric_name = self.spec.metric_name
+    self.metric_names = (self.metric_name, *_EXTRA_METRICS.get(self.name, ()))
     # MNLI: matched selects the checkpoint, mismatched is reported with it.
     self.eval_splits = tuple(s for s in self.spec.files if s.startswith("dev"))
 
   @property
-  def num_outputs(self) -> int:
-    return 1 if self.spec.is_regression else len(self.spec.labels)
+  def labels(self) -> tuple[str, ...] | None:
+    return self.spec.labels
+
+  @property
+  def test_splits(self) -> tuple[str, ...]:
+    """MNLI: matched, mismatched and AX (the diagnostic set, from the folder beside MNLI/)."""
+    return (*(s for s in self.spec.files if s.startswith("test")), *self.spec.companions)
+
+  def _companion(self, split: str) -> GlueTask | None:
+    """The test-only task named `split` (AX for MNLI), reading its own folder beside this task's."""
+    if split not in self.spec.companions:
+      return None
+    folder = os.path.join(os.path.dirname(os.path.normpath(self.settings.path)), SPECS[split].directory)
+    return GlueTask(dataclasses.replace(self.settings, task_name=split, path=folder))
+
+  def load_split(self, split: str, tokenizer) -> Split:
+    companion = self._companion(split)
+    if companion is None:
+      return super().load_split(split, tokenizer)
+    return dataclasses.replace(companion.load_split("test", tokenizer), name=split)
 
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:
+    if self._companion(split):
+      return self._companion(split).split_path("test")
     if split not in self.spec.files:
-      raise ValueError(f"GLUE {self.name} has no split {split!r}; choose one of {sorted(self.spec.files)}.")
+      raise ValueError(f"GLUE {self.name} has no split {split!r}; choose one of "
+                       f"{sorted([*self.spec.files, *self.spec.companions])}.")
     return os.path.join(self.settings.path, self.spec.files[split])
 
   def read_examples(self, path: str, labeled: bool) -> list[GlueExample]:
@@ -145,65 +165,7 @@ class GlueTask(Task):
                                   field(record, "text_b", path, line) if pair else None, None))
     return examples
 
-  def featurize(self, examples: list[GlueExample], tokenizer):
-    max_len = self.settings.max_seq_length
-    rows = []
-    for ex in examples:
-      a = tokenizer.encode(ex.text_a)
-      b = tokenizer.encode(ex.text_b) if ex.text_b is not None else None
-      if b is None:
-        a = a[:max_len - 2]
-      else:  # pop from the END of the longer segment (fine-tuning rule; pretraining trims either end)
-        while len(a) + len(b) > max_len - 3:
-          (a if len(a) > len(b) else b).pop()
-      rows.append(pack(a, b, tokenizer.cls_id, tokenizer.sep_id, max_len))
-    features = stack_packed(rows, (len(examples),))
-    if all(ex.label is not None for ex in examples):
-      features["label"] = np.asarray([ex.label for ex in examples],
-                                     np.float32 if self.spec.is_regression else np.int32)
-    return features, {}
-
-  # --- model ----------------------------------------------------------------------------------------------
-  def make_model(self, model_config):
-    return PooledClassifier(model_config, self.num_outputs, self.settings.classifier_dropout_prob)
-
-  @property
-  def hf_head(self) -> HFHead:
-    return HFHead(SEQUENCE_CLASSIFICATION, self.spec.labels)
-
-  def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-    shape = (batch_size, self.settings.max_seq_length)
-    return {"input_ids": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),
-            "token_type_ids": np.zeros(shape, np.int32),
-            "label": np.zeros(batch_size, np.float32 if self.spec.is_regression else np.int32)}
-
-  def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
-    logits = apply_model(model, params, batch, rng, deterministic)
-    if self.spec.is_regression:
-      loss = jnp.mean(jnp.square(logits[:, 0] - batch["label"]))
-      return loss, {"loss": loss, "mse": loss}
-    loss, acc = cross_entropy(logits, batch["label"])
-    return loss, {"loss": loss, "accuracy": acc}
-
-  def predict_step(self, model, params, batch):
-    return {"logits": apply_model(model, params, batch)}
-
   # --- outputs --------------------------------------------------------------------------------------------
-  def postprocess(self, split: Split, outputs) -> np.ndarray:
-    """One prediction per example: the class index, or the STS-B score."""
-    check_outputs(split, outputs)
-    logits = np.asarray(outputs["logits"])
-    return logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
-
-  def score(self, split: Split, predictions) -> dict[str, float]:
-    labels = [ex.label for ex in split.examples]
-    if any(label is None for label in labels):
-      raise ValueError(f"split {split.name!r} ({split.path}) has no labels to score against.")
-    functions = {"accuracy": metrics.accuracy, "f1": metrics.f1_binary, "mcc": metrics.matthews_corrcoef,
-                 "pearson": metrics.pearson, "spearman": metrics.spearman}
-    names = (self.metric_name, *_EXTRA_METRICS.get(self.name, ()))
-    return {name: functions[name](labels, predictions) for name in names}
-
   def write_predictions(self, split: Split, predictions, path: str) -> None:
     """GLUE's submission format: header `index<TAB>prediction`, label names (STS-B: the score)."""
     values = [f"{float(p):.6f}" if self.spec.is_regression else self.spec.labels[int(p)] for p in predictions]
@@ -237,4 +199,6 @@ class GlueTask(Task):
     return np.asarray([by_guid[ex.guid] for ex in split.examples])
 
   def submission_name(self, split: str) -> str:
+    if self._companion(split):
+      return self._companion(split).submission_name("test")
     return self.spec.submission.get(split, f"{self.spec.directory}-{split}.tsv")

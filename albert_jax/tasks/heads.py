@@ -26,8 +26,10 @@ class HFHead:
 SEQUENCE_CLASSIFICATION = "AlbertForSequenceClassification"
 QUESTION_ANSWERING = "AlbertForQuestionAnswering"
 MULTIPLE_CHOICE = "AlbertForMultipleChoice"
+TOKEN_CLASSIFICATION = "AlbertForTokenClassification"
 HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", MULTIPLE_CHOICE: "classifier",
-                  QUESTION_ANSWERING: "qa_outputs"}
+                  QUESTION_ANSWERING: "qa_outputs", TOKEN_CLASSIFICATION: "classifier"}
+NO_POOLER = (QUESTION_ANSWERING, TOKEN_CLASSIFICATION)  # HF builds these without the pooler
 
 
 class PooledClassifier(nn.Module):
@@ -60,3 +62,17 @@ class SpanExtractor(nn.Module):
     sequence, _ = AlbertModel(self.config, name="albert")(input_ids, attention_mask, token_type_ids, deterministic)
     logits = dense(self.config, 2, ("embed", "classes"), "qa_outputs")(sequence).astype(jnp.float32)
     return logits[..., 0], logits[..., 1]
+
+
+class TokenClassifier(nn.Module):
+  """Every token's vector -> dropout -> dense(num_labels) (transformers' AlbertForTokenClassification)."""
+  config: ModelConfig
+  num_labels: int
+  dropout_rate: float = 0.1
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array,
+               deterministic: bool = True) -> jax.Array:
+    sequence, _ = AlbertModel(self.config, name="albert")(input_ids, attention_mask, token_type_ids, deterministic)
+    sequence = nn.Dropout(self.dropout_rate)(sequence, deterministic=deterministic)
+    return dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(sequence).astype(jnp.float32)

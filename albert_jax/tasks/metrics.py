@@ -1,8 +1,11 @@
-"""GLUE's metrics, written out in NumPy so scoring needs no scikit-learn/scipy (tests compare against them).
+"""Classification, regression and entity metrics, written out in NumPy so scoring needs no scikit-learn, scipy
+or seqeval (tests compare against them or against hand counts).
 
 Definitions as GLUE reports them: accuracy; F1 of the positive class (MRPC, QQP); Matthews correlation in
 its multi-class form (Gorodkin 2004, = the binary phi coefficient; 0 when undefined, as scikit-learn); Pearson
-and Spearman (Pearson of average ranks, ties share their mean rank) for STS-B.
+and Spearman (Pearson of average ranks, ties share their mean rank) for STS-B. Macro F1 as scikit-learn's
+`average="macro"` over the classes seen in labels or predictions. Entities as seqeval's default mode (the
+conlleval rules), micro-averaged over entity types.
 """
 from __future__ import annotations
 
@@ -51,3 +54,62 @@ def average_ranks(x) -> np.ndarray:
 
 def spearman(x, y) -> float:
   return pearson(average_ranks(x), average_ranks(y))
+
+
+def macro_f1(labels, predictions) -> float:
+  labels, predictions = np.asarray(labels), np.asarray(predictions)
+  scores = []
+  for c in np.unique(np.concatenate([labels, predictions])):
+    tp = np.sum((labels == c) & (predictions == c))
+    denominator = np.sum(labels == c) + np.sum(predictions == c)
+    scores.append(2 * tp / denominator)
+  return float(np.mean(scores))
+
+
+def mse(labels, predictions) -> float:
+  return float(np.mean(np.square(np.asarray(labels, np.float64) - np.asarray(predictions, np.float64))))
+
+
+BY_NAME = {"accuracy": accuracy, "f1": f1_binary, "macro_f1": macro_f1, "mcc": matthews_corrcoef, "pearson": pearson,
+           "spearman": spearman, "mse": mse}
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+  """"B-PER" -> ("B", "PER"); "O" -> ("O", "_"); a bare "PER" -> ("P", "ER"), as seqeval reads it."""
+  return tag[:1], tag[1:].split("-", maxsplit=1)[-1] or "_"
+
+
+def _chunk_ends(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
+  return (prev_tag in ("E", "S") or (prev_tag in ("B", "I") and tag in ("B", "S", "O"))
+          or (prev_tag not in ("O", ".") and prev_type != type_))
+
+
+def _chunk_starts(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
+  return (tag in ("B", "S") or (prev_tag in ("E", "S", "O") and tag in ("E", "I"))
+          or (tag not in ("O", ".") and prev_type != type_))
+
+
+def entities(tags: list[str]) -> set[tuple[str, int, int]]:
+  """(type, first, last) of every chunk in one sentence's IOB1/IOB2/IOE/IOBES tags (seqeval's `get_entities`)."""
+  chunks, prev_tag, prev_type, begin = set(), "O", "", 0
+  for i, tag in enumerate([*tags, "O"]):
+    tag, type_ = _split_tag(tag)
+    if _chunk_ends(prev_tag, tag, prev_type, type_):
+      chunks.add((prev_type, begin, i - 1))
+    if _chunk_starts(prev_tag, tag, prev_type, type_):
+      begin = i
+    prev_tag, prev_type = tag, type_
+  return chunks
+
+
+def entity_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, float]:
+  """Micro precision, recall and F1 over entities (an entity counts only with its exact type and span), and the
+  accuracy over words; the numbers of seqeval's `classification_report` "micro avg" row and `accuracy_score`."""
+  true = {(s, *e) for s, tags in enumerate(gold) for e in entities(tags)}
+  pred = {(s, *e) for s, tags in enumerate(predicted) for e in entities(tags)}
+  correct = len(true & pred)
+  precision = correct / len(pred) if pred else 0.0
+  recall = correct / len(true) if true else 0.0
+  f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+  words = [g == p for gs, ps in zip(gold, predicted, strict=True) for g, p in zip(gs, ps, strict=True)]
+  return {"f1": f1, "precision": precision, "recall": recall, "accuracy": float(np.mean(words)) if words else 0.0}

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
@@ -40,6 +41,9 @@ def qa_text(question: str, option: str) -> str:
 
 
 class RaceTask(Task):
+  """Also the base of `multiple_choice`, which reads other files and may have other option counts: examples with
+  fewer than `num_choices` options are padded with empty ones that `choice_mask` removes from the softmax."""
+  num_choices = len(LETTERS)
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
@@ -102,14 +106,20 @@ class RaceTask(Task):
       if ex.article not in articles:  # a passage has several questions: tokenize it once
         articles[ex.article] = tokenizer.encode(ex.article)
       article = articles[ex.article]
-      for option in ex.options:
-        qa = tokenizer.encode(qa_text(ex.question, option))[-d.max_qa_length:]
+      for option in ex.options + [""] * (self.num_choices - len(ex.options)):
+        qa = tokenizer.encode(self.choice_text(ex.question, option))[-d.max_qa_length:]
         rows.append(pack(article[:d.max_seq_length - len(qa) - 3], qa, tokenizer.cls_id, tokenizer.sep_id,
                          d.max_seq_length))
-    features = stack_packed(rows, (len(examples), len(LETTERS)))
+    features = stack_packed(rows, (len(examples), self.num_choices))
+    features["choice_mask"] = np.asarray([[i < len(ex.options) for i in range(self.num_choices)]
+                                          for ex in examples], np.int32)
     if all(ex.label is not None for ex in examples):
       features["label"] = np.asarray([ex.label for ex in examples], np.int32)
     return features, {}
+
+  @staticmethod
+  def choice_text(question: str, option: str) -> str:
+    return qa_text(question, option)
 
   # --- model ----------------------------------------------------------------------------------------------
   def make_model(self, model_config):
@@ -118,16 +128,23 @@ class RaceTask(Task):
   hf_head = HFHead(MULTIPLE_CHOICE)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-    shape = (batch_size, len(LETTERS), self.settings.max_seq_length)
+    shape = (batch_size, self.num_choices, self.settings.max_seq_length)
     return {"input_ids": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),
-            "token_type_ids": np.zeros(shape, np.int32), "label": np.zeros(batch_size, np.int32)}
+            "token_type_ids": np.zeros(shape, np.int32), "label": np.zeros(batch_size, np.int32),
+            "choice_mask": np.ones((batch_size, self.num_choices), np.int32)}
+
+  @staticmethod
+  def choice_logits(model, params, batch, rng=None, deterministic: bool = True):
+    """One score per option [B, num_choices]; padded options get -1e9 (probability 0 in float32, finite gradients)."""
+    logits = apply_model(model, params, batch, rng, deterministic)[..., 0]
+    return jnp.where(batch["choice_mask"] > 0, logits, -1e9)
 
   def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
-    loss, acc = cross_entropy(apply_model(model, params, batch, rng, deterministic)[..., 0], batch["label"])
+    loss, acc = cross_entropy(self.choice_logits(model, params, batch, rng, deterministic), batch["label"])
     return loss, {"loss": loss, "accuracy": acc}
 
   def predict_step(self, model, params, batch):
-    return {"logits": apply_model(model, params, batch)[..., 0]}
+    return {"logits": self.choice_logits(model, params, batch)}
 
   # --- outputs --------------------------------------------------------------------------------------------
   def postprocess(self, split: Split, outputs) -> dict[str, str]:

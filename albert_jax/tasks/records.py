@@ -2,6 +2,8 @@
 can point at the file and line that caused it."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 from typing import Any, Iterator
 
@@ -25,7 +27,11 @@ def column(fields: list[str], index: int, path: str, line: int) -> str:
 
 
 def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-  """A user's prediction input: JSON lines (`.jsonl`/`.json`) or a TSV whose header names the fields."""
+  """A user's own file: JSON lines (`.jsonl`/`.json`), a CSV (`.csv`, quoted as spreadsheets write it) or a TSV
+  (anything else: tabs only, no quoting), each with a header that names the fields."""
+  if path.endswith(".csv"):
+    yield from csv_records(path)
+    return
   if path.endswith((".jsonl", ".json")):
     for number, line in enumerate(read_text(path).split("\n"), start=1):
       if line.strip():
@@ -44,6 +50,21 @@ def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
       raise InputError(path, number, f"{len(fields)} field(s) but the header (line {header_line}) has "
                                      f"{len(header)}: {header}")
     yield number, dict(zip(header, fields))
+
+
+def csv_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+  reader = csv.reader(io.StringIO(read_text(path), newline=""))
+  try:
+    header = next(reader, [])
+    for fields in reader:
+      if not any(f.strip() for f in fields):
+        continue
+      if len(fields) != len(header):
+        raise InputError(path, reader.line_num, f"{len(fields)} comma-separated field(s) but the header has "
+                                                f"{len(header)}: {header}; quote fields that contain commas.")
+      yield reader.line_num, dict(zip(header, fields))
+  except csv.Error as e:
+    raise InputError(path, reader.line_num, f"not a CSV row ({e})") from None
 
 
 def read_id_map(path: str, what: str, valid) -> dict[str, Any]:
@@ -82,5 +103,6 @@ def field(record: dict[str, Any], key: str, path: str, line: int, kind=str):
   if key not in record:
     raise InputError(path, line, f"missing field {key!r} (have {sorted(record)})")
   if not isinstance(record[key], kind):
-    raise InputError(path, line, f"field {key!r} should be {kind.__name__}, got {type(record[key]).__name__}")
+    expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+    raise InputError(path, line, f"field {key!r} should be {expected}, got {type(record[key]).__name__}")
   return record[key]

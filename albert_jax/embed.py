@@ -1,0 +1,81 @@
+"""`--mode=embed --input=TEXTS --output=OUT.npy [--pooling=mean|pooled]`: one vector per line of a text file.
+
+The backbone of the workdir's weights (fine-tuning: best, else latest; pretraining: latest), or of
+`config.init_checkpoint` when the workdir has none (a converted or pretraining checkpoint used as it is). Each
+line is one text, `[CLS] text [SEP]` cut to `data.max_seq_length`; row i of the float32 array [lines, hidden]
+is line i (blank lines included, so rows and line numbers agree). `pooled`: the [CLS] pooler output (tanh dense,
+what the sentence heads see); `mean`: the mean of the last layer's vectors over the attention mask, special
+tokens included (sentence-transformers' mean pooling).
+"""
+from __future__ import annotations
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from albert_jax import checkpointing, engine, finetune, pretrain, pretrained, storage
+from albert_jax.model import AlbertModel
+from albert_jax.model_config import model_config_from
+from albert_jax.tasks import get_task, make_tokenizer
+from albert_jax.tasks.base import model_inputs, read_text, stack_packed
+from albert_jax.tasks.sequence import pack_text
+
+POOLINGS = ("mean", "pooled")
+
+
+def embed_fn(model: AlbertModel, pooling: str):
+  def embed(params, batch):
+    sequence, pooled = model.apply({"params": params}, **model_inputs(batch), deterministic=True)
+    if pooling == "pooled":
+      return {"embedding": pooled.astype(jnp.float32)}
+    mask = batch["attention_mask"][..., None].astype(jnp.float32)
+    return {"embedding": (sequence.astype(jnp.float32) * mask).sum(1) / jnp.maximum(mask.sum(1), 1.0)}
+  return embed
+
+
+def _weights(config, workdir: str):
+  if finetune.read_best(workdir) or storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
+    return finetune._trained_params(workdir) if config.task != "pretrain" else (
+        pretrained.load_init_params(workdir), "latest checkpoint")
+  if config.init_checkpoint:
+    return pretrained.load_init_params(config.init_checkpoint), f"init_checkpoint {config.init_checkpoint}"
+  raise ValueError(f"No weights to embed with: {workdir} has no checkpoints and config.init_checkpoint is empty; "
+                   "pass --workdir of a training run or --config.init_checkpoint=DIR (an albert_jax.convert output).")
+
+
+def _job(config) -> engine.Job:
+  """The config's own job: `engine.setup` takes mesh, batch split and shardings from it as training does."""
+  if config.task == "pretrain":
+    return pretrain.make_job(config)
+  task = get_task(config)
+  return finetune.make_job(config, task, task.build_model(model_config_from(config)))
+
+
+def embed(config, workdir: str, args) -> None:
+  if not args.input or not args.output:
+    raise ValueError("--mode=embed needs --input=FILE (one text per line) and --output=PATH.npy.")
+  if args.pooling not in POOLINGS:
+    raise ValueError(f"--pooling={args.pooling!r}; choose one of {POOLINGS}.")
+  tokenizer = make_tokenizer(config)
+  model_config = model_config_from(config)
+  tokenizer.check_vocab(model_config.vocab_size)
+  max_len = config.data.max_seq_length
+  model_config.check_seq_length(max_len)
+  params, which = _weights(config, workdir)
+  if "albert" not in params:
+    raise ValueError(f"The weights ({which}) have no backbone 'albert' (found {sorted(params)}).")
+  texts = read_text(args.input).split("\n")
+  if texts[-1] == "":  # the newline that ends the last line starts no text
+    texts.pop()
+  if not texts:
+    raise ValueError(f"{args.input} has no lines to embed.")
+  features = stack_packed([pack_text(tokenizer, text, None, max_len) for text in texts], (len(texts),))
+  s = engine.setup(config, _job(config))
+  with s.context():
+    outputs = finetune.predict_features(embed_fn(AlbertModel(model_config), args.pooling),
+                                        finetune.replicate(params["albert"], s), features, s)
+  if jax.process_index() == 0:
+    np.save(args.output, outputs["embedding"].astype(np.float32))
+    print(f"Wrote {args.pooling} embeddings {outputs['embedding'].shape} of {args.input} ({which}) to {args.output}",
+          flush=True)

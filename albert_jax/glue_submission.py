@@ -1,0 +1,99 @@
+"""A GLUE submission folder from finished runs: `python -m albert_jax.glue_submission --runs DIR... --out DIR`.
+
+Each run is a fine-tuning workdir of `experiments/glue.py` (its config.json names the task) holding the test
+predictions that training wrote under the GLUE server's names (CoLA.tsv, ..., MNLI-m.tsv, MNLI-mm.tsv, AX.tsv;
+an MNLI run writes AX.tsv too when DATA/glue/diagnostic/ is there). Where several runs give the same file
+(seeds), the one with the best dev score in best/best.json is taken. Every file is checked as the server reads
+it: the header `index<TAB>prediction`, a known label (STS-B: a number) on every row, and the official number of
+test rows; then copied to --out. Zip that folder's files to upload: `cd OUT && zip ../submission.zip *.tsv`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+from albert_jax import storage
+from albert_jax.tasks import TaskSettings
+from albert_jax.tasks.base import InputError
+from albert_jax.tasks.glue import SPECS, GlueTask
+from albert_jax.tasks.records import tsv_rows
+
+# Rows of each official test file (the GLUE server refuses a submission with any other count).
+TEST_ROWS = {"CoLA.tsv": 1063, "SST-2.tsv": 1821, "MRPC.tsv": 1725, "STS-B.tsv": 1379, "QQP.tsv": 390965,
+             "MNLI-m.tsv": 9796, "MNLI-mm.tsv": 9847, "QNLI.tsv": 5463, "RTE.tsv": 3000, "WNLI.tsv": 146,
+             "AX.tsv": 1104}
+FILE_TASKS = {file: name for name, spec in SPECS.items() for file in spec.submission.values()}
+
+
+def check_file(path: str, check_count: bool) -> int:
+  """The number of prediction rows, after checking the header and every label; raises InputError naming the row."""
+  task = GlueTask(TaskSettings(task="glue", task_name=FILE_TASKS[os.path.basename(path)]))
+  rows = tsv_rows(path)
+  number, header = next(rows, (1, []))
+  if header != ["index", "prediction"]:
+    raise InputError(path, number, f"the header must be 'index<TAB>prediction', got {header}")
+  count = 0
+  for number, fields in rows:
+    if len(fields) != 2:
+      raise InputError(path, number, f"{len(fields)} tab-separated fields, expected 2 (index, prediction)")
+    task._label(fields[1], path, number)
+    count += 1
+  expected = TEST_ROWS[os.path.basename(path)]
+  if check_count and count != expected:
+    raise InputError(path, None, f"{count} predictions but the GLUE test set has {expected}; predict the full "
+                                 "official test file (or pass --no_check_counts for a trial folder).")
+  return count
+
+
+def dev_score(run: str) -> float:
+  """The run's best dev value (runs without best.json, e.g. AX-only prediction runs, rank last)."""
+  path = os.path.join(run, "best", "best.json")
+  if not storage.path(path).exists():
+    return -math.inf
+  return float(json.loads(storage.path(path).read_text())["value"])
+
+
+def assemble(runs: list[str], out: str, allow_partial: bool = False, check_counts: bool = True) -> dict[str, str]:
+  """{file name: the run it was taken from}, after copying each chosen file into `out`."""
+  chosen: dict[str, tuple[float, str]] = {}
+  for run in runs:
+    config_path = os.path.join(run, "config.json")
+    if not storage.path(config_path).exists():
+      raise FileNotFoundError(f"{config_path} not found; --runs takes fine-tuning workdirs of experiments/glue.py.")
+    task = json.loads(storage.path(config_path).read_text()).get("task")
+    if task != "glue":
+      raise ValueError(f"{run} is a {task!r} run, not a GLUE one; leave it out of --runs.")
+    score = dev_score(run)
+    for name in TEST_ROWS:
+      if storage.path(os.path.join(run, name)).exists() and (name not in chosen or score > chosen[name][0]):
+        chosen[name] = (score, run)  # ties: the run listed first
+  missing = [name for name in TEST_ROWS if name not in chosen]
+  if missing and not allow_partial:
+    raise ValueError(f"No run has {', '.join(missing)}; the GLUE server needs all {len(TEST_ROWS)} files. Add the "
+                     "runs that wrote them (AX: an MNLI run with DATA/glue/diagnostic/, or experiments/glue.py:task=ax "
+                     "with init_checkpoint = the MNLI model), or pass --allow_partial.")
+  for name, (_, run) in chosen.items():
+    check_file(os.path.join(run, name), check_counts)
+  for name, (_, run) in chosen.items():
+    storage.copy_atomic(os.path.join(run, name), os.path.join(out, name))
+  return {name: run for name, (_, run) in sorted(chosen.items())}
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--runs", nargs="+", required=True, help="fine-tuning workdirs (experiments/glue.py)")
+  parser.add_argument("--out", required=True, help="the submission folder to write")
+  parser.add_argument("--allow_partial", action="store_true", help="write the files found even if some are missing")
+  parser.add_argument("--no_check_counts", action="store_true", help="accept files with other than the official "
+                      "number of test rows (trial folders)")
+  args = parser.parse_args(argv)
+  sources = assemble(args.runs, args.out, args.allow_partial, not args.no_check_counts)
+  for name, run in sources.items():
+    print(f"{name}\t{run}", flush=True)
+  print(f"Wrote {len(sources)} file(s) to {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+  main()

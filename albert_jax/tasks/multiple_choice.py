@@ -1,0 +1,82 @@
+"""`multiple_choice`: your own questions with options (SWAG, ARC, CommonsenseQA, ... converted to one format).
+
+`data.path` holds `train.jsonl`, `dev.jsonl` (and optionally `test.jsonl`), one question per line:
+{"id" (optional), "context", "question", "options": [strings], "answer": index of the right option}. Inputs and
+head are RACE's (`race.py`): per option `[CLS] context [SEP] question option [SEP]`, the question+option part
+keeping its last `data.max_qa_length` tokens, one score per option and a softmax across them. Up to
+`data.num_choices` options per question; fewer are padded and masked. Predictions: JSON lines
+{"id", "answer", "probabilities": [one per option]}.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from albert_jax import storage
+from albert_jax.tasks.base import InputError, Split, TaskSettings, check_outputs
+from albert_jax.tasks.race import RaceExample, RaceTask
+from albert_jax.tasks.records import field, user_records
+
+
+class MultipleChoiceTask(RaceTask):
+
+  def __init__(self, settings: TaskSettings):
+    super().__init__(settings)
+    if settings.num_choices < 2:
+      raise ValueError(f"data.num_choices={settings.num_choices}: a question needs at least 2 options.")
+    self.num_choices = settings.num_choices
+
+  def split_path(self, split: str) -> str:
+    return os.path.join(self.settings.path, f"{split}.jsonl")
+
+  def read_examples(self, path: str, labeled: bool) -> list[RaceExample]:
+    examples = []
+    for line, r in user_records(path):
+      options = [str(o) for o in field(r, "options", path, line, list)]
+      if not 2 <= len(options) <= self.num_choices:
+        raise InputError(path, line, f"{len(options)} options; between 2 and data.num_choices={self.num_choices} "
+                                     "are allowed (raise data.num_choices for more).")
+      answer = field(r, "answer", path, line, int) if labeled else None
+      if answer is not None and not 0 <= answer < len(options):
+        raise InputError(path, line, f"answer {answer} is not an index of the {len(options)} options (0-based)")
+      examples.append(RaceExample(str(r.get("id", len(examples))), "", field(r, "context", path, line),
+                                  field(r, "question", path, line), options, answer))
+    return examples
+
+  def read_user_examples(self, path: str) -> list[RaceExample]:
+    """The train file's fields without "answer"."""
+    return self.read_examples(path, labeled=False)
+
+  @staticmethod
+  def choice_text(question: str, option: str) -> str:
+    return f"{question} {option}".strip()
+
+  # --- outputs --------------------------------------------------------------------------------------------
+  def postprocess(self, split: Split, outputs) -> np.ndarray:
+    """Every option's probability [N, num_choices] (0 for padding)."""
+    check_outputs(split, outputs)
+    logits = np.asarray(outputs["logits"], np.float64)
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    return probabilities / probabilities.sum(-1, keepdims=True)
+
+  def score(self, split: Split, predictions) -> dict[str, float]:
+    labels = [ex.label for ex in split.examples]
+    if any(label is None for label in labels):
+      raise ValueError(f"split {split.name!r} ({split.path}) has no answers to score against.")
+    return {"accuracy": float(np.mean(np.asarray(predictions).argmax(-1) == labels))}
+
+  def write_predictions(self, split: Split, predictions, path: str) -> None:
+    with storage.open_atomic(path) as f:
+      for ex, p in zip(split.examples, predictions, strict=True):
+        f.write(json.dumps({"id": ex.qid, "answer": int(np.argmax(p)),
+                            "probabilities": [round(float(v), 6) for v in p[:len(ex.options)]]}) + "\n")
+
+  def read_predictions(self, path: str, split: Split) -> np.ndarray:
+    by_id = {str(field(r, "id", path, line, (str, int))): field(r, "probabilities", path, line, list)
+             for line, r in user_records(path)}
+    missing = [ex.qid for ex in split.examples if ex.qid not in by_id]
+    if missing:
+      raise InputError(path, None, f"no prediction for {len(missing)} question(s), e.g. id {missing[0]}")
+    return np.asarray([by_id[ex.qid] + [0.0] * (self.num_choices - len(by_id[ex.qid])) for ex in split.examples])

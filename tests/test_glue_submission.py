@@ -1,0 +1,45 @@
+"""`python -m albert_jax.glue_submission`: the GLUE server's file names from finished runs, the best seed per file,
+files checked as the server reads them."""
+import json
+
+import pytest
+
+from albert_jax import glue_submission
+from albert_jax.tasks.base import InputError
+
+
+def run_dir(path, value=None, files=()):
+  path.mkdir(parents=True)
+  (path / "config.json").write_text(json.dumps({"task": "glue"}))
+  if value is not None:
+    (path / "best").mkdir()
+    (path / "best" / "best.json").write_text(json.dumps({"value": value}))
+  for name, rows in files:
+    (path / name).write_text("index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in enumerate(rows)))
+  return str(path)
+
+
+def test_best_seed_per_file_and_checks(tmp_path):
+  rte_a = run_dir(tmp_path / "rte0", 0.61, [("RTE.tsv", ["entailment"] * 3)])
+  rte_b = run_dir(tmp_path / "rte1", 0.70, [("RTE.tsv", ["not_entailment"] * 3)])
+  mnli = run_dir(tmp_path / "mnli", 0.80, [(n, ["neutral", "contradiction"]) for n in
+                                           ("MNLI-m.tsv", "MNLI-mm.tsv", "AX.tsv")])
+  stsb = run_dir(tmp_path / "stsb", 0.9, [("STS-B.tsv", ["3.250000", "0.5"])])
+  out = tmp_path / "out"
+  with pytest.raises(ValueError, match="No run has CoLA.tsv, SST-2.tsv, MRPC.tsv, QQP.tsv, QNLI.tsv, WNLI.tsv"):
+    glue_submission.assemble([rte_a, rte_b, mnli, stsb], str(out))
+  with pytest.raises(InputError, match="3 predictions but the GLUE test set has 3000"):
+    glue_submission.assemble([rte_a], str(out), allow_partial=True)
+  sources = glue_submission.assemble([rte_a, rte_b, mnli, stsb], str(out), allow_partial=True, check_counts=False)
+  assert sources == {"AX.tsv": mnli, "MNLI-m.tsv": mnli, "MNLI-mm.tsv": mnli, "RTE.tsv": rte_b, "STS-B.tsv": stsb}
+  assert (out / "RTE.tsv").read_text().splitlines()[1] == "0\tnot_entailment"
+  assert sorted(p.name for p in out.iterdir()) == sorted(sources)
+
+
+def test_a_wrong_label_or_header_is_refused(tmp_path):
+  bad = run_dir(tmp_path / "cola", 0.5, [("CoLA.tsv", ["1", "acceptable"])])
+  with pytest.raises(InputError, match=r"CoLA.tsv:3: unknown label 'acceptable'"):
+    glue_submission.assemble([bad], str(tmp_path / "out"), allow_partial=True, check_counts=False)
+  (tmp_path / "cola" / "CoLA.tsv").write_text("id\tlabel\n0\t1\n")
+  with pytest.raises(InputError, match="header must be 'index<TAB>prediction'"):
+    glue_submission.assemble([bad], str(tmp_path / "out"), allow_partial=True, check_counts=False)

@@ -1,0 +1,214 @@
+"""Your own data: classification (TSV/CSV/JSONL, pairs, collected labels, regression), token classification
+(CoNLL, first sub-token, entity F1) and multiple choice (JSONL, masked options) through
+`python -m albert_jax.main` with a tiny random model on a few hundred generated examples; `--mode=embed`."""
+import csv
+import json
+import random
+
+import numpy as np
+import pytest
+
+from albert_jax.tasks import get_task, metrics
+from albert_jax.tasks.base import InputError
+from data_pipeline.tokenization import Tokenizer
+from experiments import classification, token_classification
+from tests.test_finetune import TINY_RUN, cli, spm
+
+WORDS = ("the film was long and the cast seemed tired while music played over every scene of the city at night "
+         "people walked home through rain").split()
+MOODS = {"positive": ("wonderful", "great"), "negative": ("awful", "boring"), "neutral": ("average", "plain")}
+
+
+def sentences(rng, count):
+  for _ in range(count):
+    mood = rng.choice(sorted(MOODS))
+    words = rng.sample(WORDS, 6) + [rng.choice(MOODS[mood])]
+    rng.shuffle(words)
+    yield mood, " ".join(words)
+
+
+def classification_data(root, count=240):
+  rng = random.Random(0)
+  rows = [(f"id{i}", text, " ".join(rng.sample(WORDS, 4)), mood) for i, (mood, text) in
+          enumerate(sentences(rng, count))]
+  root.mkdir(parents=True)
+  with open(root / "train.tsv", "w") as f:
+    f.write("id\tsentence\tcontext\tlabel\n" + "".join("\t".join(r) + "\n" for r in rows[:200]))
+  with open(root / "dev.jsonl", "w") as f:
+    f.writelines(json.dumps({"id": i, "sentence": s, "context": c, "label": m}) + "\n" for i, s, c, m in rows[200:])
+  with open(root / "test.csv", "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["id", "sentence", "context"])
+    writer.writerows([(i, s + ', "quoted"', c) for i, s, c, _ in rows[200:210]])
+  return root
+
+
+@pytest.mark.slow
+def test_classification_trains_predicts_with_probabilities_and_embeds(shared_data, tmp_path):
+  data = classification_data(tmp_path / "data")
+  config = (f"experiments/classification.py:size=tiny,data={data},spm={spm(shared_data)},text=sentence,"
+            "text_pair=context,id=id")
+  result = cli(config, tmp_path / "run", *TINY_RUN)
+  assert result.returncode == 0, result.stdout + result.stderr
+  best = json.load(open(tmp_path / "run" / "best" / "best.json"))
+  assert best["metric"] == "accuracy" and "macro_f1" in best["metrics"]
+  rows = [json.loads(line) for line in open(tmp_path / "run" / "test_predictions")]
+  assert [r["id"] for r in rows] == [f"id{i}" for i in range(200, 210)]
+  for r in rows:  # labels collected from train, sorted; probabilities of every class sum to 1
+    assert list(r["probabilities"]) == ["negative", "neutral", "positive"]
+    assert r["label"] == max(r["probabilities"], key=r["probabilities"].get)
+    assert abs(sum(r["probabilities"].values()) - 1) < 1e-4
+  texts = tmp_path / "texts.txt"
+  texts.write_text("a wonderful film\n\nthe city at night\n")
+  out = cli(config, tmp_path / "run", *TINY_RUN, mode="embed",
+            extra=[f"--input={texts}", f"--output={tmp_path / 'pooled.npy'}", "--pooling=pooled"])
+  assert out.returncode == 0, out.stdout + out.stderr
+  vectors = np.load(tmp_path / "pooled.npy")
+  assert vectors.shape == (3, 64) and vectors.dtype == np.float32 and np.abs(vectors).max() <= 1  # tanh pooler
+
+
+def conll_data(root, count=200):
+  rng = random.Random(2)
+  names, places = ("john smith", "mary jones", "ann lee"), ("new york", "paris", "rome")
+  root.mkdir(parents=True)
+  for split, n in (("train", count), ("dev", 40)):
+    with open(root / f"{split}.txt", "w") as f:
+      f.write("-DOCSTART- -X- -X- O\n\n")
+      for _ in range(n):
+        words = [(w, "O") for w in rng.sample(WORDS, 5)]
+        for kind, choices in (("PER", names), ("LOC", places)):
+          entity = rng.choice(choices).split()
+          at = rng.randrange(len(words) + 1)
+          words[at:at] = [(w, ("B-" if j == 0 else "I-") + kind) for j, w in enumerate(entity)]
+        f.write("".join(f"{w} NN O {t}\n" for w, t in words) + "\n")
+  return root
+
+
+@pytest.mark.slow
+def test_token_classification_trains_and_tags_words(shared_data, tmp_path):
+  data = conll_data(tmp_path / "data")
+  config = f"experiments/token_classification.py:size=tiny,data={data},spm={spm(shared_data)}"
+  result = cli(config, tmp_path / "run", *TINY_RUN)
+  assert result.returncode == 0, result.stdout + result.stderr
+  best = json.load(open(tmp_path / "run" / "best" / "best.json"))
+  assert best["metric"] == "f1" and {"precision", "recall", "accuracy"} <= set(best["metrics"])
+  rows = [json.loads(line) for line in open(best["weights"] + "/dev_predictions")]
+  assert len(rows) == 40 and all(len(r["tags"]) == len(r["tokens"]) == len(r["probabilities"]) for r in rows)
+  assert list(rows[0]["probabilities"][0]) == ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
+  user = tmp_path / "mine.jsonl"
+  user.write_text(json.dumps({"id": "s1", "tokens": ["mary", "jones", "visited", "paris"]}) + "\n")
+  out = cli(config, tmp_path / "run", *TINY_RUN, mode="predict",
+            extra=[f"--input={user}", f"--output={tmp_path / 'tags.jsonl'}"])
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert len(json.loads((tmp_path / "tags.jsonl").read_text())["tags"]) == 4
+
+
+@pytest.mark.slow
+def test_multiple_choice_trains_with_masked_options(shared_data, tmp_path):
+  rng = random.Random(3)
+  (tmp_path / "data").mkdir()
+  for split, count in (("train", 200), ("dev", 40)):
+    with open(tmp_path / "data" / f"{split}.jsonl", "w") as f:
+      for i in range(count):
+        mood, text = next(sentences(rng, 1))
+        options = sorted(MOODS)[:2 + i % 2]  # 2 or 3 options: the third is padding for every other question
+        answer = options.index(mood) if mood in options else 0
+        f.write(json.dumps({"id": f"q{i}", "context": text, "question": "how does it feel?", "options": options,
+                            "answer": answer}) + "\n")
+  config = f"experiments/multiple_choice.py:size=tiny,data={tmp_path / 'data'},spm={spm(shared_data)},choices=3"
+  result = cli(config, tmp_path / "run", *TINY_RUN, "--config.data.max_qa_length=16")
+  assert result.returncode == 0, result.stdout + result.stderr
+  best = json.load(open(tmp_path / "run" / "best" / "best.json"))
+  rows = [json.loads(line) for line in open(best["weights"] + "/dev_predictions")]
+  assert [len(r["probabilities"]) for r in rows[:4]] == [2, 3, 2, 3]
+  assert rows[0]["answer"] in (0, 1) and abs(sum(rows[0]["probabilities"]) - 1) < 1e-4
+
+
+# --- in-process -------------------------------------------------------------------------------------------------
+
+def test_entity_scores_by_hand():
+  """Gold: PER(0-1), LOC(3) | ORG(0). Predicted: PER(0-1) right; LOC(3-4) wrong span; an I-ORG that starts a chunk
+  (IOB1 rule) of type ORG at 0 right; a stray MISC. Precision 2/4, recall 2/3, F1 4/7; words 7/10 right (I-LOC,
+  I-ORG, B-MISC wrong)."""
+  gold = [["B-PER", "I-PER", "O", "B-LOC", "O"], ["B-ORG", "O", "O", "O", "O"]]
+  pred = [["B-PER", "I-PER", "O", "B-LOC", "I-LOC"], ["I-ORG", "O", "B-MISC", "O", "O"]]
+  assert metrics.entities(pred[0]) == {("PER", 0, 1), ("LOC", 3, 4)}
+  assert metrics.entities(["B-PER", "I-LOC", "E-LOC", "S-PER"]) == {("PER", 0, 0), ("LOC", 1, 2), ("PER", 3, 3)}
+  scores = metrics.entity_scores(gold, pred)
+  assert scores["precision"] == 0.5 and scores["recall"] == pytest.approx(2 / 3)
+  assert scores["f1"] == pytest.approx(4 / 7) and scores["accuracy"] == pytest.approx(0.7)
+
+
+def _task(module, arg, **data):
+  config = module.get_config(arg)
+  config.data.max_seq_length = 32
+  config.data.update(data)
+  return get_task(config)
+
+
+def test_labels_come_from_config_or_sorted_train_file(tmp_path):
+  (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": "x", "label": label}) + "\n"
+                                                for label in (10, 2, 2, 1)))
+  assert _task(classification, f"data={tmp_path}").labels == ("1", "2", "10")
+  assert _task(classification, f"data={tmp_path},labels=10|2|1").labels == ("10", "2", "1")
+  with pytest.raises(InputError, match="unknown label '10'.*data.labels"):
+    _task(classification, f"data={tmp_path},labels=1|2").read_examples(str(tmp_path / "train.jsonl"), True)
+  with pytest.raises(FileNotFoundError, match="--config.data.labels"):
+    _task(classification, f"data={tmp_path / 'none'}").labels
+  (tmp_path / "train.csv").write_text("text,label\n")
+  with pytest.raises(ValueError, match="keep one"):
+    _task(classification, f"data={tmp_path}").split_path("train")
+
+
+def test_csv_quoting_and_column_errors(tmp_path):
+  path = tmp_path / "dev.csv"
+  path.write_text('text,label\n"a, quoted ""text""",pos\nplain,neg\n')
+  task = _task(classification, "labels=neg|pos")
+  examples = task.read_examples(str(path), labeled=True)
+  assert [(ex.text_a, ex.label) for ex in examples] == [('a, quoted "text"', 1), ("plain", 0)]
+  with pytest.raises(InputError, match="dev.csv:2: missing field 'sentence'"):
+    _task(classification, "labels=neg|pos,text=sentence").read_examples(str(path), labeled=True)
+
+
+def test_only_the_first_sub_token_of_a_word_is_tagged(shared_data, tmp_path):
+  tokenizer = Tokenizer(str(spm(shared_data)))
+  (tmp_path / "train.txt").write_text("Unbelievably B-X\nlong O\n\nyes O\n")
+  task = _task(token_classification, f"data={tmp_path}")
+  split = task.load_split("train", tokenizer)
+  pieces = [len(tokenizer.encode(w)) for w in ("Unbelievably", "long")]
+  assert pieces[0] > 1
+  expected = [-1, 0, *[-1] * (pieces[0] - 1), 1, *[-1] * (pieces[1] - 1), -1]  # [CLS] words [SEP]
+  assert split.features["label"][0, :len(expected)].tolist() == expected
+  assert split.info["word_index"][0, :len(expected)].tolist() == [-1, 0, *[-1] * (pieces[0] - 1), 1,
+                                                                 *[-1] * (pieces[1] - 1), -1]
+  assert task.labels == ("B-X", "O") and len(split.examples) == 2
+
+
+def test_regression_reads_numbers_scores_and_round_trips(tmp_path):
+  path = tmp_path / "dev.csv"
+  path.write_text("text,score\na,0.5\nb,4.5\nc,2\n")
+  task = _task(classification, "regression=true,label=score")
+  split = task.gold_split(str(path))
+  assert [ex.label for ex in split.examples] == [0.5, 4.5, 2.0] and task.num_outputs == 1
+  predictions = np.asarray([1.0, 4.0, 3.0])
+  task.write_predictions(split, predictions, str(tmp_path / "out.jsonl"))
+  np.testing.assert_allclose(task.read_predictions(str(tmp_path / "out.jsonl"), split), predictions)
+  assert set(task.score(split, predictions)) == {"pearson", "spearman", "mse"}
+  with pytest.raises(InputError, match="'high' is not a number"):
+    path.write_text("text,score\na,high\n")
+    task.gold_split(str(path))
+
+
+def test_mean_pooling_averages_the_unmasked_tokens():
+  import jax
+  from albert_jax import embed
+  from albert_jax.model import AlbertModel, init_params
+  from albert_jax.model_config import model_config_from
+  model = AlbertModel(model_config_from(classification.get_config("size=tiny")))
+  params = init_params(model, jax.random.key(0))
+  batch = {"input_ids": np.asarray([[2, 10, 11, 3, 0, 0]]), "attention_mask": np.asarray([[1, 1, 1, 1, 0, 0]]),
+           "token_type_ids": np.zeros((1, 6), np.int32)}
+  sequence, pooled = model.apply({"params": params}, **batch, deterministic=True)
+  mean = embed.embed_fn(model, "mean")(params, batch)["embedding"]
+  np.testing.assert_allclose(mean, np.asarray(sequence)[:, :4].mean(1), rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(embed.embed_fn(model, "pooled")(params, batch)["embedding"], pooled)
