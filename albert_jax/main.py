@@ -6,6 +6,7 @@ function that `runner.MODES` names for the mode and the config's task.
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -62,9 +63,13 @@ def main(argv) -> None:
   if FLAGS.mode == "compile" and not os.environ.get("JAX_PLATFORMS"):
     import jax
     jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip
-  runner.run(config, FLAGS.workdir, FLAGS.mode, runner.RunArgs(
-      input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit,
-      pooling=FLAGS.pooling, split=FLAGS.split))
+  from albert_jax import storage
+  try:
+    runner.run(config, FLAGS.workdir, FLAGS.mode, runner.RunArgs(
+        input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit,
+        pooling=FLAGS.pooling, split=FLAGS.split))
+  except storage.StorageError as e:  # a bucket, credentials or server problem: the message names the fix
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
