@@ -35,6 +35,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from albert_jax import storage
 from data_pipeline import records, rng, sources
+from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source, binary_file_error
 from data_pipeline.tokenization import Tokenizer
@@ -125,7 +126,9 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
   written = {s: os.path.join(staging, os.path.basename(final[s])) if staging else final[s] + ".tmp" for s in shards}
   writers = {s: ArrayRecordWriter(_fresh(written[s]), "group_size:1") for s in shards}
   stats = {s: collections.Counter() for s in shards}
+  progress = Progress(f"data_pipeline.prepare ({len(shards)} shard(s) of {sum(counts.values())})", "documents read")
   for doc_index, doc in enumerate(source.documents()):
+    progress.update(doc_index)
     shard = assign(config.seed, doc_index, config.eval_fraction, counts)
     if shard not in writers:
       continue
@@ -145,6 +148,7 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
     st["sentences"] += len(sentences)
     st["tokens"] += sum(map(len, sentences))
     writers[shard].write(records.encode_document(sentences, dtype))
+  progress.done(sum(st["documents"] for st in stats.values()))
   for shard in shards:
     writers[shard].close()
     storage.write_atomic(final[shard] + ".stats.json", json.dumps(dict(stats[shard]), indent=1))
@@ -238,6 +242,9 @@ def prepare(config: PrepareConfig) -> dict:
   start = time.time()
   if todo:
     workers = max(1, min(config.workers, len(todo)))
+    print(f"data_pipeline.prepare: {len(files) or 'tfds'} input file(s), {sum(i['size'] for i in inputs) / 1e6:,.1f} "
+          f"MB -> {len(todo)} shard(s) in {config.output_dir} with {workers} worker(s)...", file=sys.stderr,
+          flush=True)
     if workers == 1:
       _write_shards(config, todo)
     else:

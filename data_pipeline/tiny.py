@@ -3,6 +3,7 @@ model (trained in seconds) and prepared shards, built once into a directory and 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from data_pipeline import records, train_spm
@@ -19,6 +20,8 @@ def ensure_tiny_dataset(directory: str) -> str:
   prepared = os.path.join(directory, "prepared")
   if os.path.isfile(os.path.join(prepared, records.MANIFEST)):
     return prepared
+  print(f"Building the bundled tiny dataset in {directory} (first use: a SentencePiece model, then shards)...",
+        file=sys.stderr, flush=True)
   corpus = ",".join(sorted(str(p) for p in ASSETS.glob("*.txt")))
   model = os.path.join(directory, "tiny_spm.model")
   if not os.path.isfile(model):

@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 import sentencepiece as spm
 
 from albert_jax import storage
+from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import preprocess_text
@@ -36,13 +37,22 @@ def train(texts: Iterable[str], model_path: str, vocab_size: int = 30000, input_
           seed: int = 0, num_threads: int = 1) -> str:
   """Train on `texts` and write `model_path` (a .model file); returns the path."""
   model = io.BytesIO()
+  progress = Progress(f"data_pipeline.train_spm (vocab {vocab_size:,})", "sentences read")
+  counted = [0]
+
+  def counting(texts):
+    for counted[0], text in enumerate(texts, 1):
+      progress.update(counted[0])
+      yield text
+
   spm.set_random_generator_seed(seed)      # the sentence sample (and so the model) is reproducible
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts), model_writer=model, model_type="unigram", vocab_size=vocab_size,
+      sentence_iterator=counting(texts), model_writer=model, model_type="unigram", vocab_size=vocab_size,
       pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
       user_defined_symbols=USER_SYMBOLS, character_coverage=0.99995, input_sentence_size=input_sentence_size,
       shuffle_input_sentence=True, num_threads=num_threads, minloglevel=2)
   storage.write_atomic(model_path, model.getvalue())
+  progress.done(counted[0])
   return model_path
 
 

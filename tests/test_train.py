@@ -371,3 +371,22 @@ def test_sentence_metrics_are_named_after_the_sentence_task(tmp_path):
   assert {"nsp_accuracy", "nsp_loss", "eval/nsp_accuracy", "eval/nsp_loss"} <= keys
   assert not [k for k in keys if "sop" in k]
   assert "nsp_accuracy" in result.stderr  # the console line
+
+
+@pytest.mark.slow
+def test_the_default_run_says_what_it_does_before_the_first_step(tmp_path):
+  """The README's first command, shortened: every long phase prints a line before the first step line."""
+  cmd = [sys.executable, "-m", "albert_jax.main", "--config=experiments/pretrain_tiny.py", f"--workdir={tmp_path}",
+         "--config.train.num_train_steps=2", "--config.log.every=1", "--config.train.eval_every=2",
+         "--config.train.eval_batches=1"]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  result = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=900)
+  assert result.returncode == 0, result.stdout
+  lines = result.stdout.splitlines()
+  first_step = next(i for i, line in enumerate(lines) if line.startswith("step 1/2"))
+  for phase in ("Building the bundled tiny dataset", "data_pipeline.train_spm (vocab 4,000): ",
+                "data_pipeline.prepare: ", "documents read in", "Compiling the train step for 1 device (micro batch 64",
+                "Compiled the train step in"):
+    assert any(phase in line for line in lines[:first_step]), (phase, lines[:first_step])
+  assert any(line.startswith("held-out eval at step 2: mlm_loss") for line in lines[first_step:])
