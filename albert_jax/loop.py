@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 
 from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, storage
+from albert_jax.workdir_lock import WorkdirLock
 
 # Fields that fix the shapes of the parameters: a workdir's saved run must agree on them to resume.
 SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -128,8 +129,14 @@ def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.Trai
 
 
 def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
-  """Trains `job` to `train.num_train_steps`, resuming from the workdir. Returns the last logged metrics."""
+  """Trains `job` to `train.num_train_steps`, resuming from the workdir, which it owns meanwhile (process 0
+  holds its lock). Returns the last logged metrics."""
   engine.check_training_config(config)
+  with WorkdirLock(workdir, owner=jax.process_index() == 0):
+    return _train(config, workdir, job)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
   check_workdir_config(workdir, config)
   s = engine.setup(config, job, workdir)
   ckpt = s.checkpointer

@@ -299,6 +299,26 @@ def test_impossible_batch_split_fails_clearly(tmp_path):
   assert "must equal micro_batch_size=3" in result.stderr
 
 
+@pytest.mark.slow
+def test_a_second_run_in_a_busy_workdir_is_refused_and_a_killed_owner_does_not_block(tmp_path):
+  steps = ["--config.train.num_train_steps=300", "--config.checkpoint.every=50"]
+  owner = cli(tmp_path, *SMALL_RUN, *steps, wait=False)
+  deadline = time.time() + 300
+  while not (tmp_path / "metrics.jsonl").exists() and owner.poll() is None:
+    assert time.time() < deadline
+    time.sleep(0.05)
+  second = cli(tmp_path, *SMALL_RUN, *steps, "--config.train.learning_rate=0.5")
+  assert second.returncode != 0
+  assert f"is in use by a run on host {socket.gethostname()} (PID {owner.pid}" in second.stderr
+  owner.send_signal(signal.SIGKILL)
+  owner.wait()
+  assert json.loads((tmp_path / "config.json").read_text())["train"]["learning_rate"] != 0.5  # not overwritten
+  resumed = cli(tmp_path, *SMALL_RUN, *steps)
+  assert resumed.returncode == 0, resumed.stderr
+  assert f"from a run that is no longer alive (host {socket.gethostname()}, PID {owner.pid})" in resumed.stdout
+  assert not (tmp_path / "run.lock").exists()
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("train.global_batch_size", 0, "train.global_batch_size=0 must be positive"),
     ("train.micro_batch_size", -2, "train.micro_batch_size=-2 must be positive"),
