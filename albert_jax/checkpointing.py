@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 import grain
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from albert_jax import storage
@@ -68,6 +70,42 @@ class Checkpointer:
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(_DataState())))
     return restored["state"], restored["data"].state
+
+  def restore_newest_intact(self, restore: Callable[[int], Any], move_aside: bool = False
+                            ) -> tuple[int, Any] | None:
+    """`restore(step)` of the newest step that reads back whole, saying which newer ones were skipped and why
+    (a truncated or deleted file, garbled loader state). With `move_aside` (a run that goes on training) the
+    skipped steps are renamed `<step>.unreadable`, kept for inspection, so the run can save those steps again.
+    None when there is no checkpoint; an error naming every failure when none of them reads, so a workdir full of
+    broken checkpoints never restarts from scratch."""
+    failures = []
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        restored = restore(step)
+      except Exception as e:  # noqa: BLE001 - orbax, tensorstore and grain each raise their own kinds
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        failures.append((step, reason))
+        print(f"Checkpoint step {step} in {self.directory} cannot be read ({reason}); skipping it.", flush=True)
+        continue
+      if move_aside and failures:
+        self._move_aside([bad for bad, _ in failures])
+      return step, restored
+    if failures:
+      listed = "; ".join(f"step {step}: {reason}" for step, reason in failures)
+      raise RuntimeError(f"No checkpoint in {self.directory} can be read ({listed}). Move the directory aside to "
+                         "start afresh, or restore it from a copy.")
+    return None
+
+  def _move_aside(self, steps: list[int]) -> None:
+    if jax.process_index() == 0:
+      for step in steps:
+        source = storage.path(os.path.join(self.directory, str(step)))
+        target = storage.path(os.path.join(self.directory, f"{step}.unreadable.{int(time.time())}"))
+        source.rename(target)
+        print(f"Moved the unreadable step {step} aside to {target}.", flush=True)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("albert_jax_checkpoints_moved_aside")
+    self.manager.reload()
 
   def restore_params(self, step: int | None = None) -> Any:
     """Only the parameters of a step (latest by default), on this host's first device, whatever the topology

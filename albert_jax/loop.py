@@ -113,10 +113,10 @@ def _checked(step: int, device_metrics: Any, ckpt: checkpointing.Checkpointer) -
 def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.TrainState:
   """The workdir's latest checkpoint (with the loader's position), else a fresh or warm-started state."""
   ckpt = s.checkpointer
-  latest = ckpt.latest_step()
-  if latest is not None:
-    print(f"Restoring step {latest} from {ckpt.directory}...", flush=True)
-    state, data_state = ckpt.restore(latest, s.abstract_state)
+  if ckpt.latest_step() is not None:
+    print(f"Restoring the newest checkpoint in {ckpt.directory}...", flush=True)
+    latest, (state, data_state) = ckpt.restore_newest_intact(lambda step: ckpt.restore(step, s.abstract_state),
+                                                               move_aside=True)
     train_iter.set_state(data_state)
     print(f"Resumed from step {latest} in {ckpt.directory}", flush=True)
     return state

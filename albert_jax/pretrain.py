@@ -164,11 +164,12 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, also printed as one JSON line."""
   s = engine.setup(config, make_job(config, workdir), workdir)
-  step = s.checkpointer.latest_step()
-  if step is None:
+  found = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
+  if found is None:
     raise FileNotFoundError(f"No checkpoint in {s.checkpointer.directory}; train first (--mode=train).")
+  step, params = found
   with s.context():
-    params = jax.device_put(s.checkpointer.restore_params(step), s.replicated)
+    params = jax.device_put(params, s.replicated)
     result = {"step": step, **evaluate(config, s, params)}
   print(json.dumps(result), flush=True)
   return result

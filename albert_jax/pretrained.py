@@ -60,7 +60,11 @@ def load_init_params(path: str) -> Any:
     return load_pretrained(path)[1]
   ckpt_dir = checkpointing.checkpoint_dir(path)
   if storage.path(ckpt_dir).is_dir():
-    return checkpointing.Checkpointer(ckpt_dir, 1, 1).restore_params()
+    ckpt = checkpointing.Checkpointer(ckpt_dir, 1, 1)
+    found = ckpt.restore_newest_intact(ckpt.restore_params)
+    if found is None:
+      raise FileNotFoundError(f"No complete checkpoint in {ckpt_dir}; init_checkpoint needs a trained workdir.")
+    return found[1]
   raise FileNotFoundError(f"init_checkpoint={path!r} is neither a pretrained-weights directory (model_config.json + "
                           "params/, from `python -m albert_jax.convert`) nor a training workdir (checkpoints/).")
 

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -297,6 +298,37 @@ def test_impossible_batch_split_fails_clearly(tmp_path):
   assert "global_batch_size=12 is not divisible by the 8 data-parallel devices" in result.stderr
   result = cli(tmp_path, *SMALL_RUN, "--config.train.micro_batch_size=3")
   assert "must equal micro_batch_size=3" in result.stderr
+
+
+def _truncate_largest_array_file(step_dir: Path) -> None:
+  largest = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+
+
+CHECKPOINT_FAULTS = {
+    "truncated array data": _truncate_largest_array_file,
+    "deleted metadata": lambda step_dir: (step_dir / "state" / "_METADATA").unlink(),
+    "garbled loader state": lambda step_dir: next((step_dir / "data").glob("process_0*.json")).write_text("{garbage"),
+}
+
+
+@pytest.mark.slow
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path):
+  steps = ["--config.train.num_train_steps=6", "--config.checkpoint.every=2", "--config.checkpoint.keep=10"]
+  reference = cli(tmp_path / "reference", *SMALL_RUN, *steps)
+  assert reference.returncode == 0, reference.stderr
+  damaged = cli(tmp_path / "damaged", *SMALL_RUN, "--config.train.num_train_steps=4", *steps[1:])
+  assert damaged.returncode == 0, damaged.stderr
+  for name, damage in CHECKPOINT_FAULTS.items():
+    run = tmp_path / name.replace(" ", "_")
+    shutil.copytree(tmp_path / "damaged", run)
+    damage(run / "checkpoints" / "4")
+    resumed = cli(run, *SMALL_RUN, *steps)
+    assert resumed.returncode == 0, (name, resumed.stderr)
+    assert "Checkpoint step 4 in" in resumed.stdout and "skipping it" in resumed.stdout, name
+    assert "Resumed from step 2" in resumed.stdout, name
+    assert len(list((run / "checkpoints").glob("4.unreadable.*"))) == 1, name  # kept for inspection
+    assert_trees_equal(final_params(tmp_path / "reference")[1], final_params(run)[1])
 
 
 @pytest.mark.slow
