@@ -23,16 +23,51 @@ SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layer
                 "type_vocab_size", "sharing", "embedding_projection")
 
 
+# Settings whose change breaks an exact resume (data order, dropout, what a step means): refused unless
+# `resume_with_changes` is set. Every other change (schedule length, logging, checkpoints, mesh, micro batch) is
+# legitimate: said on the console and recorded.
+EXACT_RESUME_FIELDS = ("seed", "train.global_batch_size", "train.optimizer", "data.")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
 def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Refuses to resume a workdir whose saved run has a different model shape; writes the resolved config."""
+  """Before a run writes into `workdir`: refuses a different model shape, and settings changed in ways that break
+  an exact resume; says and records legitimate changes (the previous resolved config is kept as
+  `config.<step>.json`); writes the resolved config."""
   path = storage.path(workdir) / "config.json"
-  if path.exists():
-    saved = json.loads(path.read_text()).get("model", {})
-    diffs = {k: (saved.get(k), config.model.get(k)) for k in SHAPE_FIELDS if saved.get(k) != config.model.get(k)}
-    if diffs and checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step() is not None:
+  latest = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step() if (
+      path.exists()) else None
+  if latest is not None:
+    text = path.read_text()
+    saved = json.loads(text)
+    diffs = {k: (saved.get("model", {}).get(k), config.model.get(k)) for k in SHAPE_FIELDS
+             if saved.get("model", {}).get(k) != config.model.get(k)}
+    if diffs:
       listed = ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
       raise ValueError(f"Workdir {workdir} holds checkpoints of a different model ({listed}). Use a new --workdir, "
                        "or the saved config (config.json there) to resume.")
+    before, now = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
+    changed = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)}
+    if changed:
+      listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+      breaking = [k for k in changed if k.startswith(EXACT_RESUME_FIELDS)]
+      if breaking and not config.get("resume_with_changes", False):
+        raise ValueError(f"Resuming {workdir} at step {latest} with changed {', '.join(breaking)} would not continue "
+                         f"the same run (data order, dropout or step size change). Restore the saved values "
+                         f"(config.json there), use a new --workdir, or pass --config.resume_with_changes=True.")
+      if jax.process_index() == 0:
+        storage.write_atomic(os.fspath(storage.path(workdir) / f"config.{latest}.json"), text)
+        print(f"Resuming at step {latest} with changed settings: {listed} (the previous config is kept as "
+              f"config.{latest}.json).", flush=True)
   if jax.process_index() == 0:
     storage.write_atomic(os.fspath(path), config.to_json_best_effort(indent=2))
 

@@ -51,6 +51,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.seed = 0
   c.init_checkpoint = ""          # warm start (params only) from a run or `albert_jax.convert` output
   c.compilation_cache_dir = ""    # persistent XLA cache; "" = workdir/compilation_cache, "none" = off
+  c.resume_with_changes = False   # resume although seed, batch size, optimizer or data settings changed
 
   c.data = ml_collections.ConfigDict()
   c.data.kind = "prepared"        # "prepared" (data_pipeline.prepare output) | "synthetic" (benchmarks, smoke)

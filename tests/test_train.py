@@ -332,6 +332,25 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
 
 
 @pytest.mark.slow
+def test_resuming_with_changed_settings_is_said_recorded_or_refused(tmp_path):
+  first = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
+  assert first.returncode == 0, first.stderr
+  longer = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=3", "--config.log.every=3")
+  assert longer.returncode == 0, longer.stderr
+  assert ("Resuming at step 2 with changed settings: log.every: 1 -> 3, train.num_train_steps: 2 -> 3"
+          in longer.stdout)
+  assert json.loads((tmp_path / "config.2.json").read_text())["train"]["num_train_steps"] == 2
+  reseeded = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=3", "--config.seed=7")
+  assert reseeded.returncode != 0
+  assert "with changed seed would not continue the same run" in reseeded.stderr
+  assert "--config.resume_with_changes=True" in reseeded.stderr
+  forced = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=4", "--config.seed=7",
+               "--config.resume_with_changes=True")
+  assert forced.returncode == 0, forced.stderr
+  assert "seed: 0 -> 7" in forced.stdout and (tmp_path / "config.3.json").exists()
+
+
+@pytest.mark.slow
 def test_a_second_run_in_a_busy_workdir_is_refused_and_a_killed_owner_does_not_block(tmp_path):
   steps = ["--config.train.num_train_steps=300", "--config.checkpoint.every=50"]
   owner = cli(tmp_path, *SMALL_RUN, *steps, wait=False)
