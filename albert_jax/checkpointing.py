@@ -24,6 +24,10 @@ from orbax.checkpoint import checkpoint_managers as policies
 from albert_jax import storage
 
 
+class SaveError(RuntimeError):
+  """A checkpoint could not be written; the message names the last good one."""
+
+
 class _DataState:
   """What grain's CheckpointHandler needs: get_state() -> bytes at save, set_state(bytes) at restore."""
 
@@ -53,6 +57,7 @@ class Checkpointer:
         self.directory, item_names=("state", "data"),
         item_handlers={"state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler()},
         options=options)
+    self.failed = False
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -61,9 +66,29 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: Any, data_state: Any, force: bool = False) -> bool:
-    return self.manager.save(step, args=ocp.args.Composite(
+    return self._saving(lambda: self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(_DataState(data_state))),
-        force=force)
+        force=force))
+
+  def check(self) -> None:
+    """Raises SaveError as soon as a background save has failed (the loop calls it every step)."""
+    self._saving(self.manager.check_for_errors)
+
+  def _saving(self, action: Callable[[], Any]) -> Any:
+    try:
+      return action()
+    except Exception as e:  # noqa: BLE001 - a full disk, permissions or storage: orbax re-raises what it met
+      self.failed = True
+      reason = str(e).strip().splitlines()[0][:1000] if str(e).strip() else type(e).__name__
+      raise SaveError(f"Saving a checkpoint failed ({type(e).__name__}: {reason}). The last good checkpoint is "
+                      f"{self.last_good()}; free space (or fix the storage) and rerun: the run resumes from it."
+                      ) from None
+
+  def last_good(self) -> str:
+    """The newest complete checkpoint, in words (for messages after a failure)."""
+    self.manager.reload()
+    latest = self.latest_step()
+    return f"step {latest} in {self.directory}" if latest is not None else "none (no checkpoint was completed)"
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
     """Restores into `abstract_state`'s shapes and shardings; returns (state, this process's data state)."""
@@ -121,10 +146,16 @@ class Checkpointer:
     return self.manager.reached_preemption(step)
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    self._saving(self.manager.wait_until_finished)
 
   def close(self) -> None:
-    self.manager.close()
+    """Closes the manager; after a failed save its background machinery may be broken, so closing then cannot
+    replace the SaveError that names the last good checkpoint."""
+    try:
+      self.manager.close()
+    except Exception:  # noqa: BLE001
+      if not self.failed:
+        raise
 
 
 def local_restore_target(metadata: Any) -> Any:

@@ -4,6 +4,7 @@ non-finite step. Pretraining and fine-tuning both run through `fit`.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -194,6 +195,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
         state, step_metrics = train_step(state, s.global_batch(next(train_iter)), rng)
         done = step + 1
         window.push(done, step_metrics)
+        ckpt.check()  # a failed background save stops the run now, not at the next save
         if config.log.profile_start >= 0 and done == config.log.profile_start + config.log.profile_steps:
           jax.profiler.stop_trace()
           profile.close()
@@ -215,9 +217,30 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
                                "the run resumes from the latest complete one there.")
           print(f"Preemption: saved step {done} in {ckpt.directory}; exiting cleanly.", flush=True)
           break
-    finally:
+    except OSError as e:  # a full disk under metrics or TensorBoard: one line naming the checkpoint to resume from
+      _close_quietly(ckpt, writer, preemption)
+      if e.errno != errno.ENOSPC:
+        raise
+      raise checkpointing.SaveError(f"Writing into {workdir} failed ({e}). The last good checkpoint is "
+                                    f"{ckpt.last_good()}; free space and rerun: the run resumes from it.") from None
+    except BaseException:
+      _close_quietly(ckpt, writer, preemption)
+      raise
+    try:
       ckpt.wait()
-      ckpt.close()
-      writer.close()
-      preemption.restore()
+    except BaseException:
+      _close_quietly(ckpt, writer, preemption)
+      raise
+    ckpt.close()
+    writer.close()
+    preemption.restore()
   return last
+
+
+def _close_quietly(ckpt: checkpointing.Checkpointer, writer, preemption: _Preemption) -> None:
+  """Ends the run's resources after a failure, never hiding it behind an error of the clean-up."""
+  for close in (ckpt.wait, ckpt.close, writer.close, preemption.restore):
+    try:
+      close()
+    except Exception:  # noqa: BLE001 - the failure being raised is the one to report
+      pass

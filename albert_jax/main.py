@@ -63,13 +63,15 @@ def main(argv) -> None:
   if FLAGS.mode == "compile" and not os.environ.get("JAX_PLATFORMS"):
     import jax
     jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip
-  from albert_jax import storage
+  from albert_jax import checkpointing, storage
   try:
     runner.run(config, FLAGS.workdir, FLAGS.mode, runner.RunArgs(
         input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit,
         pooling=FLAGS.pooling, split=FLAGS.split))
-  except storage.StorageError as e:  # a bucket, credentials or server problem: the message names the fix
-    sys.exit(f"error: {e}")
+  except (storage.StorageError, checkpointing.SaveError) as e:  # storage trouble: the message names the fix
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)  # skip interpreter shutdown, where orbax's failed background saves print pages of asyncio noise
 
 
 if __name__ == "__main__":

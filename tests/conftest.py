@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # with libtpu installed (the tpu extra), jax would probe for a TPU
 
 import pytest  # noqa: E402
 

@@ -350,6 +350,36 @@ def test_resuming_with_changed_settings_is_said_recorded_or_refused(tmp_path):
   assert "seed: 0 -> 7" in forced.stdout and (tmp_path / "config.3.json").exists()
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 3 MiB tmpfs: room for two checkpoints of the SMALL_RUN model, not three (needs root, as CI has)."""
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True,
+                           text=True)
+  if mounted.returncode:
+    if os.environ.get("CI"):
+      pytest.fail(f"CI must be able to mount a tmpfs: {mounted.stderr}")
+    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr}")
+  yield disk
+  subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_naming_the_last_good_checkpoint(small_disk):
+  result = cli(small_disk / "run", *SMALL_RUN, "--config.train.num_train_steps=40", "--config.checkpoint.every=2",
+               "--config.checkpoint.keep=20", "--config.checkpoint.async_save=true",
+               "--config.compilation_cache_dir=none")
+  assert result.returncode != 0
+  last = checkpointing.Checkpointer(str(small_disk / "run" / "checkpoints"), 1, 1).latest_step()
+  assert last is not None and last < 40
+  message = result.stderr.strip().splitlines()[-1]
+  assert message.startswith(("error: Saving a checkpoint failed", "error: Writing into")), result.stderr[-2000:]
+  assert "RESOURCE_EXHAUSTED" in message or "No space left on device" in message
+  assert f"The last good checkpoint is step {last} in" in message
+  assert max(logged(small_disk / "run")) <= last + 2 * 2  # stopped within two save intervals, not at the end
+
+
 @pytest.mark.slow
 def test_a_second_run_in_a_busy_workdir_is_refused_and_a_killed_owner_does_not_block(tmp_path):
   steps = ["--config.train.num_train_steps=300", "--config.checkpoint.every=50"]
