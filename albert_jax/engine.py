@@ -217,7 +217,8 @@ class Setup:
     (a start that hits the persistent compilation cache shows it)."""
     hits_before = _cache_hits
     log = print if jax.process_index() == 0 else lambda *a, **k: None
-    log(f"Compiling the train step for {self.mesh.size} device{'s' if self.mesh.size > 1 else ''} (micro batch {self.split.micro_batch} x "
+    devices = f"{self.mesh.size} device{'s' if self.mesh.size > 1 else ''}"
+    log(f"Compiling the train step for {devices} (micro batch {self.split.micro_batch} x "
         f"{self.split.accumulation_steps} accumulation step(s))...", flush=True)
     start = time.perf_counter()
     compiled = self.lower_train_step().compile()
