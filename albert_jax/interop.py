@@ -19,6 +19,7 @@ import numpy as np
 import safetensors.numpy
 
 from albert_jax import model as model_lib
+from albert_jax import storage
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks import get_task
 from albert_jax.tasks.heads import (HF_HEAD_PARAMS, MULTIPLE_CHOICE, NO_POOLER, QUESTION_ANSWERING,
@@ -315,13 +316,12 @@ def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
 def finetuned_head(weights_dir: str) -> HFHead | None:
   """The HF head of fine-tuned weights kept in a workdir (`WORKDIR/best/step_N`), from the task that the
   workdir's config.json names; None for any other directory."""
-  weights_dir = os.path.abspath(weights_dir)
+  weights_dir = storage.absolute(weights_dir).rstrip("/")
   workdir = os.path.dirname(os.path.dirname(weights_dir))
   config_path = os.path.join(workdir, "config.json")
-  if os.path.basename(os.path.dirname(weights_dir)) != "best" or not os.path.isfile(config_path):
+  if os.path.basename(os.path.dirname(weights_dir)) != "best" or not storage.path(config_path).is_file():
     return None
-  with open(config_path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = ml_collections.ConfigDict(json.loads(storage.path(config_path).read_text()))
   if "task" not in config:
     return None
   return get_task(config).hf_head
