@@ -32,6 +32,9 @@ def from_hf(src: str, dst: str) -> None:
 
 
 def from_tf1(src: str, dst: str) -> None:
+  if storage.is_remote(src):
+    raise ValueError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
+                     "`gcloud storage cp -r` first (--dst may be gs://).")
   model_config, params = tf1.load_tf1(src)
   pretrained.save_pretrained(dst, model_config, params)
   logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
