@@ -27,6 +27,7 @@ setup(
         "grain>=0.2.12,<0.3",
         "array-record>=0.7.0",
         "tensorboardX>=2.6.2",
+        "tqdm>=4.66",  # progress bars of the data phases on a terminal
         "numpy>=1.26",
         "google-crc32c>=1.5",  # checksums of TF1 checkpoints (albert_jax/tf1.py)
         "safetensors>=0.4",  # `python -m albert_jax.convert` writes and reads .safetensors on the basic install

@@ -74,7 +74,7 @@ def embed(config, workdir: str, args) -> None:
   s = engine.setup(config, _job(config))
   with s.context():
     outputs = finetune.predict_features(embed_fn(AlbertModel(model_config), args.pooling),
-                                        finetune.replicate(params["albert"], s), features, s)
+                                        finetune.replicate(params["albert"], s), features, s, f"embedding {args.input}")
   if jax.process_index() == 0:
     np.save(args.output, outputs["embedding"].astype(np.float32))
     print(f"Wrote {args.pooling} embeddings {outputs['embedding'].shape} of {args.input} ({which}) to {args.output}",

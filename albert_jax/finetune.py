@@ -22,6 +22,7 @@ import numpy as np
 from albert_jax import engine, loop, pretrained, storage
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks import Split, get_task, make_tokenizer
+from data_pipeline.progress import Progress
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -66,19 +67,26 @@ def prediction_split(split: engine.BatchSplit) -> engine.BatchSplit:
   return dataclasses.replace(split, global_batch=rows, accumulation_steps=1)
 
 
-def predict_features(predict_fn: Callable, params, features: dict[str, np.ndarray],
-                     s: engine.Setup) -> dict[str, np.ndarray]:
+def predict_features(predict_fn: Callable, params, features: dict[str, np.ndarray], s: engine.Setup,
+                     label: str | None = None) -> dict[str, np.ndarray]:
   """Runs `predict_fn(params, batch)` over every feature row in `prediction_split` batches (the last one padded,
-  padding dropped). A row's outputs do not depend on the rows beside it, so the micro batch changes no number."""
+  padding dropped). A row's outputs do not depend on the rows beside it, so the micro batch changes no number.
+  `label`: show progress under that name on process 0 (a whole test split takes minutes on a CPU)."""
   predict = jax.jit(predict_fn, out_shardings=s.replicated)
   num_rows = len(next(iter(features.values())))
   split = prediction_split(s.split)
+  progress = Progress(label, "rows predicted", (num_rows, "rows")) if label and jax.process_index() == 0 else None
   outputs: dict[str, list[np.ndarray]] = {}
   for start in range(0, num_rows, split.global_batch):
     rows = split.local(np.arange(start, start + split.global_batch) % num_rows)  # wrap to pad the last batch
     batch = s.global_batch({k: v[rows] for k, v in features.items()})
     for name, value in jax.device_get(predict(params, batch)).items():
       outputs.setdefault(name, []).append(np.asarray(value))
+    if progress:
+      done = min(start + split.global_batch, num_rows)
+      progress.update(done, done)
+  if progress:
+    progress.done()
   return {name: np.concatenate(parts)[:num_rows] for name, parts in outputs.items()}
 
 
@@ -228,7 +236,8 @@ def predict_split_file(config, workdir, task, model, tokenizer, params, split_na
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.load_split(split_name, tokenizer)
-    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s)
+    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s,
+                               f"predicting split {split_name}")
     path = output or os.path.join(workdir, task.submission_name(split_name))
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), path)
@@ -310,7 +319,8 @@ def predict(config, workdir: str, args) -> None:
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.read_user_file(input_path, tokenizer)
-    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s)
+    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s,
+                               f"predicting {input_path}")
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), output_path)
       print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

@@ -10,7 +10,8 @@ and marks the preparation complete; the SentencePiece model is copied in as `spi
 all a loader needs.
 
 What may be reused is decided by `prepare_config.json`: the settings plus a fingerprint of every input file (path,
-size, mtime and a hash of its first and last MiB) and the tokenizer's sha256. Different settings are refused (they
+size, mtime and a hash of its first and last MiB; for a TFDS input, every file of the prepared dataset) and the
+tokenizer's sha256. Different settings are refused (they
 are more likely a wrong --output_dir than a wish to lose the old output). The same settings over changed inputs or
 a replaced --spm_model mean "prepare these files again", as `make` rebuilds after a source changed: the stale
 shards are deleted and everything is prepared anew, said on stderr. Files are only ever written under a fresh
@@ -85,16 +86,16 @@ def assign(seed: int, doc_index: int, eval_fraction: float, counts: dict[str, in
 SAMPLE_BYTES = 1 << 20   # hashed at each end of an input file
 
 
-def input_fingerprint(path: str) -> dict:
+def input_fingerprint(path: str, text: bool = True) -> dict:
   """Size, mtime and a hash of the first and last MiB: cheap on a corpus of many GB, and it changes when a file
-  is replaced, appended to or edited at either end. Refuses a binary file (a NUL byte in those bytes)."""
+  is replaced, appended to or edited at either end. `text`: refuse a binary file (a NUL byte in those bytes)."""
   size, mtime_ns = storage.size_and_mtime_ns(path)
   digest = hashlib.sha256(str(size).encode())
   with storage.path(path).open("rb") as f:
     for start in sorted({0, max(0, size - SAMPLE_BYTES)}):
       f.seek(start)
       sample = f.read(SAMPLE_BYTES)
-      if b"\0" in sample:
+      if text and b"\0" in sample:
         raise binary_file_error(path, start + sample.index(b"\0"))
       digest.update(sample)
   return {"path": storage.absolute(path), "size": size, "mtime_ns": mtime_ns,
@@ -115,9 +116,10 @@ def _tokenize(doc, source: Source, tokenizer: Tokenizer, config: PrepareConfig, 
   return sentences
 
 
-def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
+def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]], reports: bool = True) -> None:
   """Stream the input once and write the given (split, shard) files: locally under a temporary name, then
-  renamed, or uploaded for a gs:// output (ArrayRecord writes local files only)."""
+  renamed, or uploaded for a gs:// output (ArrayRecord writes local files only). `reports`: show progress (one
+  worker does, for all: each reads the whole input at about the same pace)."""
   tokenizer = Tokenizer(config.spm_model, config.do_lower_case)
   dtype = records.token_dtype(tokenizer.vocab_size)
   counts, source = config.shard_counts(), config.source()
@@ -126,9 +128,10 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
   written = {s: os.path.join(staging, os.path.basename(final[s])) if staging else final[s] + ".tmp" for s in shards}
   writers = {s: ArrayRecordWriter(_fresh(written[s]), "group_size:1") for s in shards}
   stats = {s: collections.Counter() for s in shards}
-  progress = Progress(f"data_pipeline.prepare ({len(shards)} shard(s) of {sum(counts.values())})", "documents read")
+  progress = Progress("data_pipeline.prepare", "documents read", source.total()) if reports else None
   for doc_index, doc in enumerate(source.documents()):
-    progress.update(doc_index)
+    if progress:
+      progress.update(doc_index + 1, doc.position)
     shard = assign(config.seed, doc_index, config.eval_fraction, counts)
     if shard not in writers:
       continue
@@ -148,7 +151,8 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]]) -> None:
     st["sentences"] += len(sentences)
     st["tokens"] += sum(map(len, sentences))
     writers[shard].write(records.encode_document(sentences, dtype))
-  progress.done(sum(st["documents"] for st in stats.values()))
+  if progress:
+    progress.done()
   for shard in shards:
     writers[shard].close()
     storage.write_atomic(final[shard] + ".stats.json", json.dumps(dict(stats[shard]), indent=1))
@@ -233,8 +237,8 @@ def prepare(config: PrepareConfig) -> dict:
   if not 0.0 <= config.eval_fraction < 1.0:
     raise ValueError(f"--eval_fraction must be in [0, 1), got {config.eval_fraction}.")
   source = config.source()
-  files = [] if source.format == "tfds" else source.files()
-  inputs = [input_fingerprint(f) for f in files]
+  files = source.files()
+  inputs = [input_fingerprint(f, text=source.format != "tfds") for f in files]
   _check_or_record_identity(config, {**config.identity(), "inputs": inputs, "tokenizer_sha256": tokenizer.sha256})
   counts = config.shard_counts()
   todo = [(split, i) for split in SPLITS for i in range(counts[split])
@@ -242,14 +246,14 @@ def prepare(config: PrepareConfig) -> dict:
   start = time.time()
   if todo:
     workers = max(1, min(config.workers, len(todo)))
-    print(f"data_pipeline.prepare: {len(files) or 'tfds'} input file(s), {sum(i['size'] for i in inputs) / 1e6:,.1f} "
+    print(f"data_pipeline.prepare: {len(files)} input file(s), {sum(i['size'] for i in inputs) / 1e6:,.1f} "
           f"MB -> {len(todo)} shard(s) in {config.output_dir} with {workers} worker(s)...", file=sys.stderr,
           flush=True)
     if workers == 1:
       _write_shards(config, todo)
     else:
       with multiprocessing.get_context("spawn").Pool(workers, _watch_parent, (os.getpid(),)) as pool:
-        pool.starmap(_write_shards, [(config, todo[k::workers]) for k in range(workers)])
+        pool.starmap(_write_shards, [(config, todo[k::workers], k == 0) for k in range(workers)])
   model_copy = os.path.join(config.output_dir, records.SPM_MODEL)
   if not _is_done(model_copy) or _sha256(model_copy) != tokenizer.sha256:
     storage.copy_atomic(config.spm_model, model_copy)

@@ -38,6 +38,7 @@ class RawDocument:
   cut: bool = False          # continues the previous document, cut at max_document_units
   unreadable: bool = False   # a JSONL line that is not an object with a string text field
   lines_cut: int = 0         # cuts inside lines/paragraphs longer than max_unit_bytes
+  position: int = 0          # input read so far (bytes over all files, or TFDS records): progress and ETA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,10 @@ class Source:
     return self.format != "lines"
 
   def files(self) -> list[str]:
-    """The input files in a fixed (sorted per pattern) order; an error if a pattern matches nothing."""
+    """The input files in a fixed (sorted per pattern) order; an error if a pattern matches nothing. For a TFDS
+    source, the prepared dataset's files (so a rebuilt dataset is told apart from the one already prepared)."""
+    if self.format == "tfds":
+      return storage.glob(os.path.join(_tfds_builder(self.input[len("tfds:"):], self.tfds_data_dir).data_dir, "*"))
     files = []
     for pattern in filter(None, self.input.split(",")):
       matched = storage.glob(pattern)
@@ -72,16 +76,30 @@ class Source:
       files.extend(m for m in matched if storage.path(m).is_file())
     return files
 
+  def total(self) -> tuple[int, str]:
+    """How much input there is, in the unit of `RawDocument.position`: (bytes, "bytes") or (records, "records")."""
+    if self.format == "tfds":
+      return len(_tfds_source(self.input[len("tfds:"):], self.tfds_data_dir)), "records"
+    return sum(storage.size_and_mtime_ns(f)[0] for f in self.files()), "bytes"
+
   def documents(self) -> Iterator[RawDocument]:
     if self.format == "tfds":
-      texts = _tfds_texts(self.input[len("tfds:"):], self.text_field, self.tfds_data_dir)
-      for text in texts:
-        yield from _text_documents(text, _Collector(self.max_document_units, self.max_unit_bytes))
+      source = _tfds_source(self.input[len("tfds:"):], self.tfds_data_dir)
+      for i in range(len(source)):
+        for doc in _text_documents(_record_text(source[i], self.text_field),
+                                   _Collector(self.max_document_units, self.max_unit_bytes)):
+          doc.position = i + 1
+          yield doc
       return
     read = {"lines": _line_documents, "paragraphs": _paragraph_documents, "jsonl": _jsonl_documents}[self.format]
+    done = 0
     for path in self.files():
-      docs = _Collector(self.max_document_units, self.max_unit_bytes)
-      yield from read(_decoded_lines(path, self.max_unit_bytes), self.text_field, docs)
+      with storage.open_read(path) as f:
+        docs = _Collector(self.max_document_units, self.max_unit_bytes)
+        for doc in read(_decoded_lines(f, path, self.max_unit_bytes), self.text_field, docs):
+          doc.position = done + f.tell()
+          yield doc
+        done += f.tell()
 
 
 class _Collector:
@@ -131,19 +149,18 @@ def _raw_pieces(f, limit: int) -> Iterator[tuple[bytes, bool]]:
     yield raw[:cut], True
 
 
-def _decoded_lines(path: str, limit: int) -> Iterator[tuple[str, bool, bool]]:
+def _decoded_lines(f, path: str, limit: int) -> Iterator[tuple[str, bool, bool]]:
   """(text without its newline, whether it had invalid UTF-8, whether the line goes on in the next piece),
-  reading bytes so bad input cannot stop the run; refuses a binary file by name."""
+  reading bytes from the open file `f` so bad input cannot stop the run; refuses a binary file by name."""
   offset = 0
-  with storage.open_read(path) as f:
-    for raw, goes_on in _raw_pieces(f, limit):
-      if b"\0" in raw:
-        raise binary_file_error(path, offset + raw.index(b"\0"))
-      offset += len(raw)
-      try:
-        yield raw.decode("utf-8").rstrip("\r\n"), False, goes_on
-      except UnicodeDecodeError:
-        yield raw.decode("utf-8", errors="replace").rstrip("\r\n"), True, goes_on
+  for raw, goes_on in _raw_pieces(f, limit):
+    if b"\0" in raw:
+      raise binary_file_error(path, offset + raw.index(b"\0"))
+    offset += len(raw)
+    try:
+      yield raw.decode("utf-8").rstrip("\r\n"), False, goes_on
+    except UnicodeDecodeError:
+      yield raw.decode("utf-8", errors="replace").rstrip("\r\n"), True, goes_on
 
 
 def _line_documents(lines, _: str, docs: _Collector) -> Iterator[RawDocument]:
@@ -224,16 +241,32 @@ def _jsonl_documents(lines, text_field: str, docs: _Collector) -> Iterator[RawDo
     yield from _text_documents(text, docs, bad)
 
 
-def _tfds_texts(spec: str, text_field: str, data_dir: str | None) -> Iterator[str]:
+def _tfds_builder(spec: str, data_dir: str | None):
+  import tensorflow_datasets as tfds
+  name, _, _ = spec.partition(":")
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except Exception as e:  # tfds raises several types for an unknown or unreadable dataset
+    raise ValueError(_tfds_error(spec, data_dir, e)) from e
+
+
+def _tfds_source(spec: str, data_dir: str | None):
   import tensorflow_datasets as tfds
   name, _, split = spec.partition(":")
   try:
-    source = tfds.data_source(name, split=split or "train", data_dir=data_dir)
+    return tfds.data_source(name, split=split or "train", data_dir=data_dir)
   except Exception as e:  # tfds raises several types for "not prepared" / "wrong file format"
-    raise ValueError(f"Cannot open TFDS dataset {name!r} split {split or 'train'!r} in data_dir={data_dir!r}: {e}. "
-                     "It must be prepared in array_record format (reading needs no TensorFlow): "
-                     f"`tfds build {name} --file_format=array_record`, or builder.download_and_prepare("
-                     "file_format='array_record').") from e
-  for i in range(len(source)):
-    text = source[i][text_field]
-    yield text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
+    raise ValueError(_tfds_error(spec, data_dir, e)) from e
+
+
+def _tfds_error(spec: str, data_dir: str | None, e: Exception) -> str:
+  name, _, split = spec.partition(":")
+  return (f"Cannot open TFDS dataset {name!r} split {split or 'train'!r} in data_dir={data_dir!r}: {e}. "
+          "It must be prepared in array_record format (reading needs no TensorFlow): "
+          f"`tfds build {name} --file_format=array_record`, or builder.download_and_prepare("
+          "file_format='array_record').")
+
+
+def _record_text(record: dict, text_field: str) -> str:
+  text = record[text_field]
+  return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)

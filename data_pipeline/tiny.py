@@ -25,7 +25,7 @@ def ensure_tiny_dataset(directory: str) -> str:
   corpus = ",".join(sorted(str(p) for p in ASSETS.glob("*.txt")))
   model = os.path.join(directory, "tiny_spm.model")
   if not os.path.isfile(model):
-    train_spm.train(train_spm.sentences(Source(corpus, format="paragraphs")), model, vocab_size=VOCAB_SIZE)
+    train_spm.train(Source(corpus, format="paragraphs"), model, vocab_size=VOCAB_SIZE)
   prepare(PrepareConfig(input=corpus, format="paragraphs", spm_model=model, output_dir=prepared, num_shards=4,
                         eval_fraction=0.05, workers=1))
   return prepared

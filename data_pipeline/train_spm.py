@@ -11,7 +11,7 @@ import argparse
 import io
 import os
 import sys
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import sentencepiece as spm
 
@@ -24,35 +24,33 @@ from data_pipeline.tokenization import preprocess_text
 USER_SYMBOLS = ["(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac"]
 
 
-def sentences(source: Source, do_lower_case: bool = True) -> Iterator[str]:
+def sentences(source: Source, do_lower_case: bool = True, progress: Progress | None = None) -> Iterator[str]:
+  """The source's sentences, preprocessed as the model's input is; `progress` is told per document."""
+  count = 0
   for doc in source.documents():
     for unit in doc.units:
       for sentence in split_sentences(unit) if source.splits_sentences else (unit,):
         text = preprocess_text(sentence, lower=do_lower_case)
         if text:
+          count += 1
           yield text
+    if progress:
+      progress.update(count, doc.position)
 
 
-def train(texts: Iterable[str], model_path: str, vocab_size: int = 30000, input_sentence_size: int = 10_000_000,
-          seed: int = 0, num_threads: int = 1) -> str:
-  """Train on `texts` and write `model_path` (a .model file); returns the path."""
+def train(source: Source, model_path: str, vocab_size: int = 30000, input_sentence_size: int = 10_000_000,
+          seed: int = 0, num_threads: int = 1, do_lower_case: bool = True) -> str:
+  """Train on the sentences of `source` and write `model_path` (a .model file); returns the path."""
   model = io.BytesIO()
-  progress = Progress(f"data_pipeline.train_spm (vocab {vocab_size:,})", "sentences read")
-  counted = [0]
-
-  def counting(texts):
-    for counted[0], text in enumerate(texts, 1):
-      progress.update(counted[0])
-      yield text
-
+  progress = Progress(f"data_pipeline.train_spm (vocab {vocab_size:,})", "sentences read", source.total())
   spm.set_random_generator_seed(seed)      # the sentence sample (and so the model) is reproducible
   spm.SentencePieceTrainer.train(
-      sentence_iterator=counting(texts), model_writer=model, model_type="unigram", vocab_size=vocab_size,
-      pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+      sentence_iterator=sentences(source, do_lower_case, progress), model_writer=model, model_type="unigram",
+      vocab_size=vocab_size, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
       user_defined_symbols=USER_SYMBOLS, character_coverage=0.99995, input_sentence_size=input_sentence_size,
       shuffle_input_sentence=True, num_threads=num_threads, minloglevel=2)
   storage.write_atomic(model_path, model.getvalue())
-  progress.done(counted[0])
+  progress.done()
   return model_path
 
 
@@ -71,8 +69,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--num_threads", type=int, default=os.cpu_count() or 1)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   source = Source(args.input, args.format, args.text_field, args.tfds_data_dir)
-  train(sentences(source, args.do_lower_case), args.output, args.vocab_size, args.input_sentence_size, args.seed,
-        args.num_threads)
+  train(source, args.output, args.vocab_size, args.input_sentence_size, args.seed, args.num_threads,
+        args.do_lower_case)
   print(args.output)
 
 

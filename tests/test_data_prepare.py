@@ -2,6 +2,7 @@
 import json
 import re
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ def test_text_formats_stream_documents(tmp_path):
     Source(str(tmp_path / "missing*.txt")).files()
 
 
-def test_tfds_text_dataset_without_tensorflow(shared_data, tmp_path):
+def test_tfds_text_dataset_without_tensorflow(shared_data, tmp_path, capsys):
   tfds = pytest.importorskip("tensorflow_datasets")
   corpus = (shared_data / "corpus" / "gutenberg_01952_yellow_wallpaper.txt").read_text(encoding="utf-8")
   chunks = [c for c in corpus.split("\n\n\n") if c.strip()][:12]
@@ -72,14 +73,23 @@ def test_tfds_text_dataset_without_tensorflow(shared_data, tmp_path):
   TinyText.__module__ = "tiny_text_builder"
   TinyText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
   out = tmp_path / "out"
-  manifest = prepare(PrepareConfig(input="tfds:tiny_text:train", tfds_data_dir=str(tmp_path / "tfds"),
-                                   spm_model=_spm(shared_data), output_dir=str(out), num_shards=2, eval_fraction=0))
-  assert manifest["splits"]["train"]["documents"] == len(chunks)
+  config = PrepareConfig(input="tfds:tiny_text:train", tfds_data_dir=str(tmp_path / "tfds"),
+                         spm_model=_spm(shared_data), output_dir=str(out), num_shards=2, eval_fraction=0)
+  manifest = prepare(config)
+  assert manifest["splits"]["train"]["documents"] == len(chunks) and manifest["input_files"] >= 3
   tokenizer = albert_tokenizer(shared_data)
   first_sentences = {tuple(ids[:offsets[1]]) for ids, offsets in _documents(str(out))}
   # A TFDS/JSONL text is split into paragraphs at newlines (these books are hard-wrapped: one line each).
   expected = {tuple(tokenizer.encode(split_sentences(c.strip().split("\n")[0])[0])) for c in chunks}
   assert first_sentences == expected
+  # The dataset rebuilt with other content under the same name: its files' fingerprints say so, and it is prepared
+  # again rather than the old shards reused.
+  shutil.rmtree(tmp_path / "tfds")
+  chunks = chunks[:1]
+  TinyText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
+  capsys.readouterr()
+  assert prepare(config)["splits"]["train"]["documents"] == 1
+  assert "input file(s) changed" in capsys.readouterr().err
   with pytest.raises(ValueError, match="array_record"):
     prepare(PrepareConfig(input="tfds:no_such_dataset", tfds_data_dir=str(tmp_path / "tfds"),
                           spm_model=_spm(shared_data), output_dir=str(tmp_path / "o2")))
@@ -318,3 +328,42 @@ def test_kill_9_of_the_parent_ends_its_workers(shared_data, tmp_path):
     time.sleep(0.1)
   assert not any(map(_alive, workers))
   assert not list(out.glob("*.array_record"))         # no orphan finished (renamed) a shard
+
+
+def test_document_positions_measure_the_input_read(tmp_path):
+  """Progress and ETA come from `RawDocument.position`: bytes read over all files, ending at their total size."""
+  first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+  first.write_text("One.\nTwo.\n\nThree.\n")
+  second.write_text("Four.\n\nFive six.\n")
+  source = Source(f"{first},{second}")
+  assert source.total() == (first.stat().st_size + second.stat().st_size, "bytes") == (35, "bytes")
+  # Each document ends at its blank line or its file's end: 5+5+1, 18 (a.txt), 18+6+1, 35 (both).
+  assert [d.position for d in source.documents()] == [11, 18, 25, 35]
+
+
+def test_progress_line_says_how_much_is_read_and_the_time_left(capsys, monkeypatch):
+  from data_pipeline import progress
+  line = progress.Progress("prep", "documents read", (1_200_000, "bytes"), bar=False)
+  assert line.status(100, 300_000, 5.0) == "100 documents read (20/s), 25% of 1.2 MB, 15 s left"
+  assert line.status(100, None, 5.0) == "100 documents read (20/s)"
+  assert progress.duration(3725) == "1 h 02 min" and progress.duration(185) == "3 min 05 s"
+  assert progress.amount(4096, "records") == "4,096 records" and progress.amount(999, "bytes") == "999 B"
+  clock = iter([0.0, 11.0, 12.0, 30.0])
+  monkeypatch.setattr(progress.time, "time", lambda: next(clock))
+  ticking = progress.Progress("prep", "documents read", (1000, "bytes"), bar=False)
+  ticking.update(10, 250)   # 11 s after the start: a line
+  ticking.update(20, 300)   # 1 s after that line: none
+  ticking.done()
+  assert capsys.readouterr().err.splitlines() == [
+      "prep: 10 documents read (1/s), 25% of 1.0 kB, 33 s left", "prep: 20 documents read in 30 s"]
+
+
+def test_prepare_on_a_terminal_draws_a_bar(shared_data, tmp_path, capsys, monkeypatch):
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("".join(f"Sentence {i} of a document.\nAnd its second line.\n\n" for i in range(300)))
+  monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+  prepare(PrepareConfig(input=str(corpus), spm_model=_spm(shared_data), output_dir=str(tmp_path / "out"),
+                        num_shards=2, eval_fraction=0.0))
+  err = capsys.readouterr().err
+  assert "100%|" in err and f"{corpus.stat().st_size / 1e3:.1f}k/{corpus.stat().st_size / 1e3:.1f}k" in err
+  assert "data_pipeline.prepare: 300 documents read in" in err

@@ -52,6 +52,7 @@ def test_classification_trains_predicts_with_probabilities_and_embeds(shared_dat
   assert result.returncode == 0, result.stdout + result.stderr
   best = json.load(open(tmp_path / "run" / "best" / "best.json"))
   assert best["metric"] == "accuracy" and "macro_f1" in best["metrics"]
+  assert "predicting split test: 10 rows predicted in " in result.stderr   # the progress of writing predictions
   rows = [json.loads(line) for line in open(tmp_path / "run" / "test_predictions")]
   assert [r["id"] for r in rows] == [f"id{i}" for i in range(200, 210)]
   for r in rows:  # labels collected from train, sorted; probabilities of every class sum to 1
@@ -65,6 +66,7 @@ def test_classification_trains_predicts_with_probabilities_and_embeds(shared_dat
   assert out.returncode == 0, out.stdout + out.stderr
   vectors = np.load(tmp_path / "pooled.npy")
   assert vectors.shape == (3, 64) and vectors.dtype == np.float32 and np.abs(vectors).max() <= 1  # tanh pooler
+  assert f"embedding {texts}: 3 rows predicted in " in out.stderr
 
 
 def conll_data(root, count=200):
@@ -101,6 +103,7 @@ def test_token_classification_trains_and_tags_words(shared_data, tmp_path):
             extra=[f"--input={user}", f"--output={tmp_path / 'tags.jsonl'}"])
   assert out.returncode == 0, out.stdout + out.stderr
   assert len(json.loads((tmp_path / "tags.jsonl").read_text())["tags"]) == 4
+  assert f"predicting {user}: 1 rows predicted in " in out.stderr
 
 
 @pytest.mark.slow
