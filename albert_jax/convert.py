@@ -2,6 +2,7 @@
 
   python -m albert_jax.convert --from=hf --src=HF_DIR --dst=OUR_DIR   # then train/fine-tune from OUR_DIR
   python -m albert_jax.convert --to=hf --src=OUR_DIR --dst=HF_DIR     # AlbertForPreTraining.from_pretrained(HF_DIR)
+  python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder alone: AlbertModel
   python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
 
 The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
@@ -22,6 +23,8 @@ flags.DEFINE_enum("to", None, FORMATS, "Convert our pretrained-weights directory
 flags.DEFINE_string("src", None, "Directory to read.")
 flags.DEFINE_string("dst", None, "Directory to write.")
 flags.DEFINE_bool("overwrite", False, "Write into --dst even when it is not empty.")
+flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an AlbertModel), dropping any head; for "
+                  "heads transformers has no class for, such as SQuAD v2's answer-class head.")
 FLAGS = flags.FLAGS
 
 
@@ -40,16 +43,23 @@ def from_tf1(src: str, dst: str) -> None:
   logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
 
 
-def to_hf(src: str, dst: str) -> None:
+def to_hf(src: str, dst: str, encoder_only: bool = False) -> None:
   model_config, params = pretrained.load_pretrained(src)
-  interop.save_hf(model_config, params, dst, head=interop.finetuned_head(src))  # WORKDIR/best/step_N: its task
+  if encoder_only:
+    params, head = {"albert": params["albert"]}, None
+  else:
+    head = interop.finetuned_head(src)  # WORKDIR/best/step_N: its task's HF class
+  interop.save_hf(model_config, params, dst, head=head)
   logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
 
 
-def convert(source: str | None, target: str | None, src: str | None, dst: str | None, overwrite: bool = False):
+def convert(source: str | None, target: str | None, src: str | None, dst: str | None, overwrite: bool = False,
+            encoder_only: bool = False):
   """Checks the arguments (ValueError/FileNotFoundError/FileExistsError naming the fix), then converts."""
   if (source is None) == (target is None):
     raise ValueError("Pass exactly one of --from=hf (HF -> ours) or --to=hf (ours -> HF).")
+  if encoder_only and source:
+    raise ValueError("--encoder_only applies to --to=hf; drop it for --from.")
   if not src or not dst:
     raise ValueError("Pass both --src (directory to read) and --dst (directory to write).")
   hf_side = src if source == "hf" else dst
@@ -60,14 +70,17 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
     raise FileNotFoundError(f"--src={src} is not a directory.")
   if storage.path(dst).is_dir() and any(storage.path(dst).iterdir()) and not overwrite:
     raise FileExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
-  ({"hf": from_hf, "tf1": from_tf1}[source] if source else to_hf)(src, dst)
+  if source:
+    {"hf": from_hf, "tf1": from_tf1}[source](src, dst)
+  else:
+    to_hf(src, dst, encoder_only)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; use --from/--to, --src, --dst.")
   try:
-    convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite)
+    convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only)
   except (ValueError, FileNotFoundError, FileExistsError, storage.StorageError) as e:
     sys.exit(f"convert: error: {e}")
 

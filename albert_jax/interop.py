@@ -22,7 +22,7 @@ from albert_jax import model as model_lib
 from albert_jax import storage
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks import get_task
-from albert_jax.tasks.heads import (HF_HEAD_PARAMS, MULTIPLE_CHOICE, NO_POOLER, QUESTION_ANSWERING,
+from albert_jax.tasks.heads import (ANSWER_CLASS_PARAMS, HF_HEAD_PARAMS, MULTIPLE_CHOICE, NO_POOLER, QUESTION_ANSWERING,
                                     SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, HFHead)
 
 CONFIG_FILE = "config.json"
@@ -243,6 +243,10 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
   hf_config = config_to_hf(c)
   layout = _hf_layout(c)
   flat = {p: np.asarray(x) for p, x in traverse_util.flatten_dict(nn.unbox(params)).items()}
+  if {p[0] for p in flat} & set(ANSWER_CLASS_PARAMS):
+    raise ValueError(f"params hold SQuAD v2's answer-class head ({', '.join(ANSWER_CLASS_PARAMS)}), which no "
+                     "transformers class has: export the encoder only (convert --encoder_only; in Python pass "
+                     "{'albert': params['albert']}) or fine-tune with --config.data.v2_head=null_score.")
   mapping = ("albert", "encoder", "embedding_hidden_mapping_in")
   dtype = np.result_type(*flat.values())  # of the identity projection and config.json
   if not c.has_embedding_projection:

@@ -193,6 +193,10 @@ def squad_config(size: str, version: int, data: str, spm_model: str) -> ml_colle
   c.data.max_answer_length = 30   # longest predicted answer, in tokens
   c.data.n_best_size = 20         # start and end candidates per window
   c.data.null_score_diff_threshold = 0.0  # v2: answer "" when null_odds > this (tune on dev: best_f1_thresh)
+  if version == 2:
+    c.data.v2_head = "null_score"  # "null_score" (BERT's) | "answer_class" (the original's beam + class head)
+    c.data.start_n_top = 5         # answer_class: starts in the beam
+    c.data.end_n_top = 5           # answer_class: ends kept per start
   # 2 epochs of the train windows: v1.1 3649 steps (= the paper's count, 87.6k questions -> ~88.6k windows);
   # v2.0 ~5500 (130.3k questions -> ~132k windows; for the exact count use ceil(2 * windows / 48)).
   steps = 3649 if version == 1 else 5500

@@ -105,12 +105,15 @@ class TaskSettings:
   task_name: str = ""                     # GLUE's sub-task, e.g. "sst-2"
   path: str = ""                          # the task's data folder
   max_seq_length: int = 512
-  classifier_dropout_prob: float = 0.1    # on the pooled vector (GLUE, RACE)
+  classifier_dropout_prob: float = 0.1    # on the pooled vector (GLUE, RACE), in SQuAD v2's answer class
   doc_stride: int = 128                   # SQuAD: tokens between the starts of consecutive context windows
   max_query_length: int = 64              # SQuAD: question tokens kept (the first ones)
   max_answer_length: int = 30             # SQuAD: longest predicted answer, in tokens
   n_best_size: int = 20                   # SQuAD: start and end candidates per window
   null_score_diff_threshold: float = 0.0  # SQuAD v2: answer "" when null_odds > this
+  v2_head: str = "null_score"             # SQuAD v2: "null_score" | "answer_class" (tasks/squad.py docstring)
+  start_n_top: int = 5                    # SQuAD v2 answer_class: beam width over starts
+  end_n_top: int = 5                      # SQuAD v2 answer_class: ends kept per start
   max_qa_length: int = 128                # RACE, multiple_choice: question + option tokens kept (the last ones)
   # Your own data (classification, token_classification, multiple_choice):
   text_column: str = "text"               # classification: the (first) text's column / JSON field
@@ -235,9 +238,10 @@ class Task(abc.ABC):
     """Inverse of `write_predictions` (used by `albert_jax.evaluate`)."""
 
 
-def apply_model(model, params, batch, rng=None, deterministic: bool = True):
+def apply_model(model, params, batch, rng=None, deterministic: bool = True, **extra):
+  """The model on the batch's inputs; `extra` are head arguments beyond the inputs (e.g. teacher-forced labels)."""
   rngs = {} if deterministic or rng is None else {"dropout": rng}
-  return model.apply({"params": params}, **model_inputs(batch), deterministic=deterministic, rngs=rngs)
+  return model.apply({"params": params}, **model_inputs(batch), deterministic=deterministic, rngs=rngs, **extra)
 
 
 def check_outputs(split: Split, outputs: dict[str, np.ndarray]) -> None:

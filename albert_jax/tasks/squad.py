@@ -5,15 +5,20 @@ Inputs `[CLS] question [SEP] window of the context [SEP]`: questions keep their 
 windows advance by `doc_stride` tokens; a token is scored as a start only in the window where it has the most
 context (min of left/right context, + 0.01·window length; the first window wins ties), as BERT/ALBERT do.
 
-SQuAD v2 head: we use the span head with a null score (BERT's v2 method), NOT the original ALBERT/XLNet
-answer-class head (start beam × end beam + a separate is-impossible classifier). An unanswerable question is
-trained as the span ([CLS], [CLS]); at inference null = min over windows of start[CLS] + end[CLS],
-null_odds = null − best non-null span score, and the answer is "" when null_odds > `null_score_diff_threshold`.
-Why: one head for v1 and v2, no beam search inside the jitted step, and the official v2 scorer with the odds
-as its no-answer probability reports best_exact/best_f1 with the threshold tuned on dev, which is the number
-the original reports. Expect v2 numbers slightly below the original's answer-class head.
+SQuAD v2 has two heads, picked with `data.v2_head` (experiments/squad_v2.py:head=...):
+- "null_score" (default; BERT's v2 method): the v1 span head, an unanswerable question (or a window without the
+  answer) trained as the span ([CLS], [CLS]); null = min over windows of start[CLS] + end[CLS], and
+  null_odds = null − best non-null span score. One head for v1 and v2, exports to AlbertForQuestionAnswering.
+- "answer_class" (the original ALBERT/XLNet `run_squad_v2.py`, `heads.AnswerClassSpanHead`): end logits
+  conditioned on the start token (the gold one in training), a beam of `start_n_top` starts × `end_n_top` ends
+  run inside the jitted predict step, and an answer-class logit trained with binary cross-entropy on "this
+  window has no answer"; loss = (start + end)/2 + 0.5·BCE, as the original. null_odds = min over windows of the
+  class logit. The head behind the original's reported v2 numbers; transformers has no such head.
+Either way the answer is "" when null_odds > `null_score_diff_threshold`, and the official v2 scorer with the odds
+as its no-answer probability reports best_exact/best_f1 with the threshold tuned on dev (the reported number).
 
-Prediction files: `predictions.json` {id: best non-null answer} and, for v2, `<stem>.null_odds.json`
+Prediction files: `predictions.json` {id: best non-null answer}; `<stem>.nbest.json` {id: [{text, probability,
+start_logit, end_logit}, ...]} (the answer-class head's scores are log-probabilities); for v2 `<stem>.null_odds.json`
 {id: null odds} (the official script's --na-prob-file); apply the threshold to get a submission file.
 """
 from __future__ import annotations
@@ -22,14 +27,16 @@ import dataclasses
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from albert_jax import storage
-from albert_jax.tasks import squad_metrics
+from albert_jax.tasks import squad_decode, squad_metrics
 from albert_jax.tasks.alignment import AlignedText, align
 from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
                                     pack, read_text, stack_packed)
-from albert_jax.tasks.heads import QUESTION_ANSWERING, HFHead, SpanExtractor
+from albert_jax.tasks.heads import QUESTION_ANSWERING, AnswerClassSpanHead, HFHead, SpanExtractor
 from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
 
@@ -50,11 +57,19 @@ class SquadExample:
 @dataclasses.dataclass
 class SquadPredictions:
   answers: dict[str, str]     # question id -> best non-null answer text
-  null_odds: dict[str, float]  # question id -> null score - best span score (higher: more likely no answer)
+  null_odds: dict[str, float]  # question id -> null odds (higher: more likely no answer; see the module docstring)
+  nbest: dict[str, list] = dataclasses.field(default_factory=dict)  # question id -> n-best entries (squad_decode)
+
+
+V2_HEADS = ("null_score", "answer_class")
 
 
 def null_odds_path(predictions_path: str) -> str:
   return os.path.splitext(predictions_path)[0] + ".null_odds.json"
+
+
+def nbest_path(predictions_path: str) -> str:
+  return os.path.splitext(predictions_path)[0] + ".nbest.json"
 
 
 class SquadTask(Task):
@@ -67,6 +82,17 @@ class SquadTask(Task):
     if d.max_query_length + 3 >= d.max_seq_length:
       raise ValueError(f"data.max_query_length={d.max_query_length} leaves no room for the context in "
                        f"data.max_seq_length={d.max_seq_length}.")
+    if d.v2_head not in V2_HEADS:
+      raise ValueError(f"data.v2_head={d.v2_head!r}; choose one of {', '.join(map(repr, V2_HEADS))}.")
+    self.answer_class = d.v2_head == "answer_class"
+    if self.answer_class and not self.version_2:
+      raise ValueError("data.v2_head='answer_class' is a SQuAD v2 head; use experiments/squad_v2.py.")
+    for name in ("start_n_top", "end_n_top"):
+      if self.answer_class and not 1 <= getattr(d, name) <= d.max_seq_length:
+        raise ValueError(f"data.{name}={getattr(d, name)}; choose a beam width from 1 to data.max_seq_length="
+                         f"{d.max_seq_length} (the original uses 5).")
+    # transformers has no answer-class head: `interop.save_hf` refuses those weights by name.
+    self.hf_head = None if self.answer_class else HFHead(QUESTION_ANSWERING)
 
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:
@@ -146,9 +172,10 @@ class SquadTask(Task):
 
   # --- model ----------------------------------------------------------------------------------------------
   def make_model(self, model_config):
+    if self.answer_class:
+      d = self.settings
+      return AnswerClassSpanHead(model_config, d.start_n_top, d.end_n_top, d.classifier_dropout_prob)
     return SpanExtractor(model_config)
-
-  hf_head = HFHead(QUESTION_ANSWERING)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     shape = (batch_size, self.settings.max_seq_length)
@@ -157,37 +184,50 @@ class SquadTask(Task):
             "token_type_ids": np.zeros(shape, np.int32), "start_positions": zeros, "end_positions": zeros}
 
   def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
-    start_logits, end_logits = apply_model(model, params, batch, rng, deterministic)
+    if not self.answer_class:
+      start_logits, end_logits = apply_model(model, params, batch, rng, deterministic)
+    else:  # end logits conditioned on the gold start (teacher forcing)
+      start_logits, end_logits, cls_logits = apply_model(model, params, batch, rng, deterministic,
+                                                         start_positions=batch["start_positions"])
     start_loss, start_acc = cross_entropy(start_logits, batch["start_positions"])
     end_loss, end_acc = cross_entropy(end_logits, batch["end_positions"])
     loss = (start_loss + end_loss) / 2
-    return loss, {"loss": loss, "start_accuracy": start_acc, "end_accuracy": end_acc}
+    metrics = {"start_accuracy": start_acc, "end_accuracy": end_acc}
+    if self.answer_class:  # a window is "impossible" when its target is the null span (no answer inside it)
+      impossible = (batch["start_positions"] == 0).astype(jnp.float32)
+      class_loss = optax.sigmoid_binary_cross_entropy(cls_logits, impossible).mean()
+      loss += 0.5 * class_loss  # the original's weight: keeps it on the scale of the span losses
+      metrics.update(class_loss=class_loss, class_accuracy=((cls_logits > 0) == (impossible > 0)).mean())
+    return loss, {"loss": loss, **metrics}
 
   def predict_step(self, model, params, batch):
+    if self.answer_class:
+      return apply_model(model, params, batch)  # the beam's top-k arrays and the class logits
     start_logits, end_logits = apply_model(model, params, batch)
     return {"start_logits": start_logits, "end_logits": end_logits}
 
   # --- outputs --------------------------------------------------------------------------------------------
   def postprocess(self, split: Split, outputs) -> SquadPredictions:
-    """Best span per window among the n-best starts × n-best ends (end >= start, at most max_answer_length
-    tokens, start in its max-context window), then the best window per question."""
+    """Each question's n-best over its windows' candidate spans (`squad_decode`), its best non-null answer and
+    its null odds (module docstring)."""
     check_outputs(split, outputs)
-    info, d = split.info, self.settings
-    starts = np.asarray(outputs["start_logits"], np.float64)
-    ends = np.asarray(outputs["end_logits"], np.float64)
-    in_doc = info["token_start_char"] >= 0
-    span_score, span_start, span_end = _best_spans(np.where(in_doc & info["max_context"], starts, -np.inf),
-                                                   np.where(in_doc, ends, -np.inf), d.n_best_size,
-                                                   d.max_answer_length)
-    null_score = starts[:, 0] + ends[:, 0]
+    d = self.settings
+    if self.answer_class:
+      candidates = squad_decode.beam_candidates(outputs)
+      null_score = np.asarray(outputs["cls_logits"], np.float64)
+    else:
+      starts = np.asarray(outputs["start_logits"], np.float64)
+      ends = np.asarray(outputs["end_logits"], np.float64)
+      candidates = squad_decode.span_candidates(starts, ends, split.info, d.n_best_size)
+      null_score = starts[:, 0] + ends[:, 0]
+    nbest = squad_decode.nbest_answers(split, candidates, d.n_best_size, d.max_answer_length)
     answers, null_odds = {}, {}
-    bounds = np.flatnonzero(np.diff(info["example_index"], prepend=-1, append=len(split.examples)))
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-      ex = split.examples[info["example_index"][lo]]
-      f = lo + int(np.argmax(span_score[lo:hi]))  # finite: every token is a valid 1-token span in some window
-      answers[ex.qid] = ex.context[info["token_start_char"][f, span_start[f]]:info["token_end_char"][f, span_end[f]]]
-      null_odds[ex.qid] = float(null_score[lo:hi].min() - span_score[f])
-    return SquadPredictions(answers, null_odds)
+    for ex, lo, hi in squad_decode.example_windows(split):
+      best = nbest[ex.qid][0]
+      answers[ex.qid] = best["text"]
+      null = float(null_score[lo:hi].min())
+      null_odds[ex.qid] = null if self.answer_class else null - (best["start_logit"] + best["end_logit"])
+    return SquadPredictions(answers, null_odds, nbest)
 
   def score(self, split: Split, predictions: SquadPredictions) -> dict[str, float]:
     """The official scores, and `missing`: questions without a prediction, which the official scripts score 0
@@ -204,6 +244,8 @@ class SquadTask(Task):
     _write_json(path, predictions.answers)
     if self.version_2:
       _write_json(null_odds_path(path), predictions.null_odds)
+    if predictions.nbest:
+      _write_json(nbest_path(path), predictions.nbest)
 
   def read_predictions(self, path: str, split: Split) -> SquadPredictions:
     """The official format, {question id: answer text} (v2: and the null odds file), for ids of `split` only."""
@@ -246,17 +288,3 @@ def _max_context_window(windows: list[tuple[int, int]], num_tokens: int) -> np.n
     context = np.minimum(position - start, start + length - 1 - position) + 0.01 * length
     scores[w, inside] = context[inside]
   return scores.argmax(0)
-
-
-def _best_spans(start_logits: np.ndarray, end_logits: np.ndarray, n_best: int, max_answer_length: int):
-  """Per row: (score, start, end) of the best valid span among the top-n starts × top-n ends; -inf if none."""
-  n_best = min(n_best, start_logits.shape[1])
-  top_start = np.argsort(-start_logits, axis=1, kind="stable")[:, :n_best]
-  top_end = np.argsort(-end_logits, axis=1, kind="stable")[:, :n_best]
-  s, e = top_start[:, :, None], top_end[:, None, :]
-  scores = (np.take_along_axis(start_logits, top_start, 1)[:, :, None]
-            + np.take_along_axis(end_logits, top_end, 1)[:, None, :])
-  scores = np.where((e >= s) & (e - s < max_answer_length), scores, -np.inf).reshape(len(scores), -1)
-  best = scores.argmax(1)
-  rows = np.arange(len(scores))
-  return scores[rows, best], top_start[rows, best // n_best], top_end[rows, best % n_best]
