@@ -376,6 +376,8 @@ def test_a_full_disk_stops_the_run_naming_the_last_good_checkpoint(small_disk):
   assert last is not None and last < 40
   message = result.stderr.strip().splitlines()[-1]
   assert message.startswith(("error: Saving a checkpoint failed", "error: Writing into")), result.stderr[-2000:]
+  # Only that line: not orbax's ERROR records with their tracebacks, logged before the loop learns of the failure.
+  assert [line for line in result.stderr.splitlines() if not line.startswith("step ")] == [message], result.stderr
   assert "RESOURCE_EXHAUSTED" in message or "No space left on device" in message
   assert f"The last good checkpoint is step {last} in" in message
   assert max(logged(small_disk / "run")) <= last + 2 * 2  # stopped within two save intervals, not at the end
