@@ -11,7 +11,9 @@ boundary.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -44,6 +46,43 @@ class _DataState:
     pass
 
 
+class _OrbaxErrors(logging.Filter):
+  """Orbax logs a failed background save (a full disk, lost permissions) from its threads as ERROR records with
+  tracebacks, pages of them, before the loop learns of the failure; the SaveError line then says the same in one
+  line. So orbax's ERROR records are held back: dropped once a save has failed, let through (late) as soon as no
+  save is in flight and none has failed (then they did not stop anything)."""
+
+  def __init__(self):
+    super().__init__()
+    self.held: list[logging.LogRecord] = []
+    self.dropping = False
+    self.lock = threading.Lock()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if (record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
+        or getattr(record, "albert_jax_released", False)):
+      return True
+    with self.lock:
+      if not self.dropping:
+        self.held.append(record)
+    return False
+
+  def drop(self) -> None:
+    with self.lock:
+      self.dropping, self.held = True, []
+
+  def release(self) -> None:
+    with self.lock:
+      held, self.held = self.held, []
+    for record in held:
+      record.albert_jax_released = True
+      logging.getLogger(record.name).handle(record)
+
+
+_ORBAX_ERRORS = _OrbaxErrors()
+logging.getLogger("absl").addFilter(_ORBAX_ERRORS)  # absl.logging, which orbax logs through
+
+
 class Checkpointer:
   def __init__(self, directory: str, every: int, keep: int, async_save: bool = True):
     self.directory = storage.absolute(directory)
@@ -73,12 +112,15 @@ class Checkpointer:
   def check(self) -> None:
     """Raises SaveError as soon as a background save has failed (the loop calls it every step)."""
     self._saving(self.manager.check_for_errors)
+    if _ORBAX_ERRORS.held and not self.manager.is_saving_in_progress():
+      _ORBAX_ERRORS.release()
 
   def _saving(self, action: Callable[[], Any]) -> Any:
     try:
       return action()
     except Exception as e:  # noqa: BLE001 - a full disk, permissions or storage: orbax re-raises what it met
       self.failed = True
+      _ORBAX_ERRORS.drop()  # their tracebacks say at length what the line below says
       reason = str(e).strip().splitlines()[0][:1000] if str(e).strip() else type(e).__name__
       raise SaveError(f"Saving a checkpoint failed ({type(e).__name__}: {reason}). The last good checkpoint is "
                       f"{self.last_good()}; free space (or fix the storage) and rerun: the run resumes from it."
@@ -147,6 +189,7 @@ class Checkpointer:
 
   def wait(self) -> None:
     self._saving(self.manager.wait_until_finished)
+    _ORBAX_ERRORS.release()
 
   def close(self) -> None:
     """Closes the manager; after a failed save its background machinery may be broken, so closing then cannot
@@ -156,6 +199,8 @@ class Checkpointer:
     except Exception:  # noqa: BLE001
       if not self.failed:
         raise
+    finally:
+      _ORBAX_ERRORS.release()
 
 
 def local_restore_target(metadata: Any) -> Any:

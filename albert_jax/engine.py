@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -23,7 +24,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from albert_jax import checkpointing, optim, sharding
+from albert_jax import checkpointing, optim, sharding, storage
 
 
 @flax.struct.dataclass
@@ -258,7 +259,53 @@ def use_compilation_cache(config: ml_collections.ConfigDict, workdir: str) -> st
     return None
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  if not storage.is_remote(directory) and jax.process_index() == 0:  # only process 0 writes entries
+    remove_unreadable_cache_entries(directory)
   return directory
+
+
+CHECKED_CACHE_ENTRIES = "albert_jax_checked.json"
+
+
+def remove_unreadable_cache_entries(directory: str) -> list[str]:
+  """JAX writes a compilation-cache entry in place and never replaces one that exists, so an entry cut short by a
+  kill -9 during its write would fail to read at every later start (a warning, then the full compile, each time).
+  Entries not seen before are decompressed once here (`albert_jax_checked.json` remembers size and mtime of
+  those that read whole); unreadable ones are removed, and the next compile writes them again. Returns their
+  names. A local cache only: an object store shows an upload only once complete."""
+  from jax._src import compilation_cache  # the decompression jax applies when it reads an entry
+  memo = os.path.join(directory, CHECKED_CACHE_ENTRIES)
+  try:
+    checked = json.loads(storage.path(memo).read_text())
+  except (FileNotFoundError, ValueError):  # none yet, or cut short itself
+    checked = {}
+  readable, removed = {}, []
+  for entry in storage.glob(os.path.join(directory, "*-cache")):
+    name = os.path.basename(entry)
+    try:
+      stamp = list(storage.size_and_mtime_ns(entry))
+      data = None if checked.get(name) == stamp else storage.path(entry).read_bytes()
+    except OSError:  # evicted meanwhile, or not readable by us: left to jax
+      continue
+    if data is not None:
+      try:
+        compilation_cache.decompress_executable(data)
+      except Exception:  # noqa: BLE001 - zlib and zstd each raise their own error for a truncated stream
+        try:
+          storage.remove(entry)
+        except OSError:
+          continue
+        removed.append(name)
+        print(f"Removed the compilation cache entry {entry}: it does not read back whole (a run was killed while "
+              "writing it); it is compiled and written again.", flush=True)
+        continue
+    readable[name] = stamp
+  if readable != checked:
+    try:
+      storage.write_atomic(memo, json.dumps(readable))
+    except OSError:  # another process sharing the cache wrote it at the same moment: checked again next time
+      pass
+  return removed
 
 
 def setup(config: ml_collections.ConfigDict, job: Job, workdir: str | None = None,

@@ -376,6 +376,8 @@ def test_a_full_disk_stops_the_run_naming_the_last_good_checkpoint(small_disk):
   assert last is not None and last < 40
   message = result.stderr.strip().splitlines()[-1]
   assert message.startswith(("error: Saving a checkpoint failed", "error: Writing into")), result.stderr[-2000:]
+  # Only that line: not orbax's ERROR records with their tracebacks, logged before the loop learns of the failure.
+  assert [line for line in result.stderr.splitlines() if not line.startswith("step ")] == [message], result.stderr
   assert "RESOURCE_EXHAUSTED" in message or "No space left on device" in message
   assert f"The last good checkpoint is step {last} in" in message
   assert max(logged(small_disk / "run")) <= last + 2 * 2  # stopped within two save intervals, not at the end
@@ -463,6 +465,24 @@ def test_a_restarted_run_takes_the_step_from_the_compilation_cache(tmp_path):
   second = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
   assert second.returncode == 0, second.stderr
   assert "(from the compilation cache)" in second.stdout
+
+
+def test_a_compilation_cache_entry_cut_short_is_removed_once_checked(tmp_path):
+  """jax writes cache entries in place: one cut short by a kill -9 is removed, so the next compile rewrites it."""
+  from jax._src import compilation_cache
+  whole = compilation_cache.compress_executable(b"an executable" * 1000)
+  (tmp_path / "jit_a-1-cache").write_bytes(whole)
+  (tmp_path / "jit_b-2-cache").write_bytes(whole[:len(whole) // 2])
+  (tmp_path / "jit_c-3-cache").write_bytes(b"")
+  assert engine.remove_unreadable_cache_entries(str(tmp_path)) == ["jit_b-2-cache", "jit_c-3-cache"]
+  assert sorted(os.listdir(tmp_path)) == [engine.CHECKED_CACHE_ENTRIES, "jit_a-1-cache"]
+  assert engine.remove_unreadable_cache_entries(str(tmp_path)) == []
+  stat = os.stat(tmp_path / "jit_a-1-cache")  # an entry checked before is not read again ...
+  (tmp_path / "jit_a-1-cache").write_bytes(b"x" * stat.st_size)
+  os.utime(tmp_path / "jit_a-1-cache", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert engine.remove_unreadable_cache_entries(str(tmp_path)) == []
+  (tmp_path / "jit_a-1-cache").write_bytes(b"x")  # ... unless it changed
+  assert engine.remove_unreadable_cache_entries(str(tmp_path)) == ["jit_a-1-cache"]
 
 
 def test_sentence_metrics_are_named_after_the_sentence_task(tmp_path):
