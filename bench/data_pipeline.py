@@ -5,11 +5,12 @@ and the loader's rate next to the example builder's own at seq 512 in both short
   python -m bench.data_pipeline --large_corpus_gb=1  # also prepare a generated 1 GB corpus (memory must stay flat)
   python -m bench.data_pipeline --smoke              # seconds: tiny sizes, for the test suite (no timing claims)
 
-Throughputs are per core: one process, no worker processes, divided by the process's CPU time (so that other load
-on a shared machine does not count; grain's two document-read threads are included). Wall-clock rates are printed
-too. Peak memory is the largest process's maximum RSS while `data_pipeline.prepare` runs (in a subprocess).
+Throughputs are per core: one process, no worker processes, divided by the process's CPU time (all its threads;
+other load on a shared machine does not count, though it still slows caches). Wall-clock rates are printed too.
+Peak memory is the largest process's maximum RSS while `data_pipeline.prepare` runs (in a subprocess).
 "Builder" is the loader's own example building (same documents, order, windows and batches, checked byte for byte)
-fed from documents decoded once into memory: the loader's reading, decoding and grain plumbing are the difference.
+fed from documents decoded once into memory: the loader's reading, decoding and plumbing are the difference. It
+is measured in alternating blocks, 16 of each per mode; the median of the block pairs and their range come with it.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,7 +87,9 @@ def _digest(batch: dict) -> str:
 def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predictions: int, scope: str,
                       blocks: int, block: int = 5, batch_size: int = 256, seed: int = 0) -> dict:
   """Examples/s of the loader and of its example builder alone, in alternating blocks of `block` batches (order
-  reversed every round) so that other load slows both alike; per CPU second and per wall second."""
+  reversed every round) so that other load slows both alike; per CPU second and per wall second. Each round's two
+  blocks build the same batches next to each other in time, so the median of their ratios is the figure least
+  moved by bursts of other load; its range shows how noisy the run was."""
   import grain
   from data_pipeline import loader, records
   from data_pipeline.examples import BatchBuilder, ExampleConfig
@@ -132,39 +136,46 @@ def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predi
   documents = Decoded(source)
   # Every document gives at least one instance, so this many stream elements cover the batches and a last window.
   needed = (blocks * block + 1) * batch_size + config.shuffle_buffer
-  order = loader.document_stream(range(len(source)), seed, 0, 1)
-  elements = [order[i][:2] for i in range(needed)]
+  elements = loader.document_stream(source, seed, 0, 1).order(range(needed))
   tokenizer = Tokenizer(os.path.join(path, manifest["tokenizer"]["model"]), manifest["tokenizer"]["do_lower_case"])
   iterators = {"loader": loader.make_pretraining_iterator(data, "train", batch_size, seed, 0, 1, vocab_size),
                "builder": loader._BatchIterator(Stream(elements, documents), documents,
                                                 BatchBuilder(tokenizer, config), batch_size, seed)}
   digests = {name: [_digest(next(it))] for name, it in iterators.items()}   # opens files, fills the first window
-  cpu, wall, names = dict.fromkeys(iterators, 0.0), dict.fromkeys(iterators, 0.0), list(iterators)
+  cpu, wall, names = {name: [] for name in iterators}, dict.fromkeys(iterators, 0.0), list(iterators)
   for _ in range(blocks):
     for name in names:
       start_cpu, start_wall = time.process_time(), time.perf_counter()
       batches = [next(iterators[name]) for _ in range(block)]
-      cpu[name] += time.process_time() - start_cpu
+      cpu[name].append(time.process_time() - start_cpu)
       wall[name] += time.perf_counter() - start_wall
       digests[name].extend(map(_digest, batches))
     names.reverse()
+  paired = sorted(b / a for a, b in zip(cpu["loader"], cpu["builder"]))
   examples = blocks * block * batch_size
   out = {"short_seq_scope": scope, "max_seq_length": max_seq_length, "max_predictions": max_predictions,
          "examples_each": examples, "block_batches": block, "batch_size": batch_size,
          "identical_batches": digests["loader"] == digests["builder"]}
   for name in iterators:
-    out[f"{name}_examples_per_s_per_core"] = round(examples / cpu[name])
+    out[f"{name}_examples_per_s_per_core"] = round(examples / sum(cpu[name]))
     out[f"{name}_examples_per_s_wall"] = round(examples / wall[name])
-  out["loader_fraction_per_core"] = round(cpu["builder"] / cpu["loader"], 3)
+  out["loader_fraction_per_core"] = round(sum(cpu["builder"]) / sum(cpu["loader"]), 3)
   out["loader_fraction_wall"] = round(wall["builder"] / wall["loader"], 3)
+  out["loader_fraction_per_core_blocks"] = {"median": round(statistics.median(paired), 3),
+                                            "min": round(paired[0], 3), "max": round(paired[-1], 3)}
   return out
 
 
 def loader_vs_builder_lines(rows: list[dict]) -> list[str]:
-  return [f"seq {r['max_seq_length']} short_seq_scope={r['short_seq_scope']}: loader "
-          f"{r['loader_examples_per_s_per_core']} vs builder {r['builder_examples_per_s_per_core']} examples per CPU "
-          f"second = {r['loader_fraction_per_core']:.1%} (wall {r['loader_fraction_wall']:.1%}); identical batches: "
-          f"{r['identical_batches']}" for r in rows]
+  lines = []
+  for r in rows:
+    pairs = r["loader_fraction_per_core_blocks"]
+    lines.append(f"seq {r['max_seq_length']} short_seq_scope={r['short_seq_scope']}: loader "
+                 f"{r['loader_examples_per_s_per_core']} vs builder {r['builder_examples_per_s_per_core']} examples "
+                 f"per CPU second = {r['loader_fraction_per_core']:.1%} (block pairs: median {pairs['median']:.1%}, "
+                 f"range {pairs['min']:.1%}-{pairs['max']:.1%}; wall {r['loader_fraction_wall']:.1%}); identical "
+                 f"batches: {r['identical_batches']}")
+  return lines
 
 
 def generate_corpus(files: list[str], directory: str, gigabytes: float) -> str:
@@ -203,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
       per_cpu, per_wall = examples_per_s(prepared, 30000, seq, preds, batches)
       results[f"examples_per_s_per_core_seq{seq}_pred{preds or 'free'}"] = round(per_cpu)
       results[f"examples_per_s_wall_seq{seq}_pred{preds or 'free'}"] = round(per_wall)
-    results["loader_vs_builder_seq512"] = [loader_vs_builder(prepared, 30000, 512, 20, scope, 1 if args.smoke else 8,
+    results["loader_vs_builder_seq512"] = [loader_vs_builder(prepared, 30000, 512, 20, scope, 1 if args.smoke else 16,
                                                              1 if args.smoke else 5) for scope in ("document", "chunk")]
     if args.large_corpus_gb:
       os.makedirs(os.path.join(tmp, "large"))

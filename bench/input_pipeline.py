@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
   p.add_argument("--tiny-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "albert_jax", "tiny"))
   p.add_argument("--loader-batches", type=int, default=50, help="batches for the loader's standalone rate")
   p.add_argument("--num-workers", type=int, default=0, help="data.num_workers (grain worker processes)")
-  p.add_argument("--compare-blocks", type=int, default=8, help="interleaved blocks of 5 batches of 256 for the "
+  p.add_argument("--compare-blocks", type=int, default=16, help="interleaved blocks of 5 batches of 256 for the "
                  "loader vs example builder rates at seq 512 (0: skip)")
   args = p.parse_args(argv)
   from data_pipeline import records, tiny

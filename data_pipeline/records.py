@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import urllib.parse
 
 import numpy as np
@@ -32,11 +33,11 @@ def document_view(record: bytes, dtype: np.dtype) -> tuple[np.ndarray, np.ndarra
   """(token ids as stored [T], a read-only view of `record`; sentence start offsets int64 [n+1]).
 
   Only the n+1 offsets are computed, so taking a few sentences of a book-length document does not convert all of
-  its tokens (`DocumentSource.other`)."""
-  n = int(np.frombuffer(record, np.uint32, 1)[0])
-  offsets = np.zeros(n + 1, np.int64)
-  np.cumsum(np.frombuffer(record, np.uint32, n, offset=4), out=offsets[1:])
-  return np.frombuffer(record, dtype, offset=4 + 4 * n), offsets
+  its tokens (`DocumentSource.view`)."""
+  (n,) = struct.unpack_from("=I", record)
+  offsets = np.frombuffer(record, np.uint32, n + 1).astype(np.int64)   # n, then the sentence lengths
+  offsets[0] = 0
+  return np.frombuffer(record, dtype, offset=4 + 4 * n), offsets.cumsum()   # (a cumsum that casts costs 3x)
 
 
 def decode_document(record: bytes, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
