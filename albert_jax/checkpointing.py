@@ -10,10 +10,13 @@ boundary.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import sys
 import threading
+import traceback
 import time
 from typing import Any, Callable
 
@@ -81,6 +84,26 @@ class _OrbaxErrors(logging.Filter):
 
 _ORBAX_ERRORS = _OrbaxErrors()
 logging.getLogger("absl").addFilter(_ORBAX_ERRORS)  # absl.logging, which orbax logs through
+
+
+def _without_closed_loop_reports(hook: Callable) -> Callable:
+  """`hook` (sys.unraisablehook) minus one report: after a failed save orbax closes its event loop, and each of
+  the save's writes still pending then completes in tensorstore, whose callback finds the loop closed and reports
+  `RuntimeError: Event loop is closed` as unraisable: dozens of tracebacks that say nothing SaveError's line does
+  not. The same error raised anywhere else is still reported."""
+  def unraisablehook(unraisable):
+    frames = [frame.f_code for frame, _ in traceback.walk_tb(unraisable.exc_traceback)][-2:]
+    if (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+        and [f.co_name for f in frames] == ["call_soon_threadsafe", "_check_closed"]
+        and all(f.co_filename == asyncio.base_events.__file__ for f in frames)):
+      return
+    hook(unraisable)
+  unraisablehook.albert_jax_filtered = True
+  return unraisablehook
+
+
+if not getattr(sys.unraisablehook, "albert_jax_filtered", False):
+  sys.unraisablehook = _without_closed_loop_reports(sys.unraisablehook)
 
 
 class Checkpointer:

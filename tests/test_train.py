@@ -8,7 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
+import types
 import time
+import traceback
 from pathlib import Path
 
 import flax.linen as nn
@@ -512,3 +514,24 @@ def test_the_default_run_says_what_it_does_before_the_first_step(tmp_path):
                 "Compiled the train step in"):
     assert any(phase in line for line in lines[:first_step]), (phase, lines[:first_step])
   assert any(line.startswith("held-out eval at step 2: mlm_loss") for line in lines[first_step:])
+
+
+def test_closed_event_loop_reports_of_a_failed_save_are_not_printed():
+  """After a failed save, tensorstore reports each still-pending write as an unraisable "Event loop is closed"
+  from asyncio; the filter installed on sys.unraisablehook drops those and passes on the same error from
+  anywhere else."""
+  import asyncio
+  loop = asyncio.new_event_loop()
+  loop.close()
+  passed_on = []
+  hook = checkpointing._without_closed_loop_reports(passed_on.append)
+  for raise_it in (lambda: loop.call_soon_threadsafe(print), lambda: exec("raise RuntimeError('Event loop is closed')"),
+                   lambda: loop.run_until_complete(None)):
+    try:
+      raise_it()
+    except (RuntimeError, TypeError) as e:
+      hook(types.SimpleNamespace(exc_type=type(e), exc_value=e, exc_traceback=e.__traceback__, err_msg=None,
+                                 object=None))
+  assert [str(u.exc_value) for u in passed_on] == ["Event loop is closed", "Event loop is closed"]
+  assert [traceback.extract_tb(u.exc_traceback)[-2].name for u in passed_on] == [
+      "<lambda>", "run_until_complete"]   # a plain raise, and a closed loop's own check outside a callback
