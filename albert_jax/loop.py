@@ -43,7 +43,8 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Before a run writes into `workdir`: refuses a different model shape, and settings changed in ways that break
   an exact resume; says and records legitimate changes (the previous resolved config is kept as
-  `config.<step>.json`); writes the resolved config."""
+  `config.<step>.json`). Every process must decide alike (opening the checkpoints is a barrier), so the new
+  config.json is written later, by `write_workdir_config`, once all of them are past this check."""
   path = storage.path(workdir) / "config.json"
   latest = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step() if (
       path.exists()) else None
@@ -69,8 +70,11 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
         storage.write_atomic(os.fspath(storage.path(workdir) / f"config.{latest}.json"), text)
         print(f"Resuming at step {latest} with changed settings: {listed} (the previous config is kept as "
               f"config.{latest}.json).", flush=True)
+
+
+def write_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   if jax.process_index() == 0:
-    storage.write_atomic(os.fspath(path), config.to_json_best_effort(indent=2))
+    storage.write_atomic(os.fspath(storage.path(workdir) / "config.json"), config.to_json_best_effort(indent=2))
 
 
 class _Preemption:
@@ -174,7 +178,8 @@ def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dic
 
 def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
   check_workdir_config(workdir, config)
-  s = engine.setup(config, job, workdir)
+  s = engine.setup(config, job, workdir)  # opening the checkpoints: every process has passed the check
+  write_workdir_config(workdir, config)
   ckpt = s.checkpointer
   total_steps = config.train.num_train_steps
   with s.context():

@@ -104,14 +104,15 @@ class SelfAttention(nn.Module):
     heads = lambda name: dense(c, c.hidden_size, ("embed", "qkv"), name)(x).reshape(
         batch, length, c.num_attention_heads, c.head_dim)
     q, k, v = heads("query"), heads("key"), heads("value")
-    if c.attention_probs_dropout_prob > 0 and not deterministic:
-      # jax.nn.dot_product_attention has no dropout on the probabilities: spell it out (training with v1 dropout).
-      logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(c.head_dim)
-      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-      probs = nn.Dropout(c.attention_probs_dropout_prob)(jax.nn.softmax(logits), deterministic=False)
-      out = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
-    else:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask)  # fused cuDNN kernel on GPU
+    with jax.softmax_custom_jvp(c.softmax_custom_jvp):
+      if c.attention_probs_dropout_prob > 0 and not deterministic:
+        # jax.nn.dot_product_attention has no dropout on the probabilities: spell it out (training with v1 dropout).
+        logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(c.head_dim)
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+        probs = nn.Dropout(c.attention_probs_dropout_prob)(jax.nn.softmax(logits), deterministic=False)
+        out = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
+      else:
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask)  # fused cuDNN kernel on GPU
     out = dense(c, c.hidden_size, ("qkv", "embed"), "dense")(out.reshape(batch, length, c.hidden_size))
     out = nn.Dropout(c.hidden_dropout_prob)(out, deterministic=deterministic)
     return LayerNorm(c, name="LayerNorm")(x + out)

@@ -44,6 +44,9 @@ class ModelConfig:
   # the loop's saved-activation stacks, as fast as the Python loop: see bench.train_step --scan-unroll).
   scan_unroll: int = 1
   remat_policy: str = "none"
+  # The attention softmax's backward from its output alone, y * (g - sum(y * g)) (jax.softmax_custom_jvp), instead
+  # of differentiating exp / sum: fewer [B, heads, T, T] arrays saved and read; +5% on a tiny256 CPU step.
+  softmax_custom_jvp: bool = True
 
   def __post_init__(self):
     validate(self)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, machine
+from bench import common, launches, machine
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--size", "tiny", "--layers", "2", "--seq-len", "32", "--micro-batch", "2", "--steps", "3", "--warmup", "1",
@@ -133,6 +133,33 @@ def test_noisy_flag_and_matmul_rate():
   assert common.matmul_rate({"rows": [{"name": "ours"}, {"name": "matmul_jax", "tflops_per_s": 0.5}]}) == 0.5
   assert common.matmul_rate({"rows": [], "peak_flops": 4e11, "peak_source": "measured float32 jnp.dot"}) == 0.4
   assert common.matmul_rate({"rows": [], "peak_flops": 1e15, "peak_source": "table[H100]"}) is None
+
+
+def launch_record(ours: float, peer: float, other_share: float, command: str = "python -m bench.train_step --peer"):
+  machine_fields = {"other_cpu_share_during_run": other_share, "start": {"loadavg": [0.5, 0.4, 0.3]},
+                    "matmul_tflops_per_s": 0.2}
+  return {"environment": {"command": f"{command} --name run", "machine": machine_fields},
+          "rows": [{"name": "ours", "tokens_per_s": ours, "fraction_of_matmul": ours / 1000},
+                   {"name": "peer", "tokens_per_s": peer}, {"name": "matmul_jax", "tokens_per_s": None}],
+          "ratios": {"ours/peer": ours / peer}}
+
+
+def test_launches_summary_gives_median_and_range(tmp_path, capsys):
+  paths = []
+  for i, (ours, peer, share) in enumerate([(300, 100, 0.0), (240, 120, 0.2), (330, 110, 0.1)]):
+    paths.append(tmp_path / f"run{i}.json")
+    paths[-1].write_text(json.dumps(launch_record(ours, peer, share)))
+  out = launches.main([*map(str, paths), "--output", str(tmp_path / "summary.json")])
+  assert out["launches"] == 3 and out["command"] == "python -m bench.train_step --peer"
+  assert out["runners"]["ours"]["tokens_per_s"] == {"median": 300, "min": 240, "max": 330}
+  assert out["runners"]["ours"]["fraction_of_matmul"]["median"] == pytest.approx(0.3)
+  assert "fraction_of_matmul" not in out["runners"]["peer"] and "matmul_jax" not in out["runners"]
+  assert out["ratios"]["ours/peer"] == {"median": 3.0, "min": 2.0, "max": 3.0}
+  assert out["machine"]["other_cpu_share_during_run"] == {"median": 0.1, "min": 0.0, "max": 0.2}
+  assert "ours/peer" in capsys.readouterr().out and json.loads((tmp_path / "summary.json").read_text()) == out
+  paths[0].write_text(json.dumps(launch_record(300, 100, 0.0, command="python -m bench.train_step --size base")))
+  with pytest.raises(SystemExit, match="different commands"):
+    launches.main(list(map(str, paths)))
 
 
 def test_gpu_suite_script_parses():

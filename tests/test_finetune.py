@@ -8,7 +8,6 @@ import csv
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from albert_jax import finetune, model as model_lib, pretrained
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.squad import null_odds_path
 from experiments import glue as glue_experiment
+from tests.processes import communicate_all, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 GLUE_DIRS = {"cola": "CoLA", "sst-2": "SST-2", "mrpc": "MRPC", "sts-b": "STS-B", "rte": "RTE", "wnli": "WNLI",
@@ -226,11 +226,6 @@ def test_warm_start_from_pretraining_then_ax_predictions_with_the_mnli_model(sha
   assert len((tmp_path / "ax" / "AX.tsv").read_text().strip().splitlines()) == 6
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
 
 def _best_dir(workdir):
   best = json.load(open(workdir / "best" / "best.json"))
@@ -257,11 +252,11 @@ def test_two_processes_fine_tune_to_the_same_best_as_one_process(shared_data, tm
          "--config.checkpoint.async_save=false"]
   single = cli(f"experiments/glue.py:{arg}", tmp_path / "single", *run, devices=2)
   assert single.returncode == 0, single.stdout + single.stderr
-  port = _free_port()
+  port = free_port()
   procs = [cli(f"experiments/glue.py:{arg}", tmp_path / "multi", *run, devices=1, wait=False,
                extra=[f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"])
            for i in range(2)]
-  outputs = [p.communicate(timeout=600)[0] for p in procs]
+  outputs = communicate_all(procs, timeout=600)
   assert all(p.returncode == 0 for p in procs), outputs
   assert outputs[0].count("(best: step 1,") == 3  # steps 2 and 3 did not improve
   one, multi = _best_dir(tmp_path / "single"), _best_dir(tmp_path / "multi")

@@ -159,6 +159,24 @@ def test_unrolled_scan_equals_scan_forward_and_gradient(unroll):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), unrolled_grads, grads)
 
 
+@pytest.mark.parametrize("attention_dropout", [0.0, 0.1])  # jax.nn.dot_product_attention, and the spelled-out path
+def test_softmax_custom_jvp_changes_the_backward_graph_not_the_gradient(attention_dropout):
+  config = TINY.replace(attention_probs_dropout_prob=attention_dropout)
+  params = nn.unbox(init_params(AlbertForPreTraining(config), jax.random.key(1)))
+  def loss_and_grad(custom_jvp):
+    model = AlbertForPreTraining(config.replace(softmax_custom_jvp=custom_jvp))
+    loss = lambda p: model.apply({"params": p}, **batch(), deterministic=False,
+                                 rngs={"dropout": jax.random.key(3)})["mlm_logits"].std()
+    return jax.value_and_grad(loss)
+  custom, autodiff = loss_and_grad(True), loss_and_grad(False)
+  # The switch reaches the attention: the backward is another program (jax.nn.softmax's own rule vs exp/sum)...
+  assert str(jax.make_jaxpr(custom)(params)) != str(jax.make_jaxpr(autodiff)(params))
+  # ...whose loss and gradients are the same function's.
+  (loss, grads), (reference_loss, reference_grads) = custom(params), autodiff(params)
+  np.testing.assert_allclose(loss, reference_loss, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grads, reference_grads)
+
+
 def test_groups_and_inner_groups_create_distinct_layers():
   params = abstract_params(AlbertModel(TINY.replace(num_hidden_groups=2, inner_group_num=3)))
   encoder = flax.linen.unbox(params)["encoder"]

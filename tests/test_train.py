@@ -24,6 +24,7 @@ from albert_jax import checkpointing, engine, optim, pretrain
 from albert_jax.model import AlbertForPreTraining
 from albert_jax.model_config import model_config_for, model_config_from
 from experiments import common
+from tests.processes import communicate_all, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_RUN = ["--config.model.hidden_size=64", "--config.model.intermediate_size=256",
@@ -266,21 +267,16 @@ def test_fsdp_and_tensor_mesh_train_the_same_model(tmp_path):
                              rtol=1e-5)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_two_processes_train_one_model_like_one_process(tmp_path):
   single = cli(tmp_path / "single", *SMALL_RUN, "--config.train.num_train_steps=3", devices=2)
   assert single.returncode == 0, single.stderr
-  port = _free_port()
+  port = free_port()
   procs = [cli(tmp_path / "multi", *SMALL_RUN, "--config.train.num_train_steps=3",
                f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
                devices=1, wait=False) for i in range(2)]
-  outputs = [p.communicate(timeout=600)[0] for p in procs]
+  outputs = communicate_all(procs, timeout=600)
   assert all(p.returncode == 0 for p in procs), outputs
   multi, one = logged(tmp_path / "multi"), logged(tmp_path / "single")
   np.testing.assert_allclose([multi[s] for s in (1, 2, 3)], [one[s] for s in (1, 2, 3)], rtol=1e-5)
