@@ -226,7 +226,6 @@ def test_warm_start_from_pretraining_then_ax_predictions_with_the_mnli_model(sha
   assert len((tmp_path / "ax" / "AX.tsv").read_text().strip().splitlines()) == 6
 
 
-
 def _best_dir(workdir):
   best = json.load(open(workdir / "best" / "best.json"))
   step_dir = Path(best.pop("weights"))
