@@ -85,11 +85,14 @@ def _digest(batch: dict) -> str:
 
 
 def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predictions: int, scope: str,
-                      blocks: int, block: int = 5, batch_size: int = 256, seed: int = 0) -> dict:
+                      blocks: int, block: int = 5, batch_size: int = 256, seed: int = 0,
+                      from_disk: bool = False) -> dict:
   """Examples/s of the loader and of its example builder alone, in alternating blocks of `block` batches (order
   reversed every round) so that other load slows both alike; per CPU second and per wall second. Each round's two
   blocks build the same batches next to each other in time, so the median of their ratios is the figure least
-  moved by bursts of other load; its range shows how noisy the run was."""
+  moved by bursts of other load; its range shows how noisy the run was. The loader reads its documents as it
+  would this split by default (a small split from memory), or with `from_disk` every read from the shards, as a
+  corpus over DocumentSource.IN_MEMORY_BYTES is."""
   import grain
   from data_pipeline import loader, records
   from data_pipeline.examples import BatchBuilder, ExampleConfig
@@ -138,7 +141,9 @@ def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predi
   needed = (blocks * block + 1) * batch_size + config.shuffle_buffer
   elements = loader.document_stream(source, seed, 0, 1).order(range(needed))
   tokenizer = Tokenizer(os.path.join(path, manifest["tokenizer"]["model"]), manifest["tokenizer"]["do_lower_case"])
-  iterators = {"loader": loader.make_pretraining_iterator(data, "train", batch_size, seed, 0, 1, vocab_size),
+  in_memory_bytes = 0 if from_disk else loader.DocumentSource.IN_MEMORY_BYTES
+  iterators = {"loader": loader.make_pretraining_iterator(data, "train", batch_size, seed, 0, 1, vocab_size,
+                                                          in_memory_bytes),
                "builder": loader._BatchIterator(Stream(elements, documents), documents,
                                                 BatchBuilder(tokenizer, config), batch_size, seed)}
   digests = {name: [_digest(next(it))] for name, it in iterators.items()}   # opens files, fills the first window
@@ -153,7 +158,8 @@ def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predi
     names.reverse()
   paired = sorted(b / a for a, b in zip(cpu["loader"], cpu["builder"]))
   examples = blocks * block * batch_size
-  out = {"short_seq_scope": scope, "max_seq_length": max_seq_length, "max_predictions": max_predictions,
+  out = {"short_seq_scope": scope, "documents_from": "memory" if source.in_memory and not from_disk else "disk",
+         "max_seq_length": max_seq_length, "max_predictions": max_predictions,
          "examples_each": examples, "block_batches": block, "batch_size": batch_size,
          "identical_batches": digests["loader"] == digests["builder"]}
   for name in iterators:
@@ -166,11 +172,24 @@ def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predi
   return out
 
 
+def loader_vs_builder_rows(path: str, vocab_size: int, max_predictions: int, blocks: int, block: int = 5) -> list:
+  """`loader_vs_builder` at seq 512 in both short_seq_scope modes, documents read as by default and from disk
+  (one pair of rows when the split is read from disk anyway)."""
+  rows = []
+  for scope in ("document", "chunk"):
+    for from_disk in (False, True):
+      row = loader_vs_builder(path, vocab_size, 512, max_predictions, scope, blocks, block, from_disk=from_disk)
+      if not (from_disk and rows[-1]["documents_from"] == "disk"):
+        rows.append(row)
+  return rows
+
+
 def loader_vs_builder_lines(rows: list[dict]) -> list[str]:
   lines = []
   for r in rows:
     pairs = r["loader_fraction_per_core_blocks"]
-    lines.append(f"seq {r['max_seq_length']} short_seq_scope={r['short_seq_scope']}: loader "
+    lines.append(f"seq {r['max_seq_length']} short_seq_scope={r['short_seq_scope']}, documents from "
+                 f"{r['documents_from']}: loader "
                  f"{r['loader_examples_per_s_per_core']} vs builder {r['builder_examples_per_s_per_core']} examples "
                  f"per CPU second = {r['loader_fraction_per_core']:.1%} (block pairs: median {pairs['median']:.1%}, "
                  f"range {pairs['min']:.1%}-{pairs['max']:.1%}; wall {r['loader_fraction_wall']:.1%}); identical "
@@ -214,8 +233,8 @@ def main(argv: list[str] | None = None) -> dict:
       per_cpu, per_wall = examples_per_s(prepared, 30000, seq, preds, batches)
       results[f"examples_per_s_per_core_seq{seq}_pred{preds or 'free'}"] = round(per_cpu)
       results[f"examples_per_s_wall_seq{seq}_pred{preds or 'free'}"] = round(per_wall)
-    results["loader_vs_builder_seq512"] = [loader_vs_builder(prepared, 30000, 512, 20, scope, 1 if args.smoke else 16,
-                                                             1 if args.smoke else 5) for scope in ("document", "chunk")]
+    results["loader_vs_builder_seq512"] = loader_vs_builder_rows(prepared, 30000, 20, 1 if args.smoke else 16,
+                                                                 1 if args.smoke else 5)
     if args.large_corpus_gb:
       os.makedirs(os.path.join(tmp, "large"))
       large = generate_corpus(books, os.path.join(tmp, "large"), args.large_corpus_gb)

@@ -3,7 +3,8 @@ loader (data_pipeline.loader.make_pretraining_iterator: fetch + host->device tra
 and (b) by device-resident synthetic batches, interleaved; the difference as % of the synthetic step time
 (PERFORMANCE.md §4.2 wants ≤ 3%), and the loader's standalone examples/s vs what the step consumes. Then, at seq 512
 in both short_seq_scope modes, the loader's examples/s next to its example builder's own, interleaved
-(bench.data_pipeline.loader_vs_builder).
+(bench.data_pipeline.loader_vs_builder_rows: documents from memory, as this small split is read by
+default, and from disk).
 
 Data: `--data-dir` (a data_pipeline.prepare output), else the bundled tiny corpus (data_pipeline.tiny, 4000-piece
 vocabulary, built once under --tiny-dir). The model's vocab_size is set to the data's.
@@ -18,7 +19,7 @@ import time
 import numpy as np
 
 from bench import common
-from bench.data_pipeline import loader_vs_builder, loader_vs_builder_lines
+from bench.data_pipeline import loader_vs_builder_lines, loader_vs_builder_rows
 
 MODULE = "bench.input_pipeline"
 
@@ -69,8 +70,8 @@ def main(argv=None) -> dict:
            f"{synthetic['median_s'] * 1e3:.1f} ms)",
            f"loader alone: {alone['examples_per_s']:.0f} examples/s; the step consumes {consumed:.0f} examples/s "
            f"-> headroom {alone['examples_per_s'] / consumed:.2f}x"]
-  builder = [loader_vs_builder(path, args.vocab_size, 512, args.predictions, scope, args.compare_blocks)
-             for scope in ("document", "chunk")] if args.compare_blocks else []
+  builder = loader_vs_builder_rows(path, args.vocab_size, args.predictions, args.compare_blocks) if (
+      args.compare_blocks) else []
   lines += loader_vs_builder_lines(builder)
   print("\n".join(lines), flush=True)
   payload = {"config": common.describe(config), "data_path": path, "model": config.model.to_dict(),

@@ -54,7 +54,7 @@ class PairConfig:
     return self.max_seq_length - (2 if self.sentence_task == "none" else 3)
 
 
-Document = tuple[np.ndarray, np.ndarray]           # (token ids, sentence offsets), see records.decode_document
+Document = tuple[np.ndarray, np.ndarray]           # (token ids, sentence offsets), see records.document_view
 # (random generator, this document's index) -> another document, whose ids may be in any integer dtype (e.g. a view
 # of the stored record, records.document_view): only the B segment taken from it is converted to int32.
 OtherDocument = Callable[[random.Random, int], Document]

@@ -35,37 +35,53 @@ _TINY_DIR = os.path.join(os.path.expanduser("~"), ".cache", "albert_jax", "tiny"
 
 class DocumentSource:
   """Random access to one split's documents: one ArrayRecord reader per shard, called directly (grain's
-  ArrayRecordDataSource adds ~4 us of Python to a ~25 us record read). Picklable for grain worker processes,
-  which open their own readers."""
+  ArrayRecordDataSource adds ~4 us of Python to a ~25 us record read). A split of at most `in_memory_bytes` (an
+  eval split, a small corpus) is read once, whole, and served from memory: its documents come round again every
+  few hundred steps, and a read costs more than building a short document's examples. Picklable for grain worker
+  processes, which open their own readers."""
 
-  def __init__(self, files: list[str], dtype: np.dtype):
-    self._files, self._dtype = list(files), np.dtype(dtype)
+  IN_MEMORY_BYTES = 64 << 20
+
+  def __init__(self, files: list[str], dtype: np.dtype, in_memory_bytes: int = IN_MEMORY_BYTES):
+    self._files, self._dtype, self._in_memory_bytes = list(files), np.dtype(dtype), in_memory_bytes
     self._readers = [ArrayRecordReader(f, options="readahead_buffer_size:0", file_reader_buffer_size=32768)
                      for f in self._files]     # random access, opened as grain's ArrayRecordDataSource opens them
     self._starts = list(itertools.accumulate((r.num_records() for r in self._readers), initial=0))
+    self._in_memory: list[Document] | None = None     # the documents' views, each computed once
+    if sum(os.path.getsize(f) for f in self._files) <= in_memory_bytes:
+      self._in_memory = [self._view(record) for reader in self._readers for record in reader.read_all()]
+
+  @property
+  def in_memory(self) -> bool:
+    return self._in_memory is not None
 
   def __getstate__(self) -> dict[str, Any]:
-    return {"files": self._files, "dtype": self._dtype}
+    return {"files": self._files, "dtype": self._dtype, "in_memory_bytes": self._in_memory_bytes}
 
   def __setstate__(self, state: Mapping[str, Any]) -> None:
-    self.__init__(state["files"], state["dtype"])
+    self.__init__(state["files"], state["dtype"], state["in_memory_bytes"])
 
   def __len__(self) -> int:
     return self._starts[-1]
 
-  def _record(self, index: int) -> bytes:
-    if not 0 <= index < self._starts[-1]:
-      raise IndexError(f"document {index} of {self._starts[-1]}")
-    shard = bisect.bisect_right(self._starts, index) - 1
-    return self._readers[shard].read([index - self._starts[shard]])[0]
+  def _view(self, record: bytes) -> Document:
+    ids, offsets = records.document_view(record, self._dtype)
+    offsets.flags.writeable = False                    # shared by every reader of the document
+    return ids, offsets
 
   def __getitem__(self, index: int) -> Document:
-    return records.decode_document(self._record(index), self._dtype)
+    ids, offsets = self.view(index)
+    return ids.astype(np.int32), offsets
 
   def view(self, index: int) -> Document:
-    """The document undecoded: its ids are a view of the record in the stored dtype, so an instance converts only
-    the tokens it takes (and a random B segment only its sentences, not a whole book)."""
-    return records.document_view(self._record(index), self._dtype)
+    """The document undecoded: its ids are a read-only view of the record in the stored dtype, so an instance
+    converts only the tokens it takes (and a random B segment only its sentences, not a whole book)."""
+    if not 0 <= index < self._starts[-1]:
+      raise IndexError(f"document {index} of {self._starts[-1]}")
+    if self._in_memory is not None:
+      return self._in_memory[index]
+    shard = bisect.bisect_right(self._starts, index) - 1
+    return self._view(self._readers[shard].read([index - self._starts[shard]])[0])
 
   @staticmethod
   def pick_other(r: random.Random, doc_index: int, count: int) -> int:
@@ -206,8 +222,8 @@ class _BatchIterator(grain.DatasetIterator):
     self._position = state["position"]
 
 
-def _open_split(path: str, split: str, vocab_size: int,
-                spm_model: str | None = None) -> tuple[dict, DocumentSource, Tokenizer]:
+def _open_split(path: str, split: str, vocab_size: int, spm_model: str | None = None,
+                in_memory_bytes: int = DocumentSource.IN_MEMORY_BYTES) -> tuple[dict, DocumentSource, Tokenizer]:
   """The split's documents and tokenizer, refused unless the shards were written with `spm_model` (when given:
   the tokenizer the model is trained with) and with the manifest's own copy of the tokenizer."""
   manifest = records.read_manifest(path)
@@ -223,7 +239,7 @@ def _open_split(path: str, split: str, vocab_size: int,
   if tokenizer.sha256 != manifest["tokenizer"]["sha256"]:
     raise ValueError(f"{tokenizer.model_path} does not match the sha256 in {path}/manifest.json; the directory was "
                      "modified after preparation. Prepare it again.")
-  documents = DocumentSource(records.split_files(path, manifest, split), manifest["token_dtype"])
+  documents = DocumentSource(records.split_files(path, manifest, split), manifest["token_dtype"], in_memory_bytes)
   return manifest, documents, tokenizer
 
 
@@ -233,10 +249,12 @@ def document_stream(documents: DocumentSource, seed: int, process_index: int, pr
 
 
 def make_pretraining_dataset(data_config: Mapping[str, Any], split: str, host_batch_size: int, seed: int,
-                             process_index: int, process_count: int, vocab_size: int) -> grain.IterDataset:
+                             process_index: int, process_count: int, vocab_size: int,
+                             in_memory_bytes: int = DocumentSource.IN_MEMORY_BYTES) -> grain.IterDataset:
   """The pipeline as a grain IterDataset (see the module docstring)."""
   config = ExampleConfig.from_config(data_config)
-  _, documents, tokenizer = _open_split(data_config["path"], split, vocab_size, data_config.get("spm_model"))
+  _, documents, tokenizer = _open_split(data_config["path"], split, vocab_size, data_config.get("spm_model"),
+                                        in_memory_bytes)
   if len(documents) < process_count:
     raise ValueError(f"Split {split!r} has {len(documents)} documents, fewer than the {process_count} hosts.")
   ds = document_stream(documents, seed, process_index, process_count)
@@ -253,11 +271,13 @@ def make_pretraining_dataset(data_config: Mapping[str, Any], split: str, host_ba
 
 def make_pretraining_iterator(data_config: Mapping[str, Any], split: str, global_batch_size: int, seed: int,
                               process_index: int | None = None, process_count: int | None = None,
-                              vocab_size: int | None = None) -> grain.DatasetIterator:
+                              vocab_size: int | None = None,
+                              in_memory_bytes: int = DocumentSource.IN_MEMORY_BYTES) -> grain.DatasetIterator:
   """An endless iterator of host batches (global_batch_size // process_count examples) with get_state/set_state.
 
   data_config: `config.data` (experiments/common.py). kind "prepared" reads `path` (data_pipeline.prepare output);
   kind "tiny" first builds the bundled tiny corpus into `path` (default ~/.cache/albert_jax/tiny).
+  in_memory_bytes: a split whose shards are at most this big is read whole into memory (0: always from disk).
   """
   if vocab_size is None:
     raise ValueError("make_pretraining_iterator needs vocab_size (the model's) to check it against the data.")
@@ -273,6 +293,6 @@ def make_pretraining_iterator(data_config: Mapping[str, Any], split: str, global
   elif kind != "prepared":
     raise ValueError(f"data.kind={kind!r} is not read by data_pipeline.loader; use 'prepared' or 'tiny'.")
   ds = make_pretraining_dataset(data_config, split, global_batch_size // process_count, seed, process_index,
-                                process_count, vocab_size)
+                                process_count, vocab_size, in_memory_bytes)
   return iter(ds)
 

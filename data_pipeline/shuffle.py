@@ -2,9 +2,12 @@
 
 grain computes each element's position with one C++ call: a 4-round Simon cipher on a block of at least 16 bits,
 cycle-walked until it lands in [0, n). On a few thousand documents that is ~20 cycles, ~20 us per document, about
-as long as reading the document. Here the same cipher runs vectorized over the epoch (through a table of the whole
-16-bit domain when n is small), so the loader keeps grain's order, and with it checkpoints written by the grain
-pipeline, at ~1 us per document. tests/test_data_stream.py checks it against grain's own function.
+as long as reading the document. Here the same cipher runs vectorized over the epoch, so the loader keeps grain's
+order, and with it checkpoints written by the grain pipeline, at ~1 us per document. Below 2^14 documents the
+block is the 16-bit minimum and walks average 2^16 / n steps: there the cipher is tabulated over the whole block
+and the walks are resolved by pointer doubling (log2 of the longest walk passes over the table instead of one
+pass per step), which keeps a small corpus's epoch from costing more to order than to read.
+tests/test_data_stream.py checks it against grain's own function.
 """
 from __future__ import annotations
 
@@ -41,12 +44,38 @@ def _round_keys(seed: int) -> list[int]:
   return out
 
 
+def _block16(seed: int) -> np.ndarray:
+  """The cipher on every 16-bit block, uint16 [65536]: 8-bit halves, whose round function is a 256-entry table."""
+  keys = [k & 0xFF for k in _round_keys(seed)]
+  half = np.arange(256, dtype=np.uint16)
+  rotate = lambda x, r: ((x << r) & 0xFF) | (x >> (8 - r))
+  round_function = (rotate(half, 1) & half) ^ rotate(half, 2)      # a rotation by 8 is the identity on 8 bits
+  left, right = np.repeat(half, 256), np.tile(half, 256)
+  for i in range(0, _ROUNDS, 2):
+    left = left ^ round_function[right] ^ keys[i]
+    right = right ^ round_function[left] ^ keys[i + 1]
+  return (left << 8) | right
+
+
+def _walk_table(table: np.ndarray, count: int) -> np.ndarray:
+  """For each i < count, the first element below count on i's cycle after i (`table` is a permutation).
+
+  Pointer doubling: ahead[x] jumps over elements that are all >= count; each pass over the whole table doubles
+  the jump of every entry that has not landed below count, until every start has landed."""
+  ahead = table.copy()
+  while (ahead[:count] >= count).any():
+    np.copyto(ahead, ahead.take(ahead), where=ahead >= count)
+  return ahead[:count].astype(np.int64)
+
+
 def permutation(count: int, seed: int) -> np.ndarray:
   """int64 [count]: element i is grain's `index_shuffle(i, max_index=count - 1, seed=seed, rounds=4)`."""
   if count == 1:
     return np.zeros(1, np.int64)
   bits = math.ceil(math.log2(count - 1))
   word = max(bits + bits % 2, _MIN_BLOCK_BITS) // 2
+  if (1 << (2 * word)) > 4 * count:                   # only at the 16-bit minimum: long walks
+    return _walk_table(_block16(seed % 2**32), count)
   mask, shift = np.uint64((1 << word) - 1), np.uint64(word)
   keys = [np.uint64(k) & mask for k in _round_keys(seed % 2**32)]
 
@@ -60,10 +89,8 @@ def permutation(count: int, seed: int) -> np.ndarray:
       right = right ^ (rotate(left, 1) & rotate(left, 8)) ^ rotate(left, 2) ^ keys[i + 1]
     return (left << shift) | right
 
-  domain = 1 << (2 * word)                           # > 4 * count only at the 16-bit minimum: long walks, so
-  step = encrypt if domain <= 4 * count else encrypt(np.arange(domain, dtype=np.uint64)).__getitem__   # a table
   out, todo = np.arange(count, dtype=np.uint64), np.arange(count)
   while todo.size:                                    # cycle-walk every element until it lands below count
-    out[todo] = step(out[todo])
+    out[todo] = encrypt(out[todo])
     todo = todo[out[todo] >= count]
   return out.astype(np.int64)

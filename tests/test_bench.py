@@ -74,9 +74,10 @@ def test_input_pipeline(tmp_path):
   assert record["loader_standalone"]["examples_per_s"] > 0 and "overhead_fraction" in record
   assert "input overhead" in out and "loader alone" in out
   compared = record["loader_vs_builder_seq512"]
-  assert [c["short_seq_scope"] for c in compared] == ["document", "chunk"]
+  assert [(c["short_seq_scope"], c["documents_from"]) for c in compared] == [
+      ("document", "memory"), ("document", "disk"), ("chunk", "memory"), ("chunk", "disk")]
   assert all(c["identical_batches"] and c["loader_fraction_per_core"] > 0 for c in compared)
-  assert "short_seq_scope=document: loader" in out
+  assert "short_seq_scope=document, documents from disk: loader" in out
 
 
 @pytest.mark.slow
@@ -160,6 +161,23 @@ def test_launches_summary_gives_median_and_range(tmp_path, capsys):
   paths[0].write_text(json.dumps(launch_record(300, 100, 0.0, command="python -m bench.train_step --size base")))
   with pytest.raises(SystemExit, match="different commands"):
     launches.main(list(map(str, paths)))
+
+
+def test_launches_summary_of_compile_depth_launches(tmp_path, capsys):
+  paths = []
+  for i, (shallow, deep) in enumerate([(4.0, 4.4), (3.0, 3.6), (5.0, 5.0)]):
+    rows = [{"path": "scan", "layers": layers, "lower_s": 0.5, "compile_s": s - 0.5, "total_s": s,
+             "vs_shallowest": s / shallow} for layers, s in ((12, shallow), (24, deep))]
+    machine_fields = {"other_cpu_share_during_run": 0.0, "start": {"loadavg": [0.5, 0.4, 0.3]},
+                      "matmul_tflops_per_s": None}
+    paths.append(tmp_path / f"run{i}.json")
+    paths[-1].write_text(json.dumps({"benchmark": "compile_depth", "rows": rows, "environment": {
+        "command": f"python -m bench.compile_depth --name run{i}", "machine": machine_fields}}))
+  out = launches.main(list(map(str, paths)))
+  assert out["runners"]["scan L=24"]["total_s"] == {"median": 4.4, "min": 3.6, "max": 5.0}
+  assert out["runners"]["scan L=24"]["vs_shallowest"]["median"] == pytest.approx(1.1)
+  assert out["ratios"] == {} and out["machine"]["matmul_tflops_per_s"] is None
+  assert "scan L=24" in capsys.readouterr().out
 
 
 def test_gpu_suite_script_parses():

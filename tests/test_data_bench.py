@@ -14,5 +14,6 @@ def test_benchmark_smoke(shared_data, tmp_path):
   assert results["prepare_corpus"]["peak_rss_mb"] > 0 and results["tokenization_mb_per_s_per_core"] > 0
   assert all(results[f"examples_per_s_per_core_seq{s}"] > 0 for s in ("128_pred20", "512_pred20", "512_predfree"))
   assert {"start", "end", "other_cpu_share_during_run", "noisy"} <= set(results["machine"])
-  assert [r["short_seq_scope"] for r in results["loader_vs_builder_seq512"]] == ["document", "chunk"]
+  assert [(r["short_seq_scope"], r["documents_from"]) for r in results["loader_vs_builder_seq512"]] == [
+      ("document", "memory"), ("document", "disk"), ("chunk", "memory"), ("chunk", "disk")]
   assert all(r["identical_batches"] for r in results["loader_vs_builder_seq512"])

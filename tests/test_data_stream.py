@@ -1,6 +1,8 @@
 """The loader's document stream against the grain pipeline it replaces: same order, same batches, same state."""
 import hashlib
 import json
+import os
+import pickle
 import random
 
 import grain
@@ -67,8 +69,9 @@ def _digests(iterator, count):
   return out
 
 
-@pytest.mark.parametrize("scope", ["document", "chunk"])
-def test_batches_and_states_equal_the_grain_pipeline_fed_from_memory(tiny_prepared, scope):
+@pytest.mark.parametrize("scope,in_memory_bytes", [("document", DocumentSource.IN_MEMORY_BYTES), ("chunk", 0)])
+def test_batches_and_states_equal_the_grain_pipeline_fed_from_memory(tiny_prepared, scope, in_memory_bytes):
+  # The tiny split is read into memory by default; in_memory_bytes=0 reads every document from the shards.
   config = {"kind": "prepared", "path": tiny_prepared, "max_seq_length": 512, "max_predictions_per_seq": 20,
             "short_seq_scope": scope, "num_workers": 0, "prefetch": 0, "shuffle_buffer": 64}
   manifest = records.read_manifest(tiny_prepared)
@@ -83,13 +86,15 @@ def test_batches_and_states_equal_the_grain_pipeline_fed_from_memory(tiny_prepar
   builder = BatchBuilder(tokenizer, ExampleConfig.from_config(config))
   stream = _grain_stream(decoded, 3, 1, 2).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
   reference = iter(PretrainingBatches(stream, Decoded(), builder, 8, 3))
-  loader = make_pretraining_iterator(config, "train", 16, 3, 1, 2, vocab_size=tiny.VOCAB_SIZE)
+  loader = make_pretraining_iterator(config, "train", 16, 3, 1, 2, vocab_size=tiny.VOCAB_SIZE,
+                                     in_memory_bytes=in_memory_bytes)
   for _ in range(3):                                        # windows of 64 instances: batches cross them
     assert _digests(loader, 7) == _digests(reference, 7)
     assert loader.get_state() == reference.get_state()
   state = json.loads(json.dumps(reference.get_state()))     # a checkpoint of the grain pipeline resumes exactly
   expected = _digests(reference, 10)
-  resumed = make_pretraining_iterator(config, "train", 16, 3, 1, 2, vocab_size=tiny.VOCAB_SIZE)
+  resumed = make_pretraining_iterator(config, "train", 16, 3, 1, 2, vocab_size=tiny.VOCAB_SIZE,
+                                      in_memory_bytes=in_memory_bytes)
   resumed.set_state(state)
   assert _digests(resumed, 10) == expected
 
@@ -106,3 +111,21 @@ def test_stream_reads_documents_as_views_of_their_records(tiny_prepared):
   assert epoch == 1 and stream.get_state() == {"next_index": len(source) + 3}
   with pytest.raises(IndexError):
     source.view(len(source))
+
+
+def test_a_small_split_is_read_once_into_memory_and_serves_the_same_documents(tiny_prepared):
+  manifest = records.read_manifest(tiny_prepared)
+  files = records.split_files(tiny_prepared, manifest, "train")
+  size = sum(os.path.getsize(f) for f in files)
+  in_memory = DocumentSource(files, manifest["token_dtype"])
+  at_limit, from_disk = (DocumentSource(files, manifest["token_dtype"], limit) for limit in (size, size - 1))
+  assert size <= DocumentSource.IN_MEMORY_BYTES and in_memory.in_memory and at_limit.in_memory
+  assert not from_disk.in_memory
+  for index in range(len(from_disk)):
+    for (ids, offsets), (disk_ids, disk_offsets) in ((in_memory.view(index), from_disk.view(index)),
+                                                     (in_memory[index], from_disk[index])):
+      assert ids.dtype == disk_ids.dtype and np.array_equal(ids, disk_ids) and np.array_equal(offsets, disk_offsets)
+  for source in (in_memory, from_disk):                     # grain's worker processes get the same mode
+    assert pickle.loads(pickle.dumps(source)).in_memory == source.in_memory
+    with pytest.raises(IndexError):
+      source.view(len(source))
