@@ -47,9 +47,9 @@ class DocumentSource:
     self._readers = [ArrayRecordReader(f, options="readahead_buffer_size:0", file_reader_buffer_size=32768)
                      for f in self._files]     # random access, opened as grain's ArrayRecordDataSource opens them
     self._starts = list(itertools.accumulate((r.num_records() for r in self._readers), initial=0))
-    self._in_memory: list[Document] | None = None     # the documents' views, each computed once
+    self._in_memory: list[Document] | None = None     # decoded once, to the int32 that examples are built from
     if sum(os.path.getsize(f) for f in self._files) <= in_memory_bytes:
-      self._in_memory = [self._view(record) for reader in self._readers for record in reader.read_all()]
+      self._in_memory = [self._view(record, np.int32) for reader in self._readers for record in reader.read_all()]
 
   @property
   def in_memory(self) -> bool:
@@ -64,18 +64,21 @@ class DocumentSource:
   def __len__(self) -> int:
     return self._starts[-1]
 
-  def _view(self, record: bytes) -> Document:
+  def _view(self, record: bytes, dtype: np.dtype | None = None) -> Document:
     ids, offsets = records.document_view(record, self._dtype)
-    offsets.flags.writeable = False                    # shared by every reader of the document
+    if dtype is not None:
+      ids = ids.astype(dtype)
+    ids.flags.writeable = offsets.flags.writeable = False    # shared by every reader of the document
     return ids, offsets
 
   def __getitem__(self, index: int) -> Document:
     ids, offsets = self.view(index)
-    return ids.astype(np.int32), offsets
+    return ids.astype(np.int32, copy=False), offsets
 
   def view(self, index: int) -> Document:
-    """The document undecoded: its ids are a read-only view of the record in the stored dtype, so an instance
-    converts only the tokens it takes (and a random B segment only its sentences, not a whole book)."""
+    """The document, read-only. From disk its ids are a view of the record in the stored dtype, so an instance
+    converts only the tokens it takes (and a random B segment only its sentences, not a whole book); an in-memory
+    split holds them as int32."""
     if not 0 <= index < self._starts[-1]:
       raise IndexError(f"document {index} of {self._starts[-1]}")
     if self._in_memory is not None:

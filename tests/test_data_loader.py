@@ -1,5 +1,6 @@
 """The grain loader on prepared real text: determinism, resumption, host sharding, epochs, errors."""
 import hashlib
+import itertools
 import json
 import random
 
@@ -128,13 +129,16 @@ def tiny_prepared(tmp_path_factory):
 
 def test_random_b_segments_read_only_their_sentences_and_batches_are_unchanged(tiny_prepared):
   manifest = records.read_manifest(tiny_prepared)
-  docs = DocumentSource(records.split_files(tiny_prepared, manifest, "train"), manifest["token_dtype"])
+  docs = DocumentSource(records.split_files(tiny_prepared, manifest, "train"), manifest["token_dtype"],
+                        in_memory_bytes=0)
   ids, offsets = docs.other(random.Random(0), 0)
   assert ids.dtype == np.uint16 and not ids.flags.owndata          # a view of the record, not a decoded copy
-  for (seq, scope, task, count), expected in TINY_FINGERPRINTS.items():
+  for ((seq, scope, task, count), expected), in_memory_bytes in itertools.product(
+      TINY_FINGERPRINTS.items(), (0, DocumentSource.IN_MEMORY_BYTES)):   # read from disk, and held in memory
     config = {"kind": "prepared", "path": tiny_prepared, "max_seq_length": seq, "max_predictions_per_seq": 20,
               "short_seq_scope": scope, "sentence_task": task, "num_workers": 0, "prefetch": 0, "shuffle_buffer": 64}
-    iterator = make_pretraining_iterator(config, "train", 8, 5, 0, 1, vocab_size=tiny.VOCAB_SIZE)
+    iterator = make_pretraining_iterator(config, "train", 8, 5, 0, 1, vocab_size=tiny.VOCAB_SIZE,
+                                         in_memory_bytes=in_memory_bytes)
     digest = hashlib.sha256()
     for _ in range(count):
       batch = next(iterator)

@@ -101,7 +101,8 @@ def test_batches_and_states_equal_the_grain_pipeline_fed_from_memory(tiny_prepar
 
 def test_stream_reads_documents_as_views_of_their_records(tiny_prepared):
   manifest = records.read_manifest(tiny_prepared)
-  source = DocumentSource(records.split_files(tiny_prepared, manifest, "train"), manifest["token_dtype"])
+  source = DocumentSource(records.split_files(tiny_prepared, manifest, "train"), manifest["token_dtype"],
+                          in_memory_bytes=0)
   stream = iter(document_stream(source, 0, 0, 1))
   for _ in range(len(source) + 3):                          # into the second epoch
     index, epoch, (ids, offsets) = next(stream)
@@ -122,9 +123,12 @@ def test_a_small_split_is_read_once_into_memory_and_serves_the_same_documents(ti
   assert size <= DocumentSource.IN_MEMORY_BYTES and in_memory.in_memory and at_limit.in_memory
   assert not from_disk.in_memory
   for index in range(len(from_disk)):
-    for (ids, offsets), (disk_ids, disk_offsets) in ((in_memory.view(index), from_disk.view(index)),
-                                                     (in_memory[index], from_disk[index])):
-      assert ids.dtype == disk_ids.dtype and np.array_equal(ids, disk_ids) and np.array_equal(offsets, disk_offsets)
+    (ids, offsets), (disk_ids, disk_offsets) = in_memory.view(index), from_disk.view(index)
+    assert ids.dtype == np.int32 and disk_ids.dtype == np.uint16        # decoded once / a view of the record
+    assert np.array_equal(ids, disk_ids) and np.array_equal(offsets, disk_offsets)
+    assert not any(a.flags.writeable for a in (ids, offsets, disk_ids, disk_offsets))   # shared: read-only
+    assert all(np.array_equal(a, b) for a, b in zip(in_memory[index], from_disk[index]))
+    assert in_memory[index][0].dtype == from_disk[index][0].dtype == np.int32
   for source in (in_memory, from_disk):                     # grain's worker processes get the same mode
     assert pickle.loads(pickle.dumps(source)).in_memory == source.in_memory
     with pytest.raises(IndexError):
