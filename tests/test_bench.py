@@ -90,6 +90,28 @@ def test_compile_depth(tmp_path):
 
 
 @pytest.mark.slow
+def test_step_parts(tmp_path):
+  out, record = bench("step_parts", *TINY, results=tmp_path)
+  names = [r["name"] for r in record["rows"]]
+  assert names == ["train step", "model forward", "model fwd+bwd", "encoder forward", "encoder fwd+bwd",
+                   "layer forward", "layer fwd+bwd", "attention forward", "attention fwd+bwd", "ffn forward",
+                   "ffn fwd+bwd", "matmul_jax"]
+  rows = {r["name"]: r for r in record["rows"]}
+  for name in names[:-1]:
+    assert rows[name]["median_ms"] > 0 and rows[name]["fraction_of_matmul"] > 0, rows[name]
+  # Credited matmul FLOPs: forward + backward is three forwards; a layer is its attention plus its feed-forward.
+  flops = {n: rows[n]["tflops_per_s"] * rows[n]["median_s"] * 1e12 for n in names[:-1]}
+  # tiny (H=64, I=256) at 2 x 32 tokens: 64 · (8H² + 4·S·H + 4·H·I) = 64 · (32,768 + 8,192 + 65,536)
+  assert flops["layer forward"] == pytest.approx(6_815_744, rel=1e-9)
+  for part in ("model", "encoder", "layer", "attention", "ffn"):
+    assert flops[f"{part} fwd+bwd"] == pytest.approx(3 * flops[f"{part} forward"], rel=1e-6)
+  assert flops["layer forward"] == pytest.approx(flops["attention forward"] + flops["ffn forward"], rel=1e-6)
+  assert flops["train step"] == pytest.approx(flops["model fwd+bwd"], rel=1e-6)
+  assert set(record["derived"]) >= {"layer backward/forward", "optimizer share of the step"}
+  assert "optimizer share of the step" in out
+
+
+@pytest.mark.slow
 def test_speed_table(tmp_path):
   out, record = bench("speed_table", *TINY, "--sizes", "tiny,tiny256", "--scale", "0.5", "--max-batch",
                       "--remat-policies", "full", "--memory-cap-gb", "1", "--max-batch-limit", "1",

@@ -1,0 +1,107 @@
+"""`python -m bench.step_parts`: where the train step's time goes, by timing its parts as programs of their own,
+interleaved: the whole step (optimizer included), the model's loss forward and forward + backward, the encoder's,
+and one layer's, attention block's and feed-forward block's, each against its matmul FLOPs and the same-run
+`jnp.dot` rate. A thunk trace cannot give this on CPU: concurrent thunks overlap, so per-op durations do not add
+up (docs/profiling.md). Backward / forward should be about 2 (twice the matmul FLOPs); the optimizer and the
+heads are what the step has beyond the model's and the encoder's forward + backward.
+
+  python -m bench.step_parts --size tiny256 --seq-len 128 --micro-batch 8 --scan-unroll 0
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from albert_jax import flops, pretrain
+from albert_jax.model import AlbertForPreTraining, AlbertModel, FeedForward, SelfAttention, TransformerLayer
+from albert_jax.model_config import model_config_from
+from bench import common
+
+MODULE = "bench.step_parts"
+
+
+class Part:
+  """One jitted function of fixed arguments, timed as a runner of `common.measure` (FLOPs: its matmuls')."""
+
+  def __init__(self, name: str, fn: Callable, args: tuple, flops_per_step: float):
+    self.name, self.flops_per_step, self.compile_s = name, flops_per_step, 0.0
+    self._fn, self._args = jax.jit(fn), args
+
+  def step(self) -> None:
+    jax.block_until_ready(self._fn(*self._args))
+
+  def memory(self) -> dict[str, Any]:
+    return {}
+
+
+def forward_and_backward(name: str, forward: Callable, params: Any, x: Any, flops_forward: float) -> list[Part]:
+  """The forward alone, and forward + backward to the parameters and the input (3x the forward's matmuls)."""
+  loss = lambda p, x: jnp.sum(forward(p, x).astype(jnp.float32))
+  return [Part(f"{name} forward", forward, (params, x), flops_forward),
+          Part(f"{name} fwd+bwd", jax.grad(loss, argnums=(0, 1)), (params, x), 3 * flops_forward)]
+
+
+def parts(config) -> list[Any]:
+  c = model_config_from(config)
+  ours = common.Ours(config, "train step")
+  batch = jax.tree.map(jnp.array, ours.batches[0])        # copies: the step donates its state, not these
+  params = jax.tree.map(jnp.array, nn.unbox(ours.state.params))
+  tokens, seq, h, i = ours.tokens_per_step, config.data.max_seq_length, c.hidden_size, c.intermediate_size
+  model, totals = AlbertForPreTraining(c), pretrain.pretraining_totals(batch)
+  loss = lambda p, _: pretrain.pretraining_loss(model, config.data.sentence_task, p, batch, jax.random.key(0),
+                                                totals, deterministic=True)[0]
+  model_forward = tokens * flops.train_flops_per_token(c, seq, config.data.max_predictions_per_seq) / 3
+  out = [ours, *forward_and_backward("model", loss, params, 0.0, model_forward)]
+  encoder = lambda p, _: AlbertModel(c).apply({"params": p}, batch["input_ids"], batch["attention_mask"],
+                                              batch["token_type_ids"])[0]
+  layer_flops = {"attention": tokens * (8 * h * h + 4 * seq * h), "ffn": tokens * 4 * h * i}
+  layer_flops["layer"] = sum(layer_flops.values())
+  projection = 2 * tokens * c.embedding_size * h if c.has_embedding_projection else 0
+  out += forward_and_backward("encoder", encoder, params["albert"], 0.0,
+                              c.num_hidden_layers * c.inner_group_num * layer_flops["layer"] + projection)
+  x = jax.random.normal(jax.random.key(1), (batch["input_ids"].shape[0], seq, h), jnp.dtype(c.dtype))
+  mask = batch["attention_mask"][:, None, None, :].astype(bool)
+  for name, module, extra in (("layer", TransformerLayer(c), (mask,)), ("attention", SelfAttention(c), (mask,)),
+                              ("ffn", FeedForward(c), ())):
+    block_params = nn.unbox(module.init(jax.random.key(2), x, *extra, True)["params"])
+    apply = lambda p, x, module=module, extra=extra: module.apply({"params": p}, x, *extra, True)
+    out += forward_and_backward(name, apply, block_params, x, layer_flops[name])
+  return out
+
+
+def main(argv=None) -> dict:
+  p = common.parser(__doc__)
+  args = p.parse_args(argv)
+  config = common.bench_config(args)
+  print(common.describe(config), flush=True)
+  runners = parts(config) + [common.Matmul(args.matmul_size, "jax")]
+  rows, _, _ = common.measure(runners, args)
+  by_name = {r["name"]: r for r in rows}
+  rate = by_name["matmul_jax"]["tflops_per_s"]
+  for row in rows:
+    row["median_ms"] = row["median_s"] * 1e3
+    row["fraction_of_matmul"] = row["tflops_per_s"] / rate if row["name"] != "matmul_jax" else None
+  common.print_table(rows, (("part", "name", ""), ("median ms", "median_ms", ".1f"), ("TFLOP/s", "tflops_per_s", ".3f"),
+                            ("of jnp.dot", "fraction_of_matmul", ".1%")),
+                     f"the step's parts, {args.steps} timed calls each, interleaved")
+  median = lambda name: by_name[name]["median_s"]
+  derived = {f"{part} backward/forward": (median(f"{part} fwd+bwd") - median(f"{part} forward")) / median(
+      f"{part} forward") for part in ("model", "encoder", "layer", "attention", "ffn")}
+  derived["optimizer share of the step"] = (median("train step") - median("model fwd+bwd")) / median("train step")
+  derived["heads and embeddings share of the step"] = (median("model fwd+bwd") - median("encoder fwd+bwd")) / median(
+      "train step")
+  for key, value in derived.items():
+    print(f"{key}: {value:.2f}", flush=True)
+  payload = {"config": common.describe(config), "model": config.model.to_dict(), "seq_len": args.seq_len,
+             "micro_batch": args.micro_batch, "rows": rows, "derived": derived,
+             "notes": ["FLOPs are the matmuls' (2mkn); fwd+bwd = 3x forward",
+                       "the layer, attention and ffn parts run on a random input of the model's width"]}
+  common.write_json(args, "step_parts", MODULE, payload)
+  return payload
+
+
+if __name__ == "__main__":
+  main()
