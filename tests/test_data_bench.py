@@ -1,4 +1,5 @@
 """The input-pipeline benchmark runs end to end at tiny size (no timing assertions)."""
+import gc
 import json
 
 import pytest
@@ -17,3 +18,4 @@ def test_benchmark_smoke(shared_data, tmp_path):
   assert [(r["short_seq_scope"], r["documents_from"]) for r in results["loader_vs_builder_seq512"]] == [
       ("document", "memory"), ("document", "disk"), ("chunk", "memory"), ("chunk", "disk")]
   assert all(r["identical_batches"] for r in results["loader_vs_builder_seq512"])
+  assert gc.get_freeze_count() == 0   # the timed blocks' frozen objects are handed back to the collector
