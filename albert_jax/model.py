@@ -33,9 +33,24 @@ def _init(c: ModelConfig, axes: Sequence[str | None]):
   return nn.with_logical_partitioning(jax.nn.initializers.truncated_normal(c.initializer_range), tuple(axes))
 
 
+def flat_dot_general(x: Array, kernel: Array, dimension_numbers, precision=None,
+                     preferred_element_type=None) -> Array:
+  """`nn.Dense`'s product x [..., K] · kernel [K, N], computed with the leading axes of x flattened into one.
+
+  The same numbers. Autodiff then writes the kernel's gradient as one matmul contracting the tokens of x and of
+  the output gradient dy; from a [B, T, K] product XLA's CPU backend first copies every dy [B, T, N] into a
+  transposed layout (`model.flat_matmuls`).
+  """
+  if dimension_numbers != (((x.ndim - 1,), (0,)), ((), ())):
+    raise ValueError(f"flat_dot_general computes x[..., K] · kernel[K, N] only, got {dimension_numbers}")
+  out = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), kernel, (((1,), (0,)), ((), ())), precision=precision,
+                            preferred_element_type=preferred_element_type)
+  return out.reshape(*x.shape[:-1], kernel.shape[1])
+
+
 def dense(c: ModelConfig, features: int, axes: tuple[str | None, str | None], name: str | None = None) -> nn.Dense:
   return nn.Dense(features, dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype),
-                  kernel_init=_init(c, axes),
+                  kernel_init=_init(c, axes), dot_general=flat_dot_general if c.flat_matmuls else None,
                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)), name=name)
 
 
@@ -90,7 +105,9 @@ class Embeddings(nn.Module):
 
   def attend(self, x: Array) -> Array:
     """x @ word_embeddings^T: the MLM decoder tied to the input embedding."""
-    return self.word_embeddings.attend(x)
+    if not self.config.flat_matmuls:
+      return self.word_embeddings.attend(x)
+    return self.word_embeddings.attend(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
 
 
 class SelfAttention(nn.Module):

@@ -109,6 +109,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
   p.add_argument("--scan-unroll", type=int, default=None, help="model.scan_unroll: layers per scan iteration "
                  "(0 = all of them: straight-line code, faster steps on CPU, compile time grows with depth; "
                  "default: the config's, 1 unless the experiment sets it)")
+  p.add_argument("--flat-matmuls", action="store_true", help="model.flat_matmuls=True: dense layers as 2-D "
+                 "products, whose kernel gradients XLA's CPU backend runs faster (off by default: TPU memory)")
   p.add_argument("--vocab-size", type=int, default=0, help="override vocab_size (0 = the size's)")
   p.add_argument("--steps", type=int, default=50, help="timed steps per runner (>= 50 for reported numbers)")
   p.add_argument("--warmup", type=int, default=5, help="untimed steps per runner after the compiling one")
@@ -143,6 +145,8 @@ def bench_config(args: argparse.Namespace, **model_overrides) -> ml_collections.
     c.model.num_hidden_layers = args.layers
   if args.scan_unroll is not None:
     c.model.scan_unroll = args.scan_unroll or c.model.num_hidden_layers
+  if args.flat_matmuls:
+    c.model.flat_matmuls = True
   if args.vocab_size:
     c.model.vocab_size = args.vocab_size
   for key, value in model_overrides.items():

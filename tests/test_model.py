@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from albert_jax import flops
-from albert_jax.model import (AlbertForPreTraining, AlbertModel, abstract_params, count_params, init_params,
-                              layers_per_group)
+from albert_jax.model import (AlbertForPreTraining, AlbertModel, abstract_params, count_params, flat_dot_general,
+                              init_params, layers_per_group)
 from albert_jax.model_config import MODEL_SIZES, ModelConfig, model_config_for
 
 # ../shared/REFERENCE.md b.4 (V=30000, P=512, T=2): (backbone, backbone + MLM + SOP heads).
@@ -175,6 +175,43 @@ def test_softmax_custom_jvp_changes_the_backward_graph_not_the_gradient(attentio
   (loss, grads), (reference_loss, reference_grads) = custom(params), autodiff(params)
   np.testing.assert_allclose(loss, reference_loss, rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grads, reference_grads)
+
+
+def _kernel_gradient_contractions(jaxpr) -> list[int]:
+  """How many dimensions each dot_general of a (nested) jaxpr contracts, for dots without batch dimensions."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (contract, _), (batch_dims, _) = eqn.params["dimension_numbers"]
+      if not batch_dims:
+        found.append(len(contract))
+    for sub in jax.core.jaxprs_in_params(eqn.params):
+      found += _kernel_gradient_contractions(sub)
+  return found
+
+
+def test_flat_matmuls_give_the_same_numbers_with_one_dimension_contracted():
+  params = nn.unbox(init_params(AlbertForPreTraining(TINY), jax.random.key(1)))
+  positions = jnp.asarray([[1, 3, 5], [2, 4, 6], [0, 7, 11]])
+  def loss_and_grad(flat):
+    model = AlbertForPreTraining(TINY.replace(flat_matmuls=flat))
+    return jax.value_and_grad(lambda p: model.apply({"params": p}, **batch(), masked_lm_positions=positions)[
+        "mlm_logits"].std())
+  flat, nd = loss_and_grad(True), loss_and_grad(False)
+  # Every dense kernel's (and the tied decoder's) gradient contracts the tokens as one dimension, not [B, T]...
+  assert set(_kernel_gradient_contractions(jax.make_jaxpr(flat)(params).jaxpr)) == {1}
+  assert 2 in _kernel_gradient_contractions(jax.make_jaxpr(nd)(params).jaxpr)
+  # ...and the function is the same: the forward bit for bit, the gradients to rounding.
+  (loss, grads), (reference_loss, reference_grads) = flat(params), nd(params)
+  assert loss == reference_loss
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
+
+
+def test_flat_dot_general_refuses_products_other_than_dense():
+  x, kernel = jnp.ones((2, 3, 4)), jnp.ones((4, 5))
+  assert flat_dot_general(x, kernel, (((2,), (0,)), ((), ()))).shape == (2, 3, 5)
+  with pytest.raises(ValueError, match="kernel"):
+    flat_dot_general(x, jnp.ones((3, 5)), (((1,), (0,)), ((), ())))
 
 
 def test_groups_and_inner_groups_create_distinct_layers():
