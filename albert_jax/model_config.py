@@ -49,7 +49,7 @@ class ModelConfig:
   # 27% less memory at seq 512). False gives jax's default rule; the gradients are the same.
   softmax_custom_jvp: bool = True
   # Dense layers and the tied decoder as products over all tokens at once ([B*T, K] x [K, N]): their kernel
-  # gradients become plain matmuls (model.flat_dot_general). Same numbers. On CPU +10% step speed at tiny256, +6% at
+  # gradients become plain matmuls (model.flat_dot_general). Same function. On CPU +10% step speed at tiny256, +6% at
   # ALBERT-base; compiled for TPU it costs memory (ALBERT-large on v4-128: 21.2 vs 20.1 GiB), hence off by default.
   flat_matmuls: bool = False
 
