@@ -43,9 +43,13 @@ def flat_dot_general(x: Array, kernel: Array, dimension_numbers, precision=None,
   """
   if dimension_numbers != (((x.ndim - 1,), (0,)), ((), ())):
     raise ValueError(f"flat_dot_general computes x[..., K] · kernel[K, N] only, got {dimension_numbers}")
-  out = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), kernel, (((1,), (0,)), ((), ())), precision=precision,
-                            preferred_element_type=preferred_element_type)
-  return out.reshape(*x.shape[:-1], kernel.shape[1])
+  return over_flat_tokens(lambda flat: jax.lax.dot_general(
+      flat, kernel, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=preferred_element_type), x)
+
+
+def over_flat_tokens(product: Callable[[Array], Array], x: Array) -> Array:
+  """product(x [..., K] reshaped to [tokens, K] -> [tokens, N]), reshaped back to [..., N]."""
+  return product(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
 
 
 def dense(c: ModelConfig, features: int, axes: tuple[str | None, str | None], name: str | None = None) -> nn.Dense:
@@ -107,7 +111,7 @@ class Embeddings(nn.Module):
     """x @ word_embeddings^T: the MLM decoder tied to the input embedding."""
     if not self.config.flat_matmuls:
       return self.word_embeddings.attend(x)
-    return self.word_embeddings.attend(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+    return over_flat_tokens(self.word_embeddings.attend, x)
 
 
 class SelfAttention(nn.Module):
