@@ -208,7 +208,7 @@ class Ours:
 
   def __init__(self, config: ml_collections.ConfigDict, name: str = "ours"):
     self.name, self.config = name, config
-    s = build_step(config)
+    self.setup = s = build_step(config)
     self.batch_sharding = s.batch_sharding
     synthetic = pretrain.SyntheticBatches(config.data, s.split, config.model.vocab_size, config.seed)
     self.host_example = next(synthetic)

@@ -1,10 +1,12 @@
 """`python -m bench.launches RESULT.json ...`: several launches of one benchmark command (`bench.train_step`,
-`bench.compile_depth` or `bench.speed_table`) summarized as the README quotes them: per row the median and range of
-its figures (tokens/s and the fraction of the same-run `jnp.dot` rate; compile times; speed relative to BERT-large),
-the median and range of every ratio, and how quiet the machine was (the other processes' CPU share, the load).
+`bench.compile_depth`, `bench.speed_table` or `bench.step_parts`) summarized as the README quotes them: per row the
+median and range of its figures (tokens/s or ms, and the fraction of the same-run `jnp.dot` rate; compile times;
+speed relative to BERT-large), the median and range of every ratio and derived figure, and how quiet the machine
+was (the other processes' CPU share, the load).
 
   python -m bench.launches bench/results/train_step_base_cpu_run{1,2,3}.json
   python -m bench.launches bench/results/compile_depth_run{1,2,3}.json
+  python -m bench.launches bench/results/step_parts_tiny256_run{1,2,3}.json
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ FIGURES = {"train_step": (("tokens_per_s", ",.0f", " tokens/s"), ("fraction_of_m
            "compile_depth": (("compile_s", ".2f", " s compile"), ("total_s", ".2f", " s with lowering"),
                              ("vs_shallowest", ".2f", "x the shallowest")),
            "speed_table": (("tokens_per_s", ",.0f", " tokens/s"), ("fraction_of_matmul", ".1%", " of jnp.dot"),
-                           ("relative", ".2f", "x BERT-large"))}
+                           ("relative", ".2f", "x BERT-large")),
+           "step_parts": (("median_ms", ",.1f", " ms"), ("fraction_of_matmul", ".1%", " of jnp.dot"))}
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -49,6 +52,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
   rates = [m["matmul_tflops_per_s"] for m in machines if m.get("matmul_tflops_per_s")]
   return {"launches": len(records), "command": commands.pop(), "benchmark": benchmark, "runners": runners,
           "ratios": {k: spread([r["ratios"][k] for r in records]) for k in records[0].get("ratios", {})},
+          "derived": {k: spread([r["derived"][k] for r in records]) for k in records[0].get("derived", {})},
           "machine": {"other_cpu_share_during_run": spread([m["other_cpu_share_during_run"] for m in machines]),
                       "loadavg_1min_at_start": spread([m["start"]["loadavg"][0] for m in machines]),
                       "matmul_tflops_per_s": spread(rates) if rates else None}}
@@ -75,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                         for field, spec, unit in FIGURES[out["benchmark"]] if field in figures))
   for name, ratio in out["ratios"].items():
     print(f"  {name:45s} {fmt(ratio, '.2f')}x")
+  for name, value in out["derived"].items():
+    print(f"  {name:45s} {fmt(value, '.2f')}")
   m = out["machine"]
   matmul = f", jnp.dot {fmt(m['matmul_tflops_per_s'], '.3f')} TFLOP/s" if m["matmul_tflops_per_s"] else ""
   print(f"  machine: other processes {fmt(m['other_cpu_share_during_run'], '.2f')} cores during the runs, 1-min "

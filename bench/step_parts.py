@@ -5,15 +5,25 @@ and one layer's, attention block's and feed-forward block's, each against its ma
 up (docs/profiling.md). Backward / forward should be about 2 (twice the matmul FLOPs); the optimizer and the
 heads are what the step has beyond the model's and the encoder's forward + backward.
 
+One more part, "step's matmuls": every `dot_general` of the traced train step (each scanned layer's as many times
+as the scan runs), each run alone on random operands of its shapes, one after the other. That is the roof the
+step's own shapes allow: the step can at best take as long as its matmuls do, and the `jnp.dot` rate of one square
+product overstates what small or batched products reach. The table after it gives each product form's rate.
+
   python -m bench.step_parts --size tiny256 --seq-len 128 --micro-batch 8 --scan-unroll 0
 """
 from __future__ import annotations
 
+import collections
+import math
+import time
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jax_core
 
 from albert_jax import flops, pretrain
 from albert_jax.model import AlbertForPreTraining, AlbertModel, FeedForward, SelfAttention, TransformerLayer
@@ -44,6 +54,73 @@ def forward_and_backward(name: str, forward: Callable, params: Any, x: Any, flop
           Part(f"{name} fwd+bwd", jax.grad(loss, argnums=(0, 1)), (params, x), 3 * flops_forward)]
 
 
+# A dot_general as the step writes it: operand shapes and dtypes and the dimension numbers.
+DotForm = collections.namedtuple("DotForm", "lhs_shape rhs_shape lhs_dtype rhs_dtype dimension_numbers")
+
+
+def dot_flops(form: DotForm) -> int:
+  """2 x (every lhs dimension) x (the rhs dimensions that are neither contracted nor batch)."""
+  (_, rhs_contracting), (_, rhs_batch) = form.dimension_numbers
+  free = [d for i, d in enumerate(form.rhs_shape) if i not in rhs_contracting and i not in rhs_batch]
+  return 2 * math.prod(form.lhs_shape) * math.prod(free)
+
+
+def jaxpr_matmuls(jaxpr: jax_core.Jaxpr, times: int = 1,
+                  counts: collections.Counter | None = None) -> collections.Counter:
+  """DotForm -> how many times one run of `jaxpr` executes it: sub-jaxprs are walked, a scan's body counted
+  `length` times. A loop of unknown trip count (`while`) around a matmul is refused rather than guessed."""
+  counts = collections.Counter() if counts is None else counts
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      lhs, rhs = (v.aval for v in eqn.invars)
+      counts[DotForm(lhs.shape, rhs.shape, str(lhs.dtype), str(rhs.dtype), eqn.params["dimension_numbers"])] += times
+    inner = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        sub = sub.jaxpr if isinstance(sub, jax_core.ClosedJaxpr) else sub
+        if isinstance(sub, jax_core.Jaxpr):
+          if eqn.primitive.name in ("while", "cond") and jaxpr_matmuls(sub):
+            raise ValueError(f"a matmul inside `{eqn.primitive.name}`: how often it runs is not known statically")
+          jaxpr_matmuls(sub, inner, counts)
+  return counts
+
+
+class StepMatmuls:
+  """Every matmul of the train step, each run alone (blocking, so one at a time gets the whole machine) as often as
+  the step runs it. Also times each form, for the per-form table."""
+
+  def __init__(self, counts: collections.Counter, name: str = "step's matmuls"):
+    self.name, self.compile_s = name, 0.0
+    self.forms = []
+    for i, (form, count) in enumerate(counts.items()):
+      lhs_key, rhs_key = jax.random.split(jax.random.key(i))
+      operands = (jax.random.normal(lhs_key, form.lhs_shape, form.lhs_dtype),
+                  jax.random.normal(rhs_key, form.rhs_shape, form.rhs_dtype))
+      product = jax.jit(lambda a, b, dn=form.dimension_numbers: jax.lax.dot_general(a, b, dn))
+      self.forms.append((form, count, product, operands, []))
+    self.flops_per_step = sum(dot_flops(form) * count for form, count, *_ in self.forms)
+
+  def step(self) -> None:
+    for _, count, product, operands, times in self.forms:
+      start = time.perf_counter()
+      for _ in range(count):
+        product(*operands).block_until_ready()
+      times.append(time.perf_counter() - start)
+
+  def memory(self) -> dict[str, Any]:
+    return {}
+
+  def form_rows(self) -> list[dict[str, Any]]:
+    """Per form, slowest first: calls per step, median ms per step (all its calls), GFLOP/s."""
+    rows = []
+    for form, count, _, _, times in self.forms:
+      median = float(np.median(times))
+      rows.append({"lhs": str(form.lhs_shape), "rhs": str(form.rhs_shape), "dtype": form.lhs_dtype,
+                   "dimension_numbers": str(form.dimension_numbers), "calls": count, "median_ms": median * 1e3,
+                   "gflops_per_s": dot_flops(form) * count / median / 1e9})
+    return sorted(rows, key=lambda row: -row["median_ms"])
+
+
 def parts(config) -> list[Any]:
   c = model_config_from(config)
   ours = common.Ours(config, "train step")
@@ -54,7 +131,11 @@ def parts(config) -> list[Any]:
   loss = lambda p, _: pretrain.pretraining_loss(model, config.data.sentence_task, p, batch, jax.random.key(0),
                                                 totals, deterministic=True)[0]
   model_forward = tokens * flops.train_flops_per_token(c, seq, config.data.max_predictions_per_seq) / 3
-  out = [ours, *forward_and_backward("model", loss, params, 0.0, model_forward)]
+  setup = ours.setup
+  with setup.context():
+    traced = setup.train_step.trace(setup.abstract_state, setup.abstract_batch(), setup.abstract_rng())
+  out = [ours, StepMatmuls(jaxpr_matmuls(traced.jaxpr.jaxpr)),
+         *forward_and_backward("model", loss, params, 0.0, model_forward)]
   encoder = lambda p, _: AlbertModel(c).apply({"params": p}, batch["input_ids"], batch["attention_mask"],
                                               batch["token_type_ids"])[0]
   layer_flops = {"attention": tokens * (8 * h * h + 4 * seq * h), "ffn": tokens * 4 * h * i}
@@ -90,15 +171,21 @@ def main(argv=None) -> dict:
   median = lambda name: by_name[name]["median_s"]
   derived = {f"{part} backward/forward": (median(f"{part} fwd+bwd") - median(f"{part} forward")) / median(
       f"{part} forward") for part in ("model", "encoder", "layer", "attention", "ffn")}
+  matmuls = next(r for r in runners if isinstance(r, StepMatmuls))
+  common.print_table(matmuls.form_rows(), (("lhs", "lhs", ""), ("rhs", "rhs", ""), ("dimension numbers",
+                     "dimension_numbers", ""), ("calls", "calls", "d"), ("ms", "median_ms", ".1f"),
+                     ("GFLOP/s", "gflops_per_s", ".1f")), "the step's matmul forms, each alone")
+  derived["step's matmuls alone, share of the step"] = median("step's matmuls") / median("train step")
   derived["optimizer share of the step"] = (median("train step") - median("model fwd+bwd")) / median("train step")
   derived["heads and embeddings share of the step"] = (median("model fwd+bwd") - median("encoder fwd+bwd")) / median(
       "train step")
   for key, value in derived.items():
     print(f"{key}: {value:.2f}", flush=True)
   payload = {"config": common.describe(config), "model": config.model.to_dict(), "seq_len": args.seq_len,
-             "micro_batch": args.micro_batch, "rows": rows, "derived": derived,
+             "micro_batch": args.micro_batch, "rows": rows, "derived": derived, "matmul_forms": matmuls.form_rows(),
              "notes": ["FLOPs are the matmuls' (2mkn); fwd+bwd = 3x forward",
-                       "the layer, attention and ffn parts run on a random input of the model's width"]}
+                       "the layer, attention and ffn parts run on a random input of the model's width",
+                       "step's matmuls: every dot_general of the traced step, each run alone, one at a time"]}
   common.write_json(args, "step_parts", MODULE, payload)
   return payload
 

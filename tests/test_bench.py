@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, launches, machine
+from bench import common, launches, machine, step_parts
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--size", "tiny", "--layers", "2", "--seq-len", "32", "--micro-batch", "2", "--steps", "3", "--warmup", "1",
@@ -93,7 +93,7 @@ def test_compile_depth(tmp_path):
 def test_step_parts(tmp_path):
   out, record = bench("step_parts", *TINY, results=tmp_path)
   names = [r["name"] for r in record["rows"]]
-  assert names == ["train step", "model forward", "model fwd+bwd", "encoder forward", "encoder fwd+bwd",
+  assert names == ["train step", "step's matmuls", "model forward", "model fwd+bwd", "encoder forward", "encoder fwd+bwd",
                    "layer forward", "layer fwd+bwd", "attention forward", "attention fwd+bwd", "ffn forward",
                    "ffn fwd+bwd", "matmul_jax"]
   rows = {r["name"]: r for r in record["rows"]}
@@ -107,8 +107,42 @@ def test_step_parts(tmp_path):
     assert flops[f"{part} fwd+bwd"] == pytest.approx(3 * flops[f"{part} forward"], rel=1e-6)
   assert flops["layer forward"] == pytest.approx(flops["attention forward"] + flops["ffn forward"], rel=1e-6)
   assert flops["train step"] == pytest.approx(flops["model fwd+bwd"], rel=1e-6)
-  assert set(record["derived"]) >= {"layer backward/forward", "optimizer share of the step"}
-  assert "optimizer share of the step" in out
+  # The traced step's dot_generals are the FLOP formula's matmuls (both layers of the scan) plus the pooler
+  # [2, 64] x [64, 64] and the SOP classifier [2, 64] x [64, 2], which the formula leaves out: 3 x (8,192 + 256).
+  assert flops["step's matmuls"] == pytest.approx(flops["train step"] + 3 * (2 * 2 * 64 * 64 + 2 * 2 * 64 * 2),
+                                                  rel=1e-9)
+  forms = record["matmul_forms"]
+  assert sum(f["calls"] for f in forms if f["rhs"] == "(64, 256)") == 2 * 2   # FFN in, forward and its dx, 2 layers
+  assert [f["median_ms"] for f in forms] == sorted((f["median_ms"] for f in forms), reverse=True)
+  assert set(record["derived"]) >= {"layer backward/forward", "optimizer share of the step",
+                                    "step's matmuls alone, share of the step"}
+  assert "optimizer share of the step" in out and "the step's matmul forms, each alone" in out
+
+
+def test_jaxpr_matmuls_counts_a_scanned_product_once_per_iteration():
+  import jax
+  import jax.numpy as jnp
+
+  w = jnp.ones((4, 4))
+  def f(x):
+    y, _ = jax.lax.scan(lambda c, _: (c @ w, None), x, None, length=3)
+    return jnp.sum(y @ jnp.ones((4, 2)))
+  counts = step_parts.jaxpr_matmuls(jax.make_jaxpr(jax.grad(f))(jnp.ones((5, 4))).jaxpr)
+  by_rhs = {(form.rhs_shape, form.dimension_numbers): n for form, n in counts.items()}
+  # forward: 3 scanned [5,4]x[4,4] and one [5,4]x[4,2]; backward: dx of each (the scan's 3 times, transposed w)
+  assert by_rhs == {((4, 4), (((1,), (0,)), ((), ()))): 3, ((4, 2), (((1,), (0,)), ((), ()))): 1,
+                    ((4, 4), (((1,), (1,)), ((), ()))): 3, ((4, 2), (((1,), (1,)), ((), ()))): 1}
+  assert sum(step_parts.dot_flops(form) * n for form, n in counts.items()) == 3 * 2 * (2 * 5 * 4 * 4) + 2 * (
+      2 * 5 * 4 * 2)
+
+
+def test_jaxpr_matmuls_refuses_a_matmul_in_a_loop_of_unknown_length():
+  import jax
+  import jax.numpy as jnp
+
+  loop = lambda x: jax.lax.while_loop(lambda c: jnp.sum(c) < 100.0, lambda c: c @ jnp.full((3, 3), 2.0), x)
+  with pytest.raises(ValueError, match="inside `while`"):
+    step_parts.jaxpr_matmuls(jax.make_jaxpr(loop)(jnp.ones((2, 3))).jaxpr)
 
 
 @pytest.mark.slow
@@ -198,8 +232,27 @@ def test_launches_summary_of_compile_depth_launches(tmp_path, capsys):
   out = launches.main(list(map(str, paths)))
   assert out["runners"]["scan L=24"]["total_s"] == {"median": 4.4, "min": 3.6, "max": 5.0}
   assert out["runners"]["scan L=24"]["vs_shallowest"]["median"] == pytest.approx(1.1)
-  assert out["ratios"] == {} and out["machine"]["matmul_tflops_per_s"] is None
+  assert out["ratios"] == {} and out["derived"] == {} and out["machine"]["matmul_tflops_per_s"] is None
   assert "scan L=24" in capsys.readouterr().out
+
+
+def test_launches_summary_of_step_parts_launches(tmp_path, capsys):
+  paths = []
+  for i, (step, matmuls) in enumerate([(230.0, 187.0), (250.0, 190.0), (228.0, 185.0)]):
+    rows = [{"name": "train step", "median_ms": step, "fraction_of_matmul": 100 / step},
+            {"name": "step's matmuls", "median_ms": matmuls, "fraction_of_matmul": 100 / matmuls},
+            {"name": "matmul_jax", "median_ms": 84.0, "fraction_of_matmul": None}]
+    machine_fields = {"other_cpu_share_during_run": 0.0, "start": {"loadavg": [0.5, 0.4, 0.3]},
+                      "matmul_tflops_per_s": 0.2}
+    paths.append(tmp_path / f"run{i}.json")
+    paths[-1].write_text(json.dumps({"benchmark": "step_parts", "rows": rows, "environment": {
+        "command": f"python -m bench.step_parts --name run{i}", "machine": machine_fields},
+        "derived": {"step's matmuls alone, share of the step": matmuls / step}}))
+  out = launches.main(list(map(str, paths)))
+  assert out["runners"]["train step"]["median_ms"] == {"median": 230.0, "min": 228.0, "max": 250.0}
+  assert out["runners"]["matmul_jax"] == {"median_ms": {"median": 84.0, "min": 84.0, "max": 84.0}}
+  assert out["derived"]["step's matmuls alone, share of the step"]["median"] == pytest.approx(185 / 228)   # of 0.813, 0.760, 0.811
+  assert "step's matmuls alone, share of the step" in capsys.readouterr().out
 
 
 def test_gpu_suite_script_parses():
