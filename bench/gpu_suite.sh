@@ -32,6 +32,8 @@ run bench.train_step --size base --seq-len 128 --micro-batch 128 --peer --peer-c
 # ALBERT-large, seq 512 (§4.1 floor 40%), same comparison.
 run bench.train_step --size large --seq-len 512 --micro-batch 32 --peer --peer-compile both "${COMMON[@]}" \
   --name "train_step_large_s512_${TAG}"
+# Where that step's time goes, and the roof its own matmuls allow (each product alone, one at a time).
+run bench.step_parts --size large --seq-len 512 --micro-batch 32 "${COMMON[@]}" --name "step_parts_large_s512_${TAG}"
 # The unrolled scan (straight-line layers; ~10% faster on CPU): does it pay on the GPU too?
 run bench.train_step --size base --seq-len 128 --micro-batch 128 --scan-unroll 0 "${COMMON[@]}" \
   --name "train_step_base_s128_unrolled_${TAG}"

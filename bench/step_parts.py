@@ -54,8 +54,9 @@ def forward_and_backward(name: str, forward: Callable, params: Any, x: Any, flop
           Part(f"{name} fwd+bwd", jax.grad(loss, argnums=(0, 1)), (params, x), 3 * flops_forward)]
 
 
-# A dot_general as the step writes it: operand shapes and dtypes and the dimension numbers.
-DotForm = collections.namedtuple("DotForm", "lhs_shape rhs_shape lhs_dtype rhs_dtype dimension_numbers")
+# A dot_general as the step writes it: operand shapes and dtypes, the dimension numbers, the output dtype asked for.
+DotForm = collections.namedtuple("DotForm", "lhs_shape rhs_shape lhs_dtype rhs_dtype dimension_numbers "
+                                 "preferred_element_type")
 
 
 def dot_flops(form: DotForm) -> int:
@@ -73,7 +74,9 @@ def jaxpr_matmuls(jaxpr: jax_core.Jaxpr, times: int = 1,
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "dot_general":
       lhs, rhs = (v.aval for v in eqn.invars)
-      counts[DotForm(lhs.shape, rhs.shape, str(lhs.dtype), str(rhs.dtype), eqn.params["dimension_numbers"])] += times
+      preferred = eqn.params.get("preferred_element_type")
+      counts[DotForm(lhs.shape, rhs.shape, str(lhs.dtype), str(rhs.dtype), eqn.params["dimension_numbers"],
+                     None if preferred is None else str(preferred))] += times
     inner = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
     for param in eqn.params.values():
       for sub in param if isinstance(param, (tuple, list)) else (param,):
@@ -96,7 +99,8 @@ class StepMatmuls:
       lhs_key, rhs_key = jax.random.split(jax.random.key(i))
       operands = (jax.random.normal(lhs_key, form.lhs_shape, form.lhs_dtype),
                   jax.random.normal(rhs_key, form.rhs_shape, form.rhs_dtype))
-      product = jax.jit(lambda a, b, dn=form.dimension_numbers: jax.lax.dot_general(a, b, dn))
+      product = jax.jit(lambda a, b, form=form: jax.lax.dot_general(
+          a, b, form.dimension_numbers, preferred_element_type=form.preferred_element_type))
       self.forms.append((form, count, product, operands, []))
     self.flops_per_step = sum(dot_flops(form) * count for form, count, *_ in self.forms)
 
