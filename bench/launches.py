@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   for name, ratio in out["ratios"].items():
     print(f"  {name:45s} {fmt(ratio, '.2f')}x")
   for name, value in out["derived"].items():
-    print(f"  {name:45s} {fmt(value, '.2f')}")
+    print(f"  {name:45s} {fmt(value, '.3g')}")
   m = out["machine"]
   matmul = f", jnp.dot {fmt(m['matmul_tflops_per_s'], '.3f')} TFLOP/s" if m["matmul_tflops_per_s"] else ""
   print(f"  machine: other processes {fmt(m['other_cpu_share_during_run'], '.2f')} cores during the runs, 1-min "

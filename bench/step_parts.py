@@ -90,10 +90,14 @@ def jaxpr_matmuls(jaxpr: jax_core.Jaxpr, times: int = 1,
 
 class StepMatmuls:
   """Every matmul of the train step, each run alone (blocking, so one at a time gets the whole machine) as often as
-  the step runs it. Also times each form, for the per-form table."""
+  the step runs it. Also times each form, for the per-form table, and as many calls of a jitted no-op: the
+  dispatch each call pays, which `net_of_dispatch_s` takes out."""
 
   def __init__(self, counts: collections.Counter, name: str = "step's matmuls"):
     self.name, self.compile_s = name, 0.0
+    self.calls = sum(counts.values())
+    self._noop, self._noop_operand = jax.jit(lambda x: x + 1), jnp.zeros((), jnp.int32)
+    self.dispatch_times: list[float] = []
     self.forms = []
     for i, (form, count) in enumerate(counts.items()):
       lhs_key, rhs_key = jax.random.split(jax.random.key(i))
@@ -110,9 +114,20 @@ class StepMatmuls:
       for _ in range(count):
         product(*operands).block_until_ready()
       times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(self.calls):
+      self._noop(self._noop_operand).block_until_ready()
+    self.dispatch_times.append(time.perf_counter() - start)
 
   def memory(self) -> dict[str, Any]:
     return {}
+
+  def dispatch_s_per_call(self) -> float:
+    return float(np.median(self.dispatch_times)) / self.calls
+
+  def net_of_dispatch_s(self, median_s: float) -> float:
+    """The matmuls' own time: the measured median less one no-op dispatch per call."""
+    return median_s - self.calls * self.dispatch_s_per_call()
 
   def form_rows(self) -> list[dict[str, Any]]:
     """Per form, slowest first: calls per step, median ms per step (all its calls), GFLOP/s."""
@@ -179,17 +194,22 @@ def main(argv=None) -> dict:
   common.print_table(matmuls.form_rows(), (("lhs", "lhs", ""), ("rhs", "rhs", ""), ("dimension numbers",
                      "dimension_numbers", ""), ("calls", "calls", "d"), ("ms", "median_ms", ".1f"),
                      ("GFLOP/s", "gflops_per_s", ".1f")), "the step's matmul forms, each alone")
+  net = matmuls.net_of_dispatch_s(median("step's matmuls"))
   derived["step's matmuls alone, share of the step"] = median("step's matmuls") / median("train step")
+  derived["step's matmuls net of dispatch, share of the step"] = net / median("train step")
+  derived["step's matmuls net of dispatch, of jnp.dot"] = matmuls.flops_per_step / net / 1e12 / rate
+  derived["dispatch per product call, ms"] = matmuls.dispatch_s_per_call() * 1e3
   derived["optimizer share of the step"] = (median("train step") - median("model fwd+bwd")) / median("train step")
   derived["heads and embeddings share of the step"] = (median("model fwd+bwd") - median("encoder fwd+bwd")) / median(
       "train step")
   for key, value in derived.items():
-    print(f"{key}: {value:.2f}", flush=True)
+    print(f"{key}: {value:.3f}", flush=True)
   payload = {"config": common.describe(config), "model": config.model.to_dict(), "seq_len": args.seq_len,
              "micro_batch": args.micro_batch, "rows": rows, "derived": derived, "matmul_forms": matmuls.form_rows(),
              "notes": ["FLOPs are the matmuls' (2mkn); fwd+bwd = 3x forward",
                        "the layer, attention and ffn parts run on a random input of the model's width",
-                       "step's matmuls: every dot_general of the traced step, each run alone, one at a time"]}
+                       "step's matmuls: every dot_general of the traced step, each run alone, one at a time; "
+                       "net of dispatch: less the time of as many calls of a jitted no-op"]}
   common.write_json(args, "step_parts", MODULE, payload)
   return payload
 

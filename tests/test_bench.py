@@ -114,8 +114,12 @@ def test_step_parts(tmp_path):
   forms = record["matmul_forms"]
   assert sum(f["calls"] for f in forms if f["rhs"] == "(64, 256)") == 2 * 2   # FFN in, forward and its dx, 2 layers
   assert [f["median_ms"] for f in forms] == sorted((f["median_ms"] for f in forms), reverse=True)
-  assert set(record["derived"]) >= {"layer backward/forward", "optimizer share of the step",
-                                    "step's matmuls alone, share of the step"}
+  derived = record["derived"]
+  assert set(derived) >= {"layer backward/forward", "optimizer share of the step",
+                          "step's matmuls alone, share of the step", "dispatch per product call, ms"}
+  assert 0 < derived["step's matmuls net of dispatch, share of the step"] < derived[
+      "step's matmuls alone, share of the step"]
+  assert derived["step's matmuls net of dispatch, of jnp.dot"] > rows["step's matmuls"]["fraction_of_matmul"]
   assert "optimizer share of the step" in out and "the step's matmul forms, each alone" in out
 
 
@@ -252,7 +256,7 @@ def test_launches_summary_of_step_parts_launches(tmp_path, capsys):
   assert out["runners"]["train step"]["median_ms"] == {"median": 230.0, "min": 228.0, "max": 250.0}
   assert out["runners"]["matmul_jax"] == {"median_ms": {"median": 84.0, "min": 84.0, "max": 84.0}}
   assert out["derived"]["step's matmuls alone, share of the step"]["median"] == pytest.approx(185 / 228)   # of 0.813, 0.760, 0.811
-  assert "step's matmuls alone, share of the step" in capsys.readouterr().out
+  assert "step's matmuls alone, share of the step       0.811 (0.76-0.813)" in capsys.readouterr().out
 
 
 def test_gpu_suite_script_parses():
