@@ -1,5 +1,7 @@
 """Benchmarks: every script runs at tiny sizes, prints its table and writes JSON with the documented fields. No
 timing assertions (the machine is shared); subprocesses get one CPU device and XLA's -O0 so compiles stay short."""
+import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from albert_jax.model_config import model_config_from
 from bench import common, launches, machine, step_parts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,5 +262,69 @@ def test_launches_summary_of_step_parts_launches(tmp_path, capsys):
   assert "step's matmuls alone, share of the step       0.811 (0.76-0.813)" in capsys.readouterr().out
 
 
-def test_gpu_suite_script_parses():
-  assert subprocess.run(["bash", "-n", str(REPO / "bench" / "gpu_suite.sh")]).returncode == 0
+class _Parsed(Exception):
+  """Raised in place of running a benchmark, once its arguments are parsed."""
+
+
+def run_gpu_suite(tmp_path: Path, *parts: str, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+  """Runs bench/gpu_suite.sh with a stand-in interpreter that logs each call's arguments and PYTHONPATH."""
+  suite = tmp_path / "bench" / "gpu_suite.sh"
+  suite.parent.mkdir(exist_ok=True)
+  suite.write_text((REPO / "bench" / "gpu_suite.sh").read_text())
+  log, interpreter = tmp_path / "calls.jsonl", tmp_path / "python"
+  log.unlink(missing_ok=True)
+  interpreter.write_text(f"#!{sys.executable}\nimport json, os, sys\nopen({str(log)!r}, 'a').write(json.dumps("
+                         "{'argv': sys.argv[1:], 'pythonpath': os.environ.get('PYTHONPATH', '')}) + '\\n')\n")
+  interpreter.chmod(0o755)
+  proc = subprocess.run(["bash", str(suite), *parts], capture_output=True, text=True, timeout=60,
+                        env={**os.environ, "PY": str(interpreter), "RESULTS_DIR": str(tmp_path / "results"), **env})
+  calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+  return proc, calls
+
+
+@pytest.mark.parametrize("parts, commands", [((), 14), (("peer", "profile"), 5), (("remat",), 4), (("capacity", "tables"), 5)])
+def test_every_gpu_suite_command_parses_and_builds_its_models(tmp_path, monkeypatch, parts, commands):
+  """The suite has never run where it is meant to (a lent GPU, with minutes of device time): its commands are
+  logged by a stand-in interpreter, then each one's flags go through its own parser and its model configs are
+  built, so a misspelt flag or size fails here and not on the GPU. Every command writes a JSON of its own into
+  RESULTS_DIR (on the lent machine, the folder whose files come back)."""
+  proc, calls = run_gpu_suite(tmp_path, *parts, TAG="lhs")
+  assert proc.returncode == 0, proc.stderr
+  assert len(calls) == commands and all(c["argv"][0] == "-m" for c in calls)
+  assert (tmp_path / "results" / "nvidia_smi_lhs.txt").exists()
+
+  original = argparse.ArgumentParser.parse_args
+  def parse_only(self, args=None, namespace=None):
+    raise _Parsed(original(self, args, namespace))
+  monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+  names = []
+  for _, module, *argv in (c["argv"] for c in calls):
+    with pytest.raises(_Parsed) as parsed:
+      importlib.import_module(module).main(argv)
+    args = parsed.value.args[0]
+    sizes = args.sizes.split(",") if module == "bench.speed_table" else [args.size]
+    for size in sizes:
+      model_config_from(common.bench_config(argparse.Namespace(**{**vars(args), "size": size})))
+    assert args.results_dir == str(tmp_path / "results")
+    names.append(args.name)
+  assert len(set(names)) == len(names) and all(name.endswith("_lhs") for name in names), names
+
+
+def test_gpu_suite_installs_the_carried_wheels_first_and_refuses_an_unknown_part(tmp_path):
+  (tmp_path / "wheels").mkdir()
+  for name in ("flax-0.12.8-py3-none-any.whl", "optax-0.2.8-py3-none-any.whl"):
+    (tmp_path / "wheels" / name).touch()
+  proc, calls = run_gpu_suite(tmp_path, "peer", WHEELS=str(tmp_path / "wheels"), TMPDIR=str(tmp_path),
+                              PYTHONPATH="/elsewhere")
+  assert proc.returncode == 0, proc.stderr
+  site = str(tmp_path / "albert_jax_site")
+  install, *benchmarks = calls
+  assert install["argv"][:3] == ["-m", "pip", "install"] and "--no-index" in install["argv"]
+  assert install["argv"][install["argv"].index("--target") + 1] == site
+  assert sorted(Path(a).name for a in install["argv"] if a.endswith(".whl")) == [
+      "flax-0.12.8-py3-none-any.whl", "optax-0.2.8-py3-none-any.whl"]
+  assert len(benchmarks) == 2 and all(c["pythonpath"] == f"{site}:/elsewhere" for c in benchmarks)
+
+  proc, calls = run_gpu_suite(tmp_path, "peer", "speed")
+  assert proc.returncode == 2 and calls == []
+  assert "no part 'speed'; the parts: peer profile remat capacity tables" in proc.stderr
