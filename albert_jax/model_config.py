@@ -50,8 +50,9 @@ class ModelConfig:
   softmax_custom_jvp: bool = True
   # Dense layers and the tied decoder as products over all tokens at once ([B*T, K] x [K, N]): their kernel
   # gradients become plain matmuls (model.flat_dot_general). Same function. On CPU +10% step speed at tiny256, +6% at
-  # ALBERT-base; compiled for TPU it costs memory (ALBERT-large on v4-128: 21.2 vs 20.1 GiB), hence off by default.
-  flat_matmuls: bool = False
+  # ALBERT-base; compiled for TPU it costs memory (ALBERT-large on v4-128: 21.2 vs 20.1 GiB). None: on where the
+  # step is compiled for the CPU backend, off elsewhere (`--mode=compile` compiles for a TPU: off).
+  flat_matmuls: bool | None = None
 
   def __post_init__(self):
     validate(self)

@@ -43,7 +43,10 @@ class Result:
 
 
 def job_for(config: ml_collections.ConfigDict) -> engine.Job:
-  """The job `--mode=train` would build, without reading any data."""
+  """The job `--mode=train` would build on the slice, without reading any data."""
+  if config.model.flat_matmuls is None:  # "on for CPU" would read this host's backend, not the slice's
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.model.flat_matmuls = False
   if config.task == "pretrain":
     from albert_jax import pretrain
     return pretrain.make_job(config)

@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 
 from albert_jax import engine, flops, pretrain, sharding
+from albert_jax.model import flat_matmuls
 from albert_jax.model_config import model_config_from
 from bench import machine
 from experiments import common as experiments
@@ -110,7 +111,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
                  "(0 = all of them: straight-line code, faster steps on CPU, compile time grows with depth; "
                  "default: the config's, 1 unless the experiment sets it)")
   p.add_argument("--flat-matmuls", action="store_true", help="model.flat_matmuls=True: dense layers as 2-D "
-                 "products, whose kernel gradients XLA's CPU backend runs faster (off by default: TPU memory)")
+                 "products, whose kernel gradients XLA's CPU backend runs faster (already the default on CPU; off "
+                 "elsewhere: TPU memory)")
   p.add_argument("--vocab-size", type=int, default=0, help="override vocab_size (0 = the size's)")
   p.add_argument("--steps", type=int, default=50, help="timed steps per runner (>= 50 for reported numbers)")
   p.add_argument("--warmup", type=int, default=5, help="untimed steps per runner after the compiling one")
@@ -151,6 +153,7 @@ def bench_config(args: argparse.Namespace, **model_overrides) -> ml_collections.
     c.model.vocab_size = args.vocab_size
   for key, value in model_overrides.items():
     c.model[key] = value
+  c.model.flat_matmuls = flat_matmuls(model_config_from(c))  # as it runs on this backend, so the JSON says so
   c.data.kind = "synthetic"
   c.data.max_seq_length = args.seq_len
   c.data.max_predictions_per_seq = args.predictions

@@ -10,6 +10,8 @@ A config has these sections:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
 from albert_jax.model_config import MODEL_SIZES
@@ -34,9 +36,12 @@ def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
   if size not in MODEL_SIZES:
     raise ValueError(f"Unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}.")
   from albert_jax.model_config import ModelConfig
-  fields = ModelConfig(**{**MODEL_SIZES[size], **overrides}).to_dict()
-  # embedding_projection may be None or bool: give it a placeholder type so --config overrides accept a bool.
-  config = ml_collections.ConfigDict(fields)
+  config = ml_collections.ConfigDict(ModelConfig(**{**MODEL_SIZES[size], **overrides}).to_dict())
+  # A `bool | None` field left at None has no type that `--config.model.x=True` could be parsed as: a bool
+  # placeholder gives it one (its value stays None until overridden).
+  for field in dataclasses.fields(ModelConfig):
+    if field.type == "bool | None" and config[field.name] is None:
+      config[field.name] = ml_collections.config_dict.placeholder(bool)
   return config
 
 

@@ -16,7 +16,6 @@ def get_config(arg=None):
   c.model.dtype = "float32"           # CPU: float32 is the fast path, and the model is small enough to keep
   c.model.remat_policy = "none"       # every activation
   c.model.scan_unroll = c.model.num_hidden_layers  # straight-line layers: faster CPU steps, compiles in seconds
-  c.model.flat_matmuls = True         # kernel gradients as plain matmuls: a faster CPU backward
   c.data.kind = "synthetic" if args.synthetic else "tiny"
   c.data.max_seq_length = 64
   c.data.max_predictions_per_seq = 10

@@ -1,7 +1,10 @@
 """Every experiment file loads and builds a valid model; the paper's recipe is in the pretraining files; the
 large config runs a few steps on CPU through the same code path as a TPU pod."""
 import importlib
+import json
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -28,6 +31,18 @@ def test_pretraining_files_carry_the_paper_recipe(size):
   assert (c.data.max_seq_length, c.data.max_predictions_per_seq, c.data.sentence_task) == (512, 20, "sop")
   v1 = importlib.import_module(f"experiments.pretrain_{size}").get_config("version=v1")
   assert v1.model.hidden_dropout_prob == (0.0 if size == "xxlarge" else 0.1)
+
+
+@pytest.mark.parametrize("override, projection_params", [((), 0), (("--config.model.embedding_projection=True",),
+                                                                      128 * 128 + 128)])
+def test_a_model_field_that_defaults_to_none_takes_a_command_line_bool(override, projection_params):
+  """embedding_projection is None (a projection only when E != H) until set; --config must still parse a bool
+  for it (it used to stop with "Type NoneType ... is not supported for overriding")."""
+  out = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config=experiments/pretrain_tiny.py",
+                        "--mode=describe", "--config.model.embedding_size=128", *override],
+                       capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parents[1])
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert json.loads(out.stdout.strip().splitlines()[-1])["params_embedding_projection"] == projection_params
 
 
 def test_ablation_arguments_reach_the_config():

@@ -201,6 +201,8 @@ def test_flat_matmuls_give_the_same_numbers_with_one_dimension_contracted():
   # Every dense kernel's (and the tied decoder's) gradient contracts the tokens as one dimension, not [B, T]...
   assert set(_kernel_gradient_contractions(jax.make_jaxpr(flat)(params).jaxpr)) == {1}
   assert 2 in _kernel_gradient_contractions(jax.make_jaxpr(nd)(params).jaxpr)
+  assert TINY.flat_matmuls is None and jax.default_backend() == "cpu"  # None: on, for the backend traced for
+  assert set(_kernel_gradient_contractions(jax.make_jaxpr(loss_and_grad(None))(params).jaxpr)) == {1}
   # ...and the function is the same: the forward bit for bit, the gradients to rounding.
   (loss, grads), (reference_loss, reference_grads) = flat(params), nd(params)
   assert loss == reference_loss

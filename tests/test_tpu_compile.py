@@ -30,6 +30,20 @@ def compile_cli(*args, config="experiments/pretrain_tiny.py:synthetic"):
   return result, report
 
 
+@pytest.mark.parametrize("setting, compiled_with", [(None, False), (True, True), (False, False)])
+def test_the_slice_gets_flat_matmuls_only_when_asked(monkeypatch, setting, compiled_with):
+  """flat_matmuls=None means "on for CPU", read from the backend at trace time: on this CPU host compiling for a
+  TPU, the job must be built with it off (it costs TPU memory), and an explicit setting must pass through."""
+  from albert_jax import pretrain, tpu_compile
+  from experiments import pretrain_tiny
+  seen = []
+  monkeypatch.setattr(pretrain, "make_job", lambda config: seen.append(config.model.flat_matmuls))
+  config = pretrain_tiny.get_config("synthetic")
+  config.model.flat_matmuls = setting
+  tpu_compile.job_for(config)
+  assert seen == [compiled_with] and config.model.flat_matmuls is setting
+
+
 def test_tiny_pretraining_fits_a_v3_8_and_reports_every_field():
   result, report = compile_cli("--topology=v3-8")
   assert result.returncode == 0, result.stderr
