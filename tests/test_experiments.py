@@ -1,18 +1,39 @@
 """Every experiment file loads and builds a valid model; the paper's recipe is in the pretraining files; the
 large config runs a few steps on CPU through the same code path as a TPU pod."""
+import functools
 import importlib
 import json
 import pathlib
 import subprocess
 import sys
 
+import ml_collections
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
 from albert_jax.model_config import model_config_from
 from tests.test_train import cli, logged
 
-EXPERIMENTS = sorted(p.stem for p in pathlib.Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.py")
-                     if p.stem not in ("__init__", "common"))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXPERIMENTS = sorted(p.stem for p in ROOT.joinpath("experiments").glob("*.py") if p.stem not in ("__init__", "common"))
+
+
+def parsed_config(name: str, *overrides: str) -> ml_collections.ConfigDict:
+  """The config `python -m albert_jax.main --config=experiments/<name>.py <overrides>` would run."""
+  argv = ["main", f"--config={ROOT / 'experiments' / name}.py", *overrides]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+  flag_values(argv)
+  return flag_values.config
+
+
+def leaves(config: ml_collections.ConfigDict, prefix: str = ""):
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -43,6 +64,19 @@ def test_a_model_field_that_defaults_to_none_takes_a_command_line_bool(override,
                        capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parents[1])
   assert out.returncode == 0, out.stderr[-2000:]
   assert json.loads(out.stdout.strip().splitlines()[-1])["params_embedding_projection"] == projection_params
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_config_field_takes_a_command_line_override(name):
+  """`--config.<field>=<value>` parses for every field of every experiment file and gives that value back; a
+  field left at None (decided at run time) takes True and False."""
+  fields = list(leaves(parsed_config(name)))
+  assert len(fields) > 50
+  for field, default in fields:
+    for value in (True, False) if default is None else (default,):
+      text = repr(value) if isinstance(value, tuple) else str(value)
+      config = parsed_config(name, f"--config.{field}={text}")
+      assert functools.reduce(getattr, field.split("."), config) == value, field
 
 
 def test_ablation_arguments_reach_the_config():
