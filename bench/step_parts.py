@@ -1,9 +1,10 @@
 """`python -m bench.step_parts`: where the train step's time goes, by timing its parts as programs of their own,
-interleaved: the whole step (optimizer included), the model's loss forward and forward + backward, the encoder's,
-and one layer's, attention block's and feed-forward block's, each against its matmul FLOPs and the same-run
-`jnp.dot` rate. A thunk trace cannot give this on CPU: concurrent thunks overlap, so per-op durations do not add
-up (docs/profiling.md). Backward / forward should be about 2 (twice the matmul FLOPs); the optimizer and the
-heads are what the step has beyond the model's and the encoder's forward + backward.
+interleaved: the whole step (optimizer included), the model's loss forward and forward + backward, the optimizer's
+update alone, the encoder's forward and forward + backward, and one layer's, attention block's and feed-forward
+block's, each against its matmul FLOPs and the same-run `jnp.dot` rate. A thunk trace cannot give this on CPU:
+concurrent thunks overlap, so per-op durations do not add up (docs/profiling.md). Backward / forward should be about
+2 (twice the matmul FLOPs); the optimizer and the heads are what the step has beyond the model's and the encoder's
+forward + backward. The optimizer alone can take longer than that difference: in the step it overlaps the backward.
 
 One more part, "step's matmuls": every `dot_general` of the traced train step (each scanned layer's as many times
 as the scan runs), each run alone on random operands of its shapes, one after the other. That is the roof the
@@ -23,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.extend import core as jax_core
 
 from albert_jax import flops, pretrain
@@ -140,6 +142,26 @@ class StepMatmuls:
     return sorted(rows, key=lambda row: -row["median_ms"])
 
 
+class OptimizerUpdate(Part):
+  """The step's optimizer alone (`train.optimizer`, clipping included), applied to fixed gradients of the
+  parameters' shapes, its parameters and state donated and carried from call to call as the step does: what the
+  step spends beyond the model's forward + backward when nothing else runs beside it."""
+
+  def __init__(self, tx: optax.GradientTransformation, state: Any):
+    params = jax.tree.map(jnp.array, nn.unbox(state.params))   # copies: the step's own state stays its own
+    grads = jax.tree.map(lambda p: 1e-3 * jax.random.normal(jax.random.key(3), p.shape, p.dtype), params)
+
+    def update(params, opt_state, grads):
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+    super().__init__("optimizer update", update, (params, jax.tree.map(jnp.array, state.opt_state), grads), 0.0)
+    self._fn = jax.jit(update, donate_argnums=(0, 1))
+
+  def step(self) -> None:
+    params, opt_state, grads = self._args
+    self._args = (*jax.block_until_ready(self._fn(params, opt_state, grads)), grads)
+
+
 def parts(config) -> list[Any]:
   c = model_config_from(config)
   ours = common.Ours(config, "train step")
@@ -154,7 +176,7 @@ def parts(config) -> list[Any]:
   with setup.context():
     traced = setup.train_step.trace(setup.abstract_state, setup.abstract_batch(), setup.abstract_rng())
   out = [ours, StepMatmuls(jaxpr_matmuls(traced.jaxpr.jaxpr)),
-         *forward_and_backward("model", loss, params, 0.0, model_forward)]
+         *forward_and_backward("model", loss, params, 0.0, model_forward), OptimizerUpdate(setup.tx, ours.state)]
   encoder = lambda p, _: AlbertModel(c).apply({"params": p}, batch["input_ids"], batch["attention_mask"],
                                               batch["token_type_ids"])[0]
   layer_flops = {"attention": tokens * (8 * h * h + 4 * seq * h), "ffn": tokens * 4 * h * i}
@@ -183,7 +205,8 @@ def main(argv=None) -> dict:
   rate = by_name["matmul_jax"]["tflops_per_s"]
   for row in rows:
     row["median_ms"] = row["median_s"] * 1e3
-    row["fraction_of_matmul"] = row["tflops_per_s"] / rate if row["name"] != "matmul_jax" else None
+    row["fraction_of_matmul"] = row["tflops_per_s"] / rate if row["name"] != "matmul_jax" and row[
+        "tflops_per_s"] else None
   common.print_table(rows, (("part", "name", ""), ("median ms", "median_ms", ".1f"), ("TFLOP/s", "tflops_per_s", ".3f"),
                             ("of jnp.dot", "fraction_of_matmul", ".1%")),
                      f"the step's parts, {args.steps} timed calls each, interleaved")
@@ -200,6 +223,7 @@ def main(argv=None) -> dict:
   derived["step's matmuls net of dispatch, of jnp.dot"] = matmuls.flops_per_step / net / 1e12 / rate
   derived["dispatch per product call, ms"] = matmuls.dispatch_s_per_call() * 1e3
   derived["optimizer share of the step"] = (median("train step") - median("model fwd+bwd")) / median("train step")
+  derived["optimizer update alone, share of the step"] = median("optimizer update") / median("train step")
   derived["heads and embeddings share of the step"] = (median("model fwd+bwd") - median("encoder fwd+bwd")) / median(
       "train step")
   for key, value in derived.items():

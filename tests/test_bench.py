@@ -96,10 +96,13 @@ def test_compile_depth(tmp_path):
 def test_step_parts(tmp_path):
   out, record = bench("step_parts", *TINY, results=tmp_path)
   names = [r["name"] for r in record["rows"]]
-  assert names == ["train step", "step's matmuls", "model forward", "model fwd+bwd", "encoder forward", "encoder fwd+bwd",
-                   "layer forward", "layer fwd+bwd", "attention forward", "attention fwd+bwd", "ffn forward",
-                   "ffn fwd+bwd", "matmul_jax"]
+  assert names == ["train step", "step's matmuls", "model forward", "model fwd+bwd", "optimizer update",
+                   "encoder forward", "encoder fwd+bwd", "layer forward", "layer fwd+bwd", "attention forward",
+                   "attention fwd+bwd", "ffn forward", "ffn fwd+bwd", "matmul_jax"]
   rows = {r["name"]: r for r in record["rows"]}
+  # The optimizer has no matmuls: timed, with no rate.
+  assert rows.pop("optimizer update")["fraction_of_matmul"] is None
+  names.remove("optimizer update")
   for name in names[:-1]:
     assert rows[name]["median_ms"] > 0 and rows[name]["fraction_of_matmul"] > 0, rows[name]
   # Credited matmul FLOPs: forward + backward is three forwards; a layer is its attention plus its feed-forward.
@@ -125,7 +128,33 @@ def test_step_parts(tmp_path):
   assert 0 < derived["step's matmuls net of dispatch, share of the step"] < derived[
       "step's matmuls alone, share of the step"]
   assert derived["step's matmuls net of dispatch, of jnp.dot"] > rows["step's matmuls"]["fraction_of_matmul"]
+  assert 0 < derived["optimizer update alone, share of the step"] < 1
   assert "optimizer share of the step" in out and "the step's matmul forms, each alone" in out
+
+
+def test_the_optimizer_part_applies_the_steps_optimizer_to_its_state():
+  import types
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
+  tx = optax.chain(optax.trace(decay=0.5), optax.sgd(0.1))
+  state = types.SimpleNamespace(params=params, opt_state=tx.init(params))
+  part = step_parts.OptimizerUpdate(tx, state)
+  grads = part._args[2]
+  part.step()
+  new_params, new_state, _ = part._args
+  for name in params:   # the first step of momentum from zero: params - 0.1 * grads
+    np.testing.assert_allclose(new_params[name], params[name] - 0.1 * grads[name], rtol=1e-6)
+    np.testing.assert_allclose(new_state[0].trace[name], grads[name], rtol=1e-6)
+  part.step()           # the second call carries the first's state: momentum 0.5 · g + g
+  for name in params:
+    np.testing.assert_allclose(part._args[0][name], params[name] - 0.1 * grads[name] - 0.15 * grads[name],
+                               rtol=1e-5)
+  assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
 
 
 def test_jaxpr_matmuls_counts_a_scanned_product_once_per_iteration():
