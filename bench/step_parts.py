@@ -38,9 +38,9 @@ MODULE = "bench.step_parts"
 class Part:
   """One jitted function of fixed arguments, timed as a runner of `common.measure` (FLOPs: its matmuls')."""
 
-  def __init__(self, name: str, fn: Callable, args: tuple, flops_per_step: float):
+  def __init__(self, name: str, fn: Callable, args: tuple, flops_per_step: float, donate_argnums: tuple = ()):
     self.name, self.flops_per_step, self.compile_s = name, flops_per_step, 0.0
-    self._fn, self._args = jax.jit(fn), args
+    self._fn, self._args = jax.jit(fn, donate_argnums=donate_argnums), args
 
   def step(self) -> None:
     jax.block_until_ready(self._fn(*self._args))
@@ -154,8 +154,8 @@ class OptimizerUpdate(Part):
     def update(params, opt_state, grads):
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state
-    super().__init__("optimizer update", update, (params, jax.tree.map(jnp.array, state.opt_state), grads), 0.0)
-    self._fn = jax.jit(update, donate_argnums=(0, 1))
+    super().__init__("optimizer update", update, (params, jax.tree.map(jnp.array, state.opt_state), grads), 0.0,
+                     donate_argnums=(0, 1))
 
   def step(self) -> None:
     params, opt_state, grads = self._args
