@@ -5,9 +5,11 @@ function that `runner.MODES` names for the mode and the config's task.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -47,6 +49,51 @@ def _initialize_distributed() -> None:
     jax.distributed.initialize()
 
 
+def _config_spec(argv: list[str]) -> str | None:
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _unknown_field(argv: list[str]) -> str | None:
+  """The first `--config.<field>` override that names no field of the experiment file, with the nearest name."""
+  spec = _config_spec(argv)
+  if spec is None:
+    return None
+  loader = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=loader, sys_argv=["main", f"--config={spec}"])
+  loader(["main", f"--config={spec}"])
+  for arg in argv[1:]:
+    prefix = next((p for p in ("--config.", "--noconfig.") if arg.startswith(p)), None)
+    if prefix is None:
+      continue
+    parts, node = arg[len(prefix):].split("=", 1)[0].split("."), loader.config
+    for depth, part in enumerate(parts):
+      if isinstance(node, ml_collections.ConfigDict) and part in node:
+        node = node[part]
+        continue
+      if isinstance(node, ml_collections.ConfigDict):
+        close = difflib.get_close_matches(part, list(node.keys()), n=1)
+        hint = f"; did you mean --config.{'.'.join([*parts[:depth], close[0]])}?" if close else ""
+      else:
+        hint = f"; {'.'.join(parts[:depth])} is a value, not a section"
+      return f"{arg.split('=', 1)[0]}: {spec} has no field {'.'.join(parts)}{hint}"
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a misspelled `--config.<field>` reported in one line: ml_collections raises a
+  KeyError or AttributeError from inside the parser, which `app.run` would show as a page of traceback."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (KeyError, AttributeError) as e:
+    print(f"FATAL Flags parsing error: {_unknown_field(argv) or e}", file=sys.stderr)
+    sys.exit(1)
+
+
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -75,4 +122,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -61,7 +61,7 @@ def test_a_model_field_that_defaults_to_none_takes_a_command_line_bool(override,
   for it (it used to stop with "Type NoneType ... is not supported for overriding")."""
   out = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config=experiments/pretrain_tiny.py",
                         "--mode=describe", "--config.model.embedding_size=128", *override],
-                       capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parents[1])
+                       capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   assert json.loads(out.stdout.strip().splitlines()[-1])["params_embedding_projection"] == projection_params
 
@@ -77,6 +77,22 @@ def test_every_config_field_takes_a_command_line_override(name):
       text = repr(value) if isinstance(value, tuple) else str(value)
       config = parsed_config(name, f"--config.{field}={text}")
       assert functools.reduce(getattr, field.split("."), config) == value, field
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.train.lerning_rate=1", "--config.train.lerning_rate: experiments/pretrain_tiny.py has no field "
+                                      "train.lerning_rate; did you mean --config.train.learning_rate?"),
+    ("--config.trian.learning_rate=1", "has no field trian.learning_rate; did you mean --config.train?"),
+    ("--config.train.learning_rate.x=1", "has no field train.learning_rate.x; train.learning_rate is a value, not "
+                                         "a section"),
+    ("--noconfig.train.clip_grd_norm", "did you mean --config.train.clip_grad_norm?"),
+    ("--config.train.zzzz=1", "has no field train.zzzz\n")])
+def test_a_misspelled_config_field_is_named_in_one_line(override, message):
+  """Not the page of traceback ml_collections' KeyError used to give."""
+  out = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config", "experiments/pretrain_tiny.py",
+                        "--mode=describe", override], capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  assert "FATAL Flags parsing error: " in out.stderr and message in out.stderr, out.stderr[-2000:]
 
 
 def test_ablation_arguments_reach_the_config():
