@@ -49,6 +49,15 @@ def _initialize_distributed() -> None:
     jax.distributed.initialize()
 
 
+def experiment_config(argv: list[str]) -> ml_collections.ConfigDict:
+  """The config that these command-line arguments select (`--config=file.py[:arg]` and its `--config.<field>`
+  overrides; other flags are left alone), parsed as `main` parses it."""
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+  flag_values(argv, known_only=True)
+  return flag_values.config
+
+
 def _config_spec(argv: list[str]) -> str | None:
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
@@ -63,14 +72,12 @@ def _unknown_field(argv: list[str]) -> str | None:
   spec = _config_spec(argv)
   if spec is None:
     return None
-  loader = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=loader, sys_argv=["main", f"--config={spec}"])
-  loader(["main", f"--config={spec}"])
+  defaults = experiment_config(["main", f"--config={spec}"])
   for arg in argv[1:]:
     prefix = next((p for p in ("--config.", "--noconfig.") if arg.startswith(p)), None)
     if prefix is None:
       continue
-    parts, node = arg[len(prefix):].split("=", 1)[0].split("."), loader.config
+    parts, node = arg[len(prefix):].split("=", 1)[0].split("."), defaults
     for depth, part in enumerate(parts):
       if isinstance(node, ml_collections.ConfigDict) and part in node:
         node = node[part]

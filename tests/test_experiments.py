@@ -9,9 +9,8 @@ import sys
 
 import ml_collections
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
+from albert_jax.main import experiment_config
 from albert_jax.model_config import model_config_from
 from tests.test_train import cli, logged
 
@@ -20,12 +19,8 @@ EXPERIMENTS = sorted(p.stem for p in ROOT.joinpath("experiments").glob("*.py") i
 
 
 def parsed_config(name: str, *overrides: str) -> ml_collections.ConfigDict:
-  """The config `python -m albert_jax.main --config=experiments/<name>.py <overrides>` would run."""
-  argv = ["main", f"--config={ROOT / 'experiments' / name}.py", *overrides]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
-  flag_values(argv)
-  return flag_values.config
+  """The config `python -m albert_jax.main --config=experiments/<name>.py <overrides>` runs."""
+  return experiment_config(["main", f"--config={ROOT / 'experiments' / name}.py", "--mode=describe", *overrides])
 
 
 def leaves(config: ml_collections.ConfigDict, prefix: str = ""):
