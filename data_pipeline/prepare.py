@@ -11,12 +11,14 @@ all a loader needs.
 
 What may be reused is decided by `prepare_config.json`: the settings plus a fingerprint of every input file (path,
 size, mtime and a hash of its first and last MiB; for a TFDS input, every file of the prepared dataset) and the
-tokenizer's sha256. Different settings are refused (they
-are more likely a wrong --output_dir than a wish to lose the old output). The same settings over changed inputs or
-a replaced --spm_model mean "prepare these files again", as `make` rebuilds after a source changed: the stale
-shards are deleted and everything is prepared anew, said on stderr. Files are only ever written under a fresh
-temporary name and renamed into place, so a symlink placed in the output folder is replaced, never written through.
-Worker processes end themselves when the parent process dies (kill -9 included), so no orphan writes on.
+tokenizer's sha256; paths are recorded absolute, so the same files named from another directory are the same
+settings. Different settings are refused (they are more likely a wrong --output_dir than a wish to lose the old
+output). The same settings over changed inputs or a replaced --spm_model mean "prepare these files again", as
+`make` rebuilds after a source changed: the stale shards are deleted and everything is prepared anew, said on
+stderr. A preparation that finds no documents deletes what it wrote, so the corrected command starts afresh.
+Files are only ever written under a fresh temporary name and renamed into place, so a symlink placed in the output
+folder is replaced, never written through. Worker processes end themselves when the parent process dies (kill -9
+included), so no orphan writes on.
 """
 from __future__ import annotations
 
@@ -35,13 +37,15 @@ import time
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from albert_jax import storage
-from data_pipeline import records, rng, sources
+from data_pipeline import cli, records, rng, sources
+from data_pipeline.cli import InputError
 from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
-from data_pipeline.sources import Source, binary_file_error
+from data_pipeline.sources import Source, absolute_input, binary_file_error
 from data_pipeline.tokenization import Tokenizer
 
 SPLITS = ("train", "eval")
+CONFIG_FILE = "prepare_config.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,15 @@ class PrepareConfig:
   max_document_units: int = 10_000     # longer documents are cut (counted); bounds memory per document
   max_unit_bytes: int = 1 << 20        # longer lines/paragraphs are cut (counted); bounds memory per line
 
+  def __post_init__(self):
+    """Every setting checked before anything is written: a bad one must not leave a prepare_config.json behind
+    that then refuses the corrected command as "different settings"."""
+    for flag in ("num_shards", "num_eval_shards", "workers", "max_sentence_tokens"):
+      cli.check_at_least(flag, getattr(self, flag), 1)
+    if not 0.0 <= self.eval_fraction < 1.0:
+      raise InputError(f"--eval_fraction must be in [0, 1), got {self.eval_fraction}.")
+    self.source()   # checks --format, --max_document_units and --max_unit_bytes
+
   def source(self) -> Source:
     return Source(self.input, self.format, self.text_field, self.tfds_data_dir, self.max_document_units,
                   self.max_unit_bytes)
@@ -70,11 +83,18 @@ class PrepareConfig:
     return {"train": self.num_shards, "eval": self.num_eval_shards}
 
   def identity(self) -> dict:
-    """The settings that fix the output; a resumed run must match them."""
+    """The settings that fix the output, paths made absolute; a resumed run must match them."""
     fields = dataclasses.asdict(self)
     for transient in ("workers", "output_dir"):
       fields.pop(transient)
-    return fields
+    return _absolute_paths(fields)
+
+
+def _absolute_paths(identity: dict) -> dict:
+  """`identity` with its local paths made absolute (URLs and tfds: names as they are)."""
+  data_dir = identity.get("tfds_data_dir")
+  return {**identity, "input": absolute_input(identity["input"]), "spm_model": storage.absolute(identity["spm_model"]),
+          "tfds_data_dir": data_dir and storage.absolute(data_dir)}
 
 
 def assign(seed: int, doc_index: int, eval_fraction: float, counts: dict[str, int]) -> tuple[str, int]:
@@ -187,31 +207,37 @@ def _is_done(path: str) -> bool:
 
 
 def _outputs(config: PrepareConfig) -> list[str]:
-  """Every file this preparation writes, temporary ones included, in deletion order (manifest first)."""
+  """Every file this preparation writes, temporary ones included, in deletion order (manifest first, settings
+  last)."""
   counts = config.shard_counts()
   shards = [os.path.join(config.output_dir, records.shard_name(split, i, counts[split]))
             for split in SPLITS for i in range(counts[split])]
   return [os.path.join(config.output_dir, name) for name in (records.MANIFEST, records.MANIFEST + ".tmp",
                                                              records.SPM_MODEL, records.SPM_MODEL + ".tmp")] + [
-      shard + suffix for shard in shards for suffix in ("", ".tmp", ".stats.json", ".stats.json.tmp")]
+      shard + suffix for shard in shards for suffix in ("", ".tmp", ".stats.json", ".stats.json.tmp")] + [
+      os.path.join(config.output_dir, CONFIG_FILE)]
+
+
+def _delete_outputs(config: PrepareConfig) -> None:
+  for output in _outputs(config):   # the manifest first: an interrupted deletion leaves no complete-looking data
+    storage.remove(output)
 
 
 def _check_or_record_identity(config: PrepareConfig, identity: dict) -> None:
   """Refuse other settings; over changed inputs or tokenizer, delete the stale outputs (see the module docstring)."""
-  path = os.path.join(config.output_dir, "prepare_config.json")
+  path = os.path.join(config.output_dir, CONFIG_FILE)
   if storage.path(path).exists():
-    previous = json.loads(storage.path(path).read_text())
+    previous = _absolute_paths(json.loads(storage.path(path).read_text()))   # earlier versions kept them as given
     if previous == identity:
       return
     changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
     settings = [k for k in changed if k not in _CONTENT_KEYS]
     if settings:
-      raise ValueError(f"{config.output_dir!r} holds a preparation with different settings ({', '.join(settings)}); "
+      raise InputError(f"{config.output_dir!r} holds a preparation with different settings ({', '.join(settings)}); "
                        "use a new --output_dir, or delete it to start over.")
     print(f"data_pipeline.prepare: {_describe_change(previous, identity)} since the preparation in "
           f"{config.output_dir!r}; deleting its shards and preparing again.", file=sys.stderr, flush=True)
-    for output in _outputs(config):   # the manifest first: an interrupted deletion leaves no complete-looking data
-      storage.remove(output)
+    _delete_outputs(config)
   storage.write_atomic(path, json.dumps(identity, indent=1))
 
 
@@ -239,8 +265,6 @@ def _watch_parent(parent: int) -> None:
 def prepare(config: PrepareConfig) -> dict:
   """Write (or finish writing) the shards and the manifest; returns the manifest."""
   tokenizer = Tokenizer(config.spm_model, config.do_lower_case)   # fails early on a bad model path
-  if not 0.0 <= config.eval_fraction < 1.0:
-    raise ValueError(f"--eval_fraction must be in [0, 1), got {config.eval_fraction}.")
   source = config.source()
   files = source.files()
   inputs = [input_fingerprint(f, text=source.format != "tfds") for f in files]
@@ -250,7 +274,7 @@ def prepare(config: PrepareConfig) -> dict:
           if not _is_done(os.path.join(config.output_dir, records.shard_name(split, i, counts[split])))]
   start = time.time()
   if todo:
-    workers = max(1, min(config.workers, len(todo)))
+    workers = min(config.workers, len(todo))
     print(f"data_pipeline.prepare: {len(files)} input file(s), {sum(i['size'] for i in inputs) / 1e6:,.1f} "
           f"MB -> {len(todo)} shard(s) in {config.output_dir} with {workers} worker(s)...", file=sys.stderr,
           flush=True)
@@ -265,10 +289,24 @@ def prepare(config: PrepareConfig) -> dict:
   manifest = _manifest(config, tokenizer, files, inputs)
   manifest["seconds"] = round(time.time() - start, 3)
   if not sum(manifest["splits"][s]["documents"] for s in SPLITS):
-    raise ValueError(f"No documents in --input={config.input!r} ({manifest['totals']}); check --format "
+    _delete_outputs(config)   # nothing worth resuming: the corrected command (another --format) starts afresh
+    raise InputError(f"No documents in --input={config.input!r} ({manifest['totals']}); check --format "
                      f"(now {source.format!r}) and that the files hold text.")
+  for split in SPLITS:
+    if not manifest["splits"][split]["documents"]:
+      print(f"data_pipeline.prepare: warning: no document went to the {split} split (--eval_fraction="
+            f"{config.eval_fraction} of {manifest['totals']['documents']} documents); {_EMPTY_SPLIT[split]}",
+            file=sys.stderr, flush=True)
   storage.write_atomic(os.path.join(config.output_dir, records.MANIFEST), json.dumps(manifest, indent=1))
   return manifest
+
+
+_EMPTY_SPLIT = {
+    "train": "pretraining reads it and stops with an error: lower --eval_fraction or add documents.",
+    "eval": ("pretraining with held-out evaluation (train.eval_every > 0) needs it and stops with an error: "
+             "raise --eval_fraction or add documents, or train with --config.train.eval_every=0 (no held-out "
+             "evaluation)."),
+}
 
 
 def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inputs: list[dict]) -> dict:
@@ -317,4 +355,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run("data_pipeline.prepare", main)

@@ -25,6 +25,7 @@ import os
 from typing import Iterator
 
 from albert_jax import storage
+from data_pipeline.cli import InputError
 
 FORMATS = ("lines", "paragraphs", "jsonl", "tfds")
 MIN_DOCUMENT_PARAGRAPHS = 3
@@ -52,28 +53,34 @@ class Source:
 
   def __post_init__(self):
     if self.max_unit_bytes < 64 or self.max_document_units < 1:
-      raise ValueError(f"max_unit_bytes={self.max_unit_bytes} and max_document_units={self.max_document_units} must "
+      raise InputError(f"max_unit_bytes={self.max_unit_bytes} and max_document_units={self.max_document_units} must "
                        "be at least 64 and 1; raise --max_unit_bytes / --max_document_units.")
     fmt = "tfds" if self.input.startswith("tfds:") else self.format
     object.__setattr__(self, "format", fmt)
     if fmt not in FORMATS:
-      raise ValueError(f"Unknown input format {self.format!r}; choose one of {FORMATS}.")
+      raise InputError(f"Unknown input format {self.format!r}; choose one of {FORMATS}.")
 
   @property
   def splits_sentences(self) -> bool:
     return self.format != "lines"
 
   def files(self) -> list[str]:
-    """The input files in a fixed (sorted per pattern) order; an error if a pattern matches nothing. For a TFDS
-    source, the prepared dataset's files (so a rebuilt dataset is told apart from the one already prepared)."""
+    """The input files in a fixed (sorted per pattern) order; an error if a pattern matches no file (a directory
+    is no input file: its files are not read). For a TFDS source, the prepared dataset's files (so a rebuilt
+    dataset is told apart from the one already prepared)."""
     if self.format == "tfds":
       return storage.glob(os.path.join(_tfds_builder(self.input[len("tfds:"):], self.tfds_data_dir).data_dir, "*"))
     files = []
     for pattern in filter(None, self.input.split(",")):
       matched = storage.glob(pattern)
-      if not matched:
-        raise FileNotFoundError(f"--input pattern {pattern!r} matches no file.")
-      files.extend(m for m in matched if storage.path(m).is_file())
+      found = [m for m in matched if storage.path(m).is_file()]
+      if matched and not found:
+        what = "is a directory" if matched == [pattern] else f"matches only directories ({', '.join(matched[:3])})"
+        raise InputError(f"--input {pattern!r} {what}; name the files in it, e.g. "
+                         f"--input='{matched[0].rstrip('/')}/*.txt'.")
+      if not found:
+        raise InputError(f"--input pattern {pattern!r} matches no file.")
+      files.extend(found)
     return files
 
   def total(self) -> tuple[int, str]:
@@ -122,8 +129,16 @@ class _Collector:
     return full if full.units or full.non_utf8_lines else None
 
 
-def binary_file_error(path: str, offset: int) -> ValueError:
-  return ValueError(f"--input file {path} is binary (a NUL byte at offset {offset}); pass text files "
+def absolute_input(spec: str) -> str:
+  """`--input` with each local file or glob made absolute (URLs and tfds: names as they are), so the same files
+  named from another directory are the same input."""
+  if spec.startswith("tfds:"):
+    return spec
+  return ",".join(storage.absolute(os.path.expanduser(p)) for p in filter(None, spec.split(",")))
+
+
+def binary_file_error(path: str, offset: int) -> InputError:
+  return InputError(f"--input file {path} is binary (a NUL byte at offset {offset}); pass text files "
                     "(decompress .gz/.bz2/.zst first) or remove it from --input.")
 
 
@@ -137,7 +152,7 @@ def _char_boundary(raw: bytes) -> int:
   return start if start + size > len(raw) else len(raw)
 
 
-def _raw_pieces(f, limit: int) -> Iterator[tuple[bytes, bool]]:
+def raw_pieces(f, limit: int) -> Iterator[tuple[bytes, bool]]:
   """(bytes, whether the line goes on): lines, a line longer than `limit` in pieces cut after its last space
   (or, with none, at a UTF-8 character boundary), so no more than `limit` bytes are held at once."""
   while raw := f.readline(limit):
@@ -153,7 +168,7 @@ def _decoded_lines(f, path: str, limit: int) -> Iterator[tuple[str, bool, bool]]
   """(text without its newline, whether it had invalid UTF-8, whether the line goes on in the next piece),
   reading bytes from the open file `f` so bad input cannot stop the run; refuses a binary file by name."""
   offset = 0
-  for raw, goes_on in _raw_pieces(f, limit):
+  for raw, goes_on in raw_pieces(f, limit):
     if b"\0" in raw:
       raise binary_file_error(path, offset + raw.index(b"\0"))
     offset += len(raw)
@@ -247,7 +262,7 @@ def _tfds_builder(spec: str, data_dir: str | None):
   try:
     return tfds.builder(name, data_dir=data_dir)
   except Exception as e:  # tfds raises several types for an unknown or unreadable dataset
-    raise ValueError(_tfds_error(spec, data_dir, e)) from e
+    raise InputError(_tfds_error(spec, data_dir, e)) from e
 
 
 def _tfds_source(spec: str, data_dir: str | None):
@@ -256,7 +271,7 @@ def _tfds_source(spec: str, data_dir: str | None):
   try:
     return tfds.data_source(name, split=split or "train", data_dir=data_dir)
   except Exception as e:  # tfds raises several types for "not prepared" / "wrong file format"
-    raise ValueError(_tfds_error(spec, data_dir, e)) from e
+    raise InputError(_tfds_error(spec, data_dir, e)) from e
 
 
 def _tfds_error(spec: str, data_dir: str | None, e: Exception) -> str:

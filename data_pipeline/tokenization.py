@@ -12,6 +12,7 @@ import unicodedata
 import sentencepiece as spm
 
 from albert_jax import storage
+from data_pipeline.cli import InputError
 
 SPIECE_UNDERLINE = "\u2581"
 
@@ -39,18 +40,18 @@ class Tokenizer:
     try:
       self._proto = storage.path(self.model_path).read_bytes()
     except FileNotFoundError:
-      raise FileNotFoundError(f"SentencePiece model {self.model_path!r} not found; pass the path of a .model file "
-                              "(ALBERT's is spiece.model), or train one with `python -m data_pipeline.train_spm`.")
+      raise InputError(f"SentencePiece model {self.model_path!r} not found; pass the path of a .model file "
+                       "(ALBERT's is spiece.model), or train one with `python -m data_pipeline.train_spm`.")
     try:
       self.sp.LoadFromSerializedProto(self._proto)
     except RuntimeError:
-      raise ValueError(f"{self.model_path} is not a SentencePiece model (it does not parse as one); pass the .model "
+      raise InputError(f"{self.model_path} is not a SentencePiece model (it does not parse as one); pass the .model "
                        "file that spm_train writes (not the .vocab), e.g. ALBERT's spiece.model.") from None
     self.pad_id, self.unk_id = self.sp.PieceToId("<pad>"), self.sp.unk_id()
     self.cls_id, self.sep_id, self.mask_id = (self.sp.PieceToId(p) for p in ("[CLS]", "[SEP]", "[MASK]"))
     for piece, got in (("[CLS]", self.cls_id), ("[SEP]", self.sep_id), ("[MASK]", self.mask_id)):
       if got == self.unk_id:
-        raise ValueError(f"SentencePiece model {self.model_path!r} has no {piece} piece; train it with "
+        raise InputError(f"SentencePiece model {self.model_path!r} has no {piece} piece; train it with "
                          "control symbols [CLS],[SEP],[MASK] (see data_pipeline.train_spm).")
     # Ids whose piece needs the digit-comma split; `encode` takes the fast id path when none occurs.
     self._digit_comma_ids = frozenset(i for i in range(self.vocab_size) if _is_digit_comma(self.sp.IdToPiece(i)))

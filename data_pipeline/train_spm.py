@@ -3,52 +3,100 @@
 The README's recipe: unigram, <pad> 0, <unk> 1, control symbols [CLS] [SEP] [MASK] (ids 2-4), no BOS/EOS,
 character_coverage 0.99995, user symbols ( ) " - . – £ €, a random sample of `input_sentence_size` sentences.
 Text is streamed to the trainer (ALBERT's `preprocess_text` applied, so lower-cased like the model's input), and
-the trainer samples the sentences with a reservoir, so memory is bounded by the sample, not the corpus.
+the trainer samples the sentences with a reservoir, so memory is bounded by the sample, not the corpus. A sentence
+longer than the trainer's `max_sentence_length` (a paragraph per line, as in Wikipedia extracts) is fed in pieces
+cut at spaces: the trainer would skip it without a word.
 """
 from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import os
+import re
 import sys
 from typing import Iterator
 
 import sentencepiece as spm
 
 from albert_jax import storage
+from data_pipeline import cli
+from data_pipeline.cli import InputError
 from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
-from data_pipeline.sources import Source
+from data_pipeline.sources import Source, raw_pieces
 from data_pipeline.tokenization import preprocess_text
 
+CONTROL_SYMBOLS = ["[CLS]", "[SEP]", "[MASK]"]
 USER_SYMBOLS = ["(", ")", '"', "-", ".", "\u2013", "\u00a3", "\u20ac"]
+FIXED_PIECES = 2 + len(CONTROL_SYMBOLS) + len(USER_SYMBOLS)   # <pad> <unk>, then the symbols
+MAX_SENTENCE_BYTES = 4192   # the trainer's max_sentence_length (its default), passed to it explicitly
+# The trainer's own words for a vocabulary this text cannot fill, or one too small for its characters.
+_TOO_LARGE = re.compile(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)")
+_TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)")
 
 
 def sentences(source: Source, do_lower_case: bool = True, progress: Progress | None = None) -> Iterator[str]:
-  """The source's sentences, preprocessed as the model's input is; `progress` is told per document."""
+  """The source's sentences, preprocessed as the model's input is and cut to at most MAX_SENTENCE_BYTES (so the
+  count is what the trainer learns from); `progress` is told per document."""
   count = 0
   for doc in source.documents():
     for unit in doc.units:
       for sentence in split_sentences(unit) if source.splits_sentences else (unit,):
         text = preprocess_text(sentence, lower=do_lower_case)
-        if text:
-          count += 1
-          yield text
+        for raw, _ in raw_pieces(io.BytesIO(text.encode()), MAX_SENTENCE_BYTES):
+          if piece := raw.decode().strip():
+            count += 1
+            yield piece
     if progress:
       progress.update(count, doc.position)
 
 
 def train(source: Source, model_path: str, vocab_size: int = 30000, input_sentence_size: int = 10_000_000,
           seed: int = 0, num_threads: int = 1, do_lower_case: bool = True) -> str:
-  """Train on the sentences of `source` and write `model_path` (a .model file); returns the path."""
+  """Train on the sentences of `source` and write `model_path` (a .model file); returns the path. The arguments and
+  the input are checked before training (InputError), and the trainer's errors about them are told in its flags'
+  words."""
+  cli.check_at_least("vocab_size", vocab_size, FIXED_PIECES + 1)
+  cli.check_at_least("input_sentence_size", input_sentence_size, 0)
+  cli.check_at_least("num_threads", num_threads, 1)
+  if storage.path(model_path).is_dir():
+    raise InputError(f"--output={model_path} is a directory; pass the path of the .model file to write, e.g. "
+                     f"--output={os.path.join(model_path, 'spm.model')}.")
   model = io.BytesIO()
   progress = Progress(f"data_pipeline.train_spm (vocab {vocab_size:,})", "sentences read", source.total())
+  feed = sentences(source, do_lower_case, progress)
+  first = next(feed, None)
+  if first is None:
+    raise InputError(f"No text in --input={source.input!r}; check --format (now {source.format!r}) and "
+                     "--text_field, and that the files hold text.")
+  errors = []
+
+  def guarded() -> Iterator[str]:
+    """The sentences; an error while reading (a binary file) is kept, since the trainer turns it into its own."""
+    try:
+      yield from itertools.chain([first], feed)
+    except Exception as e:
+      errors.append(e)
+      raise
+
   spm.set_random_generator_seed(seed)      # the sentence sample (and so the model) is reproducible
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=sentences(source, do_lower_case, progress), model_writer=model, model_type="unigram",
-      vocab_size=vocab_size, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
-      user_defined_symbols=USER_SYMBOLS, character_coverage=0.99995, input_sentence_size=input_sentence_size,
-      shuffle_input_sentence=True, num_threads=num_threads, minloglevel=2)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=guarded(), model_writer=model, model_type="unigram", vocab_size=vocab_size, pad_id=0,
+        unk_id=1, bos_id=-1, eos_id=-1, control_symbols=CONTROL_SYMBOLS, user_defined_symbols=USER_SYMBOLS,
+        character_coverage=0.99995, input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
+        max_sentence_length=MAX_SENTENCE_BYTES, num_threads=num_threads, minloglevel=2)
+  except RuntimeError as e:
+    if errors:
+      raise errors[0] from None
+    if most := _TOO_LARGE.search(str(e)):
+      raise InputError(f"--vocab_size={vocab_size} is more than this text supports: at most {most[1]}; lower "
+                       "--vocab_size or train on more text.") from None
+    if least := _TOO_SMALL.search(str(e)):
+      raise InputError(f"--vocab_size={vocab_size} is less than this text needs: at least {least[1]} (a piece "
+                       "for each character kept, and the fixed pieces); raise --vocab_size.") from None
+    raise
   storage.write_atomic(model_path, model.getvalue())
   progress.done()
   return model_path
@@ -75,4 +123,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run("data_pipeline.train_spm", main)
