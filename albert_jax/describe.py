@@ -1,18 +1,31 @@
-"""`--mode=describe`: a readable model summary and, as the LAST line, one JSON object (counts and FLOPs)."""
+"""`--mode=describe`: a readable model summary and, as the LAST line, one JSON object (counts and FLOPs).
+
+A pretraining config is described with its MLM and sentence-order heads; a fine-tuning config with its task's
+model (the same backbone, the task's head instead), so the counts are those of the parameters it trains.
+"""
 from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import flax
+import jax
 
 from albert_jax import flops
 from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
 from albert_jax.model_config import ModelConfig
 
 
-def describe(model_config: ModelConfig, seq_len: int, num_predictions: int | None) -> dict:
-  params = flax.linen.unbox(abstract_params(AlbertForPreTraining(model_config)))
+def _params(model_config: ModelConfig, params: Any) -> Any:
+  return flax.linen.unbox(abstract_params(AlbertForPreTraining(model_config)) if params is None else params)
+
+
+def describe(model_config: ModelConfig, seq_len: int, num_predictions: int | None, params: Any = None) -> dict:
+  """Counts and FLOPs of `params` (default: the pretraining model's); with the task's `params` of a fine-tuning
+  model, FLOPs are the encoder's (its head is a few H-wide outputs)."""
+  pretraining = params is None
+  params = _params(model_config, params)
   backbone = params["albert"]
   encoder = backbone["encoder"]
   projection = encoder.get("embedding_hidden_mapping_in", {})
@@ -22,20 +35,24 @@ def describe(model_config: ModelConfig, seq_len: int, num_predictions: int | Non
       "params_embeddings": count_params(backbone["embeddings"]),
       "params_embedding_projection": count_params(projection),
       "params_layers": count_params(encoder) - count_params(projection),
-      "params_pooler": count_params(backbone["pooler"]),
+      "params_pooler": count_params(backbone.get("pooler", {})),
       "params_heads": count_params(params) - count_params(backbone),
-      "train_flops_per_token": flops.train_flops_per_token(model_config, seq_len, num_predictions),
+      "train_flops_per_token": (flops.train_flops_per_token(model_config, seq_len, num_predictions) if pretraining
+                                else flops.encoder_train_flops_per_token(model_config, seq_len)),
       "seq_len": seq_len,
-      "max_predictions_per_seq": num_predictions,
+      "max_predictions_per_seq": num_predictions if pretraining else None,
       "layer_applications": model_config.num_hidden_layers * model_config.inner_group_num,
       "model": model_config.to_dict(),
   }
 
 
-def print_description(model_config: ModelConfig, seq_len: int, num_predictions: int | None) -> dict:
-  info = describe(model_config, seq_len, num_predictions)
+def print_description(model_config: ModelConfig, seq_len: int, num_predictions: int | None,
+                      params: Any = None) -> dict:
+  info = describe(model_config, seq_len, num_predictions, params)
+  counted = (f"{num_predictions or seq_len} predictions" if params is None
+             else "the encoder's: the task head is not counted")
   c = model_config
-  params = flax.linen.unbox(abstract_params(AlbertForPreTraining(model_config)))
+  params = _params(model_config, params)
   print(f"ALBERT encoder: L={c.num_hidden_layers} H={c.hidden_size} E={c.embedding_size} heads="
         f"{c.num_attention_heads} FFN={c.intermediate_size} V={c.vocab_size} sharing={c.sharing} "
         f"groups={c.num_hidden_groups} inner={c.inner_group_num} dtype={c.dtype}")
@@ -45,13 +62,20 @@ def print_description(model_config: ModelConfig, seq_len: int, num_predictions: 
   for key in ("params_embeddings", "params_embedding_projection", "params_layers", "params_pooler",
               "params_backbone", "params_heads", "params_total"):
     print(f"{key:<40}{info[key]:>16,}")
-  print(f"{'train_flops_per_token':<40}{info['train_flops_per_token']:>16,.0f}  (seq {seq_len}, "
-        f"{num_predictions or seq_len} predictions; every layer application counted)")
+  print(f"{'train_flops_per_token':<40}{info['train_flops_per_token']:>16,.0f}  (seq {seq_len}, {counted}; "
+        "every layer application counted)")
   print(json.dumps(info), flush=True)
   return info
 
 
 def describe_config(config, workdir=None, args=None) -> None:
-  """`--mode=describe` of an experiment config (pretraining or fine-tuning: the backbone is the same)."""
+  """`--mode=describe` of an experiment config: the pretraining model, or the fine-tuning task's model."""
   from albert_jax.model_config import model_config_from
-  print_description(model_config_from(config), config.data.max_seq_length, config.data.get("max_predictions_per_seq"))
+  model_config = model_config_from(config)
+  params = None
+  if config.task != "pretrain":
+    from albert_jax.tasks import get_task
+    task = get_task(config)
+    model = task.build_model(model_config)
+    params = jax.eval_shape(lambda rng: task.init_params(model, rng), jax.random.key(0))
+  print_description(model_config, config.data.max_seq_length, config.data.get("max_predictions_per_seq"), params)

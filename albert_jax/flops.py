@@ -20,15 +20,19 @@ PEAK_FLOPS = {
 }
 
 
-def train_flops_per_token(c: ModelConfig, seq_len: int, num_predictions: int | None) -> float:
-  """L·[6·(4H² + 2HI) + 12·S·H] + 6·E·H (projection) + (M/S)·6·(H·E + E·V) (MLM head at M positions)."""
-  h, i, e, v = c.hidden_size, c.intermediate_size, c.embedding_size, c.vocab_size
-  applications = c.num_hidden_layers * c.inner_group_num
+def encoder_train_flops_per_token(c: ModelConfig, seq_len: int) -> float:
+  """L·[6·(4H² + 2HI) + 12·S·H] + 6·E·H (projection): every layer application, no output head."""
+  h, i, e = c.hidden_size, c.intermediate_size, c.embedding_size
   layer = 6 * (4 * h * h + 2 * h * i) + 12 * seq_len * h
   projection = 6 * e * h if c.has_embedding_projection else 0
+  return c.num_hidden_layers * c.inner_group_num * layer + projection
+
+
+def train_flops_per_token(c: ModelConfig, seq_len: int, num_predictions: int | None) -> float:
+  """The encoder's + (M/S)·6·(H·E + E·V) (the MLM head at M positions)."""
   predicted = num_predictions if num_predictions else seq_len
-  head = predicted / seq_len * 6 * (h * e + e * v)
-  return applications * layer + projection + head
+  head = predicted / seq_len * 6 * (c.hidden_size * c.embedding_size + c.embedding_size * c.vocab_size)
+  return encoder_train_flops_per_token(c, seq_len) + head
 
 
 def peak_flops(device_kind: str) -> float | None:

@@ -336,3 +336,24 @@ def test_describe_cli_prints_exact_counts_last(size):
   assert (info["params_backbone"], info["params_total"]) == EXACT_COUNTS[size]
   assert info["train_flops_per_token"] == pytest.approx(
       flops.train_flops_per_token(model_config_for(size), 512, 20))
+
+
+@pytest.mark.parametrize("experiment, heads, seq_len", [
+    ("glue.py:task=mnli", {"classifier/kernel": 768 * 3, "classifier/bias": 3}, 512),
+    ("race.py", {"classifier/kernel": 768, "classifier/bias": 1}, 512),
+    ("squad_v1.py", {"qa_outputs/kernel": 768 * 2, "qa_outputs/bias": 2}, 384)])
+def test_describe_of_a_fine_tuning_config_counts_the_task_model(experiment, heads, seq_len):
+  """The backbone of ALBERT-base with the task's head instead of the MLM and sentence-order heads (it used to
+  describe the pretraining model whatever the config)."""
+  out = subprocess.run([sys.executable, "-m", "albert_jax.main", f"--config=experiments/{experiment}",
+                        "--mode=describe"], capture_output=True, text=True, check=True)
+  lines = out.stdout.strip().splitlines()
+  info = json.loads(lines[-1])
+  listed = {line.split()[0]: int(line.split()[-1].replace(",", "")) for line in lines
+            if line.split() and "/" in line.split()[0] and not line.startswith("albert/")}
+  assert listed == heads
+  assert (info["params_backbone"], info["params_heads"]) == (EXACT_COUNTS["base"][0], sum(heads.values()))
+  assert info["params_total"] == EXACT_COUNTS["base"][0] + sum(heads.values())
+  base = model_config_for("base")
+  assert info["train_flops_per_token"] == flops.encoder_train_flops_per_token(base, seq_len) == pytest.approx(
+      flops.train_flops_per_token(base, seq_len, None) - 6 * (768 * 128 + 128 * 30000))
