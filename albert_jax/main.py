@@ -8,12 +8,21 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import traceback
 
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+import albert_jax
+import data_pipeline
+import experiments
 from albert_jax import runner
+
+# Our code reports bad input (config values, files, workdirs, data) with these, each message naming the problem
+# and the fix: raised by our own frames they are shown as one line; from a library's frames, with the traceback.
+INPUT_ERRORS = (ValueError, OSError, FloatingPointError)
+OUR_PACKAGES = tuple(os.path.dirname(package.__file__) + os.sep for package in (albert_jax, data_pipeline, experiments))
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `file.py:arg`.", lock_config=True)
@@ -101,31 +110,62 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(1)
 
 
+def raised_by_our_code(error: BaseException) -> bool:
+  frames = traceback.extract_tb(error.__traceback__)
+  return bool(frames) and frames[-1].filename.startswith(OUR_PACKAGES)
+
+
+def check_workdir(workdir: str, mode_name: str) -> None:
+  """A local workdir that cannot serve the mode is refused in one line before anything is written into it."""
+  from albert_jax import storage
+  if storage.is_remote(workdir):
+    return  # a bucket is checked by the storage layer on first use
+  if runner.MODES[mode_name].reads_run and not os.path.exists(workdir):
+    raise FileNotFoundError(f"--workdir={workdir} does not exist; --mode={mode_name} reads the weights of a "
+                            "training run: pass that run's --workdir.")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise NotADirectoryError(f"--workdir={workdir} is a file; pass a directory (it is created if missing).")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise PermissionError(f"--workdir={workdir} cannot be created ({e.strerror}); pass a writable directory.") from None
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise PermissionError(f"--workdir={workdir} is not writable; pass a writable directory.")
+
+
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not FLAGS["verbosity"].present:  # absl INFO chatter (orbax, jax backends) unless --verbosity=0 is given
     logging.set_verbosity(logging.WARNING)
-  config = FLAGS.config
   mode = runner.MODES[FLAGS.mode]
   if mode.needs_workdir and not FLAGS.workdir:
     raise app.UsageError(f"--workdir is required for --mode={FLAGS.mode}.")
-  if mode.needs_workdir:
-    _initialize_distributed()
-    from albert_jax import engine
-    engine.use_compilation_cache(config, FLAGS.workdir)
-  if FLAGS.mode == "compile" and not os.environ.get("JAX_PLATFORMS"):
-    import jax
-    jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip
   from albert_jax import checkpointing, storage
   try:
-    runner.run(config, FLAGS.workdir, FLAGS.mode, runner.RunArgs(
-        input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit,
-        pooling=FLAGS.pooling, split=FLAGS.split))
-  except (storage.StorageError, checkpointing.SaveError) as e:  # storage trouble: the message names the fix
+    run(FLAGS.config, FLAGS.workdir, FLAGS.mode)
+  except Exception as e:  # noqa: BLE001 - re-raised unless it is one of ours
+    reported = isinstance(e, (storage.StorageError, checkpointing.SaveError))  # storage trouble, named with its fix
+    if not (reported or isinstance(e, INPUT_ERRORS) and raised_by_our_code(e)):
+      raise
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)  # skip interpreter shutdown, where orbax's failed background saves print pages of asyncio noise
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
+  mode = runner.MODES[mode_name]
+  if mode.needs_workdir:
+    check_workdir(workdir, mode_name)
+    _initialize_distributed()
+    from albert_jax import engine
+    engine.use_compilation_cache(config, workdir)
+  if mode_name == "compile" and not os.environ.get("JAX_PLATFORMS"):
+    import jax
+    jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip
+  runner.run(config, workdir, mode_name, runner.RunArgs(
+      input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit,
+      pooling=FLAGS.pooling, split=FLAGS.split))
 
 
 if __name__ == "__main__":

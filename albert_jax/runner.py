@@ -14,6 +14,7 @@ class Mode:
   pretrain: str | None           # "module:function" taking (config, workdir, RunArgs); None = not for pretraining
   finetune: str | None           # the same for fine-tuning configs (GLUE, SQuAD, RACE)
   needs_workdir: bool = True
+  reads_run: bool = False        # scores or uses a training run's weights: the workdir must exist
 
 
 MODES: dict[str, Mode] = {
@@ -22,10 +23,10 @@ MODES: dict[str, Mode] = {
                   "albert_jax.pretrain:train", "albert_jax.finetune:train"),
     "eval": Mode("score the workdir's weights: held-out MLM/sentence metrics (pretraining), dev splits with "
                  "predictions (fine-tuning); prints one JSON line",
-                 "albert_jax.pretrain:evaluate_checkpoint", "albert_jax.finetune:evaluate"),
+                 "albert_jax.pretrain:evaluate_checkpoint", "albert_jax.finetune:evaluate", reads_run=True),
     "predict": Mode("fine-tuned weights on your own file: --input=FILE --output=PATH; or on a split of the task: "
                     "--split=NAME (test, dev, test_mismatched, ax, ...) [--output=PATH]",
-                    None, "albert_jax.finetune:predict"),
+                    None, "albert_jax.finetune:predict", reads_run=True),
     "embed": Mode("one vector per line of a text file, from the backbone of the workdir's weights (else "
                   "init_checkpoint): --input=FILE --output=OUT.npy [--pooling=mean|pooled]",
                   "albert_jax.embed:embed", "albert_jax.embed:embed"),

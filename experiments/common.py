@@ -17,6 +17,10 @@ import ml_collections
 from albert_jax.model_config import MODEL_SIZES
 
 
+# `:flag` alone means true; anything else must say yes or no (a typo such as `regression=ture` used to read as false).
+BOOLEAN_WORDS = {"": True, "1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
 def parse_arg(arg: str | None, **defaults):
   """'size=large,smoke' -> ConfigDict(size='large', smoke=True), typed after `defaults`."""
   parsed = ml_collections.ConfigDict(dict(defaults))
@@ -26,9 +30,15 @@ def parse_arg(arg: str | None, **defaults):
       raise ValueError(f"Unknown config argument {key!r}; valid: {sorted(defaults)}.")
     kind = type(defaults[key])
     if kind is bool:
-      parsed[key] = value.lower() in ("", "1", "true", "yes")
+      if value.lower() not in BOOLEAN_WORDS:
+        raise ValueError(f"Config argument {key}={value!r} is not a yes/no value; give {key}=true or {key}=false.")
+      parsed[key] = BOOLEAN_WORDS[value.lower()]
     else:
-      parsed[key] = kind(value)
+      try:
+        parsed[key] = kind(value)
+      except ValueError:
+        raise ValueError(f"Config argument {key}={value!r} is not a{'n' if kind is int else ''} {kind.__name__}; "
+                         f"e.g. {key}={defaults[key]!r}.") from None
   return parsed
 
 

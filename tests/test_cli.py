@@ -1,0 +1,73 @@
+"""The command line's handling of bad input: our own errors in one line and exit 1, a library's with its
+traceback; workdirs that cannot serve a mode refused before anything is written; experiment arguments typed."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from albert_jax import main
+from experiments import common
+from tests.test_train import REPO, SMALL_RUN, cli
+
+
+def test_a_config_mistake_is_one_line_naming_the_fix(tmp_path):
+  result = cli(tmp_path, *SMALL_RUN, "--config.train.micro_batch_size=3")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: train.global_batch_size=8 must equal micro_batch_size=3 × 1 data-parallel devices × an integer number "
+      "of accumulation steps; pick a micro batch that divides 8.")
+
+
+def test_an_error_raised_by_a_library_keeps_its_traceback():
+  ours = lambda: common.parse_arg("typo=1", size="base")
+  for raise_it, expected in ((ours, True), (lambda: np.reshape(np.arange(3), (2, 2)), False)):
+    with pytest.raises(ValueError) as error:
+      raise_it()
+    assert main.raised_by_our_code(error.value) is expected
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_workdir_that_is_a_file_is_refused(tmp_path, mode):
+  workdir = tmp_path / "a_file"
+  workdir.write_text("notes")
+  result = cli(workdir, *SMALL_RUN, f"--mode={mode}")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: --workdir={workdir} is a file; pass a directory (it is created if missing).")
+  assert workdir.read_text() == "notes"
+
+
+def test_a_workdir_that_cannot_be_created_is_refused(tmp_path):
+  (tmp_path / "a_file").write_text("")
+  workdir = tmp_path / "a_file" / "run"
+  result = cli(workdir, *SMALL_RUN)
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: --workdir={workdir} cannot be created (Not a directory); pass a writable directory.")
+
+
+def test_eval_of_a_missing_workdir_names_it_and_creates_nothing(tmp_path):
+  workdir = tmp_path / "typo"
+  result = cli(workdir, *SMALL_RUN, "--mode=eval")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: --workdir={workdir} does not exist; --mode=eval reads the weights of a training run: pass that run's "
+      "--workdir.")
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("experiment, argument, message", [
+    ("classification.py:data=x", "regression=on",
+     "Config argument regression='on' is not a yes/no value; give regression=true or regression=false."),
+    ("multiple_choice.py:data=x", "choices=four", "Config argument choices='four' is not an int; e.g. choices=4.")])
+def test_an_experiment_argument_of_the_wrong_type_is_refused(experiment, argument, message):
+  """`regression=on` used to read as false, silently training a classifier on numeric labels."""
+  result = subprocess.run([sys.executable, "-m", "albert_jax.main", f"--config=experiments/{experiment},{argument}",
+                           "--mode=describe"], capture_output=True, text=True, cwd=REPO)
+  assert result.returncode == 1 and message in result.stderr, result.stderr
+
+
+def test_yes_no_experiment_arguments():
+  parsed = common.parse_arg("a,b=no,c=TRUE,d=0", a=False, b=True, c=False, d=True)
+  assert (parsed.a, parsed.b, parsed.c, parsed.d) == (True, False, True, False)
