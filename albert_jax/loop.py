@@ -46,8 +46,7 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
   `config.<step>.json`). Every process must decide alike (opening the checkpoints is a barrier), so the new
   config.json is written later, by `write_workdir_config`, once all of them are past this check."""
   path = storage.path(workdir) / "config.json"
-  latest = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step() if (
-      path.exists()) else None
+  latest = latest_step(workdir) if path.exists() else None
   if latest is not None:
     text = path.read_text()
     saved = json.loads(text)
@@ -72,24 +71,39 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
               f"config.{latest}.json).", flush=True)
 
 
+def latest_step(workdir: str) -> int | None:
+  """The step of the workdir's newest checkpoint (opening the checkpoints is a barrier of all processes)."""
+  return checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step()
+
+
 def write_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   if jax.process_index() == 0:
     storage.write_atomic(os.fspath(storage.path(workdir) / "config.json"), config.to_json_best_effort(indent=2))
 
 
-class _Preemption:
-  """SIGTERM (a TPU VM preemption notice) sets a flag; the loop saves at the next step boundary and exits."""
+class _StopSignals:
+  """SIGTERM (a TPU VM preemption notice) and a first Ctrl-C (SIGINT) set a flag: the loop saves at the next step
+  boundary and exits. A second Ctrl-C stops at once, without saving."""
 
   def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self.received: int | None = None
+    self._previous = {signum: signal.signal(signum, self._handle) for signum in (signal.SIGTERM, signal.SIGINT)}
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
+    del frame
+    self.received = signum
+    if signum == signal.SIGINT:
+      signal.signal(signal.SIGINT, signal.default_int_handler)
+      print("\nCtrl-C: saving a checkpoint at the end of this step (Ctrl-C again stops now, without saving).",
+            flush=True)
+
+  def exit_code(self) -> int:
+    """0 after a preemption notice (the job ended cleanly and resumes), 130 after Ctrl-C (the shell's code)."""
+    return 128 + signal.SIGINT if self.received == signal.SIGINT else 0
 
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
 
 
 def fetch(device_metrics: Any) -> Any:
@@ -179,7 +193,6 @@ def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dic
 def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
   check_workdir_config(workdir, config)
   s = engine.setup(config, job, workdir)  # opening the checkpoints: every process has passed the check
-  write_workdir_config(workdir, config)
   ckpt = s.checkpointer
   total_steps = config.train.num_train_steps
   with s.context():
@@ -187,11 +200,18 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
     init_rng, rng = jax.random.split(jax.random.key(config.seed))
     rng = jax.device_put(rng, s.replicated)
     state = _initial_state(s, config, train_iter, init_rng)
+    first_step = int(state.step)
+    if first_step >= total_steps:
+      ckpt.close()
+      if jax.process_index() == 0:
+        print(f"Nothing to train: {workdir} holds step {first_step} and train.num_train_steps={total_steps}; "
+              "raise --config.train.num_train_steps to train further.", flush=True)
+      return {}
+    write_workdir_config(workdir, config)
     train_step = s.compile_train_step()
     writer = metrics_lib.MetricWriter(workdir, total_steps)
-    preemption = _Preemption()
-    first_step = int(state.step)
-    window, last = _Window(ckpt), {}
+    signals = _StopSignals()
+    window, last, stop = _Window(ckpt), {}, False
     try:
       for step in range(first_step, total_steps):
         if step == config.log.profile_start:
@@ -204,7 +224,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
         if config.log.profile_start >= 0 and done == config.log.profile_start + config.log.profile_steps:
           jax.profiler.stop_trace()
           profile.close()
-        stop = preemption.requested or ckpt.reached_preemption(done)
+        stop = signals.received is not None or ckpt.reached_preemption(done)
         last_step = done == total_steps
         if done % config.log.every == 0 or last_step or stop:
           last = window.report(s)
@@ -218,33 +238,37 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
         if stop:
           ckpt.wait()
           if ckpt.latest_step() != done:
-            raise RuntimeError(f"Preemption: the checkpoint of step {done} is not in {ckpt.directory} after saving; "
+            raise RuntimeError(f"Stopping: the checkpoint of step {done} is not in {ckpt.directory} after saving; "
                                "the run resumes from the latest complete one there.")
-          print(f"Preemption: saved step {done} in {ckpt.directory}; exiting cleanly.", flush=True)
+          reason = "Interrupted" if signals.received == signal.SIGINT else "Preemption"
+          print(f"{reason}: saved step {done} in {ckpt.directory}; exiting cleanly (rerun the same command to "
+                "resume).", flush=True)
           break
     except OSError as e:  # a full disk under metrics or TensorBoard: one line naming the checkpoint to resume from
-      _close_quietly(ckpt, writer, preemption)
+      _close_quietly(ckpt, writer, signals)
       if e.errno != errno.ENOSPC:
         raise
       raise checkpointing.SaveError(f"Writing into {workdir} failed ({e}). The last good checkpoint is "
                                     f"{ckpt.last_good()}; free space and rerun: the run resumes from it.") from None
     except BaseException:
-      _close_quietly(ckpt, writer, preemption)
+      _close_quietly(ckpt, writer, signals)
       raise
     try:
       ckpt.wait()
     except BaseException:
-      _close_quietly(ckpt, writer, preemption)
+      _close_quietly(ckpt, writer, signals)
       raise
     ckpt.close()
     writer.close()
-    preemption.restore()
+    signals.restore()
+  if stop:  # nothing after training (a fine-tuning run's test predictions) runs on a stopped run
+    raise SystemExit(signals.exit_code())
   return last
 
 
-def _close_quietly(ckpt: checkpointing.Checkpointer, writer, preemption: _Preemption) -> None:
+def _close_quietly(ckpt: checkpointing.Checkpointer, writer, signals: _StopSignals) -> None:
   """Ends the run's resources after a failure, never hiding it behind an error of the clean-up."""
-  for close in (ckpt.wait, ckpt.close, writer.close, preemption.restore):
+  for close in (ckpt.wait, ckpt.close, writer.close, signals.restore):
     try:
       close()
     except Exception:  # noqa: BLE001 - the failure being raised is the one to report

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -114,8 +115,45 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, workd
   # ArrayRecord reads local files only.
   if kind == "tiny" and not config.data.path and not storage.is_remote(workdir):
     data_config = ml_collections.ConfigDict({**config.data.to_dict(), "path": os.path.join(workdir, "tiny_data")})
-  return loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
-                                          seed=config.seed, vocab_size=config.model.vocab_size)
+  batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
+                                             seed=config.seed, vocab_size=config.model.vocab_size)
+  if kind == "tiny":  # bundled and built the same way every time
+    return batches
+  return PreparedDataPosition(batches, config.data.path, config.get("resume_with_changes", False))
+
+
+class PreparedDataPosition:
+  """The loader's iterator, its saved position tagged with the preparation it is a position in (the sha256 of
+  its manifest): a resume on data prepared again into the same folder (other inputs, other shards) is refused,
+  where the position alone would silently continue somewhere in other data."""
+
+  def __init__(self, batches, path: str, resume_with_changes: bool):
+    self.batches, self.path, self.resume_with_changes = batches, path, resume_with_changes
+    self.manifest_sha256 = hashlib.sha256((storage.path(path) / "manifest.json").read_bytes()).hexdigest()
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return next(self.batches)
+
+  def get_state(self) -> dict[str, Any]:
+    return {"loader": self.batches.get_state(), "manifest_sha256": self.manifest_sha256}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    if "manifest_sha256" not in state:  # a checkpoint written before positions were tagged
+      self.batches.set_state(state)
+      return
+    if state["manifest_sha256"] == self.manifest_sha256:
+      self.batches.set_state(state["loader"])
+      return
+    if not self.resume_with_changes:
+      raise ValueError(f"The data at {self.path} is not the preparation this run's checkpoint was reading (its "
+                       "manifest.json changed: prepared again with other inputs or settings?), so the saved position "
+                       "means nothing there. Point data.path at the data the run was trained on, use a new "
+                       "--workdir, or pass --config.resume_with_changes=True to go on with this data from its start.")
+    print(f"The data at {self.path} changed since the checkpoint; reading it from its start "
+          "(resume_with_changes).", flush=True)
 
 
 def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> engine.Job:
@@ -146,8 +184,22 @@ def _log_evaluation(step: int, metrics: dict[str, float], writer) -> None:
     print(f"held-out eval at step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), flush=True)
 
 
+def check_held_out_documents(config: ml_collections.ConfigDict) -> None:
+  """A run that evaluates (train.eval_every > 0) on prepared data needs held-out documents: refused at start-up,
+  not at the first evaluation, steps (on a pod, hours) after the last checkpoint."""
+  if config.data.kind != "prepared" or not config.train.eval_every:
+    return
+  from data_pipeline import records
+  if not records.read_manifest(config.data.path)["splits"].get("eval", {}).get("documents"):
+    raise ValueError(f"The preparation at {config.data.path} has no held-out ('eval') documents, and "
+                     f"train.eval_every={config.train.eval_every} evaluates on them. Prepare the data with a larger "
+                     "--eval_fraction (or more documents), or pass --config.train.eval_every=0 to train without "
+                     "held-out evaluation.")
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the workdir's latest checkpoint. Returns the last logged metrics."""
+  check_held_out_documents(config)
   return loop.fit(config, workdir, make_job(config, workdir))
 
 

@@ -231,19 +231,90 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_exits_cleanly(tmp_path):
+@pytest.mark.parametrize("signum, exit_code, said", [(signal.SIGTERM, 0, "Preemption"),
+                                                     (signal.SIGINT, 130, "Interrupted")])
+def test_sigterm_or_ctrl_c_saves_and_exits_cleanly(tmp_path, signum, exit_code, said):
+  """A preemption notice or a first Ctrl-C saves at the next step boundary and exits, with no traceback (Ctrl-C
+  used to end in a KeyboardInterrupt traceback with nothing saved)."""
   proc = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=100000", "--config.checkpoint.every=100000",
              wait=False)
   deadline = time.time() + 300
   while not (tmp_path / "metrics.jsonl").exists() or len(open(tmp_path / "metrics.jsonl").readlines()) < 2:
     assert proc.poll() is None and time.time() < deadline
     time.sleep(0.1)
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signum)
   output, _ = proc.communicate(timeout=120)
-  assert proc.returncode == 0, output
+  assert proc.returncode == exit_code, output
   saved = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), 1, 1).latest_step()
   assert saved is not None and saved >= 2
-  assert f"Preemption: saved step {saved}" in output
+  assert f"{said}: saved step {saved}" in output and "Traceback" not in output
+
+
+def test_rerunning_a_finished_run_says_so_without_compiling(tmp_path):
+  finished = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
+  assert finished.returncode == 0, finished.stderr
+  config_before = (tmp_path / "config.json").read_text()
+  for steps in (2, 1):  # the same command, and a smaller step count
+    again = cli(tmp_path, *SMALL_RUN, f"--config.train.num_train_steps={steps}")
+    assert again.returncode == 0, again.stderr
+    assert (f"Nothing to train: {tmp_path} holds step 2 and train.num_train_steps={steps}; raise "
+            "--config.train.num_train_steps to train further.") in again.stdout
+    assert "Compiling the train step" not in again.stdout + again.stderr
+  assert (tmp_path / "config.json").read_text() == config_before
+
+
+def prepare_book(shared_data, output_dir, characters: int, *flags: str) -> None:
+  """The first `characters` of a public-domain book, prepared with ALBERT's tokenizer into `output_dir`."""
+  text = output_dir.parent / f"{output_dir.name}.txt"
+  text.write_text((shared_data / "corpus" / "gutenberg_01952_yellow_wallpaper.txt").read_text()[:characters])
+  prepared = subprocess.run([sys.executable, "-m", "data_pipeline.prepare", f"--input={text}", "--format=paragraphs",
+                             f"--spm_model={shared_data / 'albert_spm' / 'spiece.model'}",
+                             f"--output_dir={output_dir}", *flags], capture_output=True, text=True, cwd=REPO)
+  assert prepared.returncode == 0, prepared.stderr
+
+
+def prepared_run(path) -> list[str]:
+  return ["--config.data.kind=prepared", f"--config.data.path={path}", "--config.model.vocab_size=30000",
+          "--config.data.max_seq_length=32", "--config.model.max_position_embeddings=32",
+          "--config.train.global_batch_size=4", "--config.log.every=1"]
+
+
+@pytest.mark.shared_data
+def test_prepared_data_without_held_out_documents_is_refused_at_start_up(shared_data, tmp_path):
+  """The first evaluation used to fail at train.eval_every steps, before that step's checkpoint was written, and
+  again at the same step on every rerun."""
+  prepare_book(shared_data, tmp_path / "prepared", 100_000, "--eval_fraction=0")
+  data = [*prepared_run(tmp_path / "prepared"), "--config.train.num_train_steps=2"]
+  refused = cli(tmp_path / "run", *data, "--config.train.eval_every=1", config="experiments/pretrain_tiny.py")
+  assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+  assert refused.stderr.strip().splitlines()[-1] == (
+      f"error: The preparation at {tmp_path / 'prepared'} has no held-out ('eval') documents, and "
+      "train.eval_every=1 evaluates on them. Prepare the data with a larger --eval_fraction (or more documents), "
+      "or pass --config.train.eval_every=0 to train without held-out evaluation.")
+  assert not list((tmp_path / "run").iterdir())
+  trained = cli(tmp_path / "run", *data, "--config.train.eval_every=0", config="experiments/pretrain_tiny.py")
+  assert trained.returncode == 0, trained.stderr
+
+
+@pytest.mark.shared_data
+def test_resuming_on_data_prepared_again_in_the_same_folder_is_refused(shared_data, tmp_path):
+  """The saved loader position belongs to one preparation; it used to be applied to whatever the folder held."""
+  data = tmp_path / "prepared"
+  run = [*prepared_run(data), "--config.train.eval_every=0", "--config.checkpoint.every=2"]
+  prepare_book(shared_data, data, 60_000)
+  first = cli(tmp_path / "run", *run, "--config.train.num_train_steps=2", config="experiments/pretrain_tiny.py")
+  assert first.returncode == 0, first.stderr
+  shutil.rmtree(data)
+  prepare_book(shared_data, data, 120_000)  # other inputs, same folder
+  longer = [*run, "--config.train.num_train_steps=3"]
+  refused = cli(tmp_path / "run", *longer, config="experiments/pretrain_tiny.py")
+  assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+  assert refused.stderr.strip().splitlines()[-1].startswith(
+      f"error: The data at {data} is not the preparation this run's checkpoint was reading")
+  allowed = cli(tmp_path / "run", *longer, "--config.resume_with_changes=True", config="experiments/pretrain_tiny.py")
+  assert allowed.returncode == 0, allowed.stderr
+  assert f"The data at {data} changed since the checkpoint; reading it from its start" in allowed.stdout
+  assert logged(tmp_path / "run").keys() == {1, 2, 3}
 
 
 @pytest.mark.slow
