@@ -35,9 +35,9 @@ def embed_fn(model: AlbertModel, pooling: str):
 
 
 def _weights(config, workdir: str):
-  if finetune.read_best(workdir) or storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
-    return finetune._trained_params(workdir) if config.task != "pretrain" else (
-        pretrained.load_init_params(workdir), "latest checkpoint")
+  """Only the backbone is used, so a fine-tuning run's head (its task, its classes) does not matter here."""
+  if pretrained.read_best(workdir) or storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
+    return pretrained.load_init_params(workdir, "--workdir"), f"--workdir {workdir}"
   if config.init_checkpoint:
     return pretrained.load_init_params(config.init_checkpoint), f"init_checkpoint {config.init_checkpoint}"
   raise ValueError(f"No weights to embed with: {workdir} has no checkpoints and config.init_checkpoint is empty; "
@@ -76,6 +76,7 @@ def embed(config, workdir: str, args) -> None:
     outputs = finetune.predict_features(embed_fn(AlbertModel(model_config), args.pooling),
                                         finetune.replicate(params["albert"], s), features, s, f"embedding {args.input}")
   if jax.process_index() == 0:
-    np.save(args.output, outputs["embedding"].astype(np.float32))
+    with storage.open_atomic(args.output, "wb") as f:  # the very name given (np.save adds .npy), folders made
+      np.save(f, outputs["embedding"].astype(np.float32))
     print(f"Wrote {args.pooling} embeddings {outputs['embedding'].shape} of {args.input} ({which}) to {args.output}",
           flush=True)

@@ -19,13 +19,14 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from albert_jax import engine, loop, pretrained, storage
+from albert_jax import checkpointing, engine, loop, pretrained, storage
 from albert_jax.model_config import model_config_from
+from albert_jax.pretrained import BEST_DIR, BEST_FILE, read_best
 from albert_jax.tasks import Split, get_task, make_tokenizer
+from albert_jax.workdir_lock import WorkdirLock
 from data_pipeline.progress import Progress
 
-BEST_DIR = "best"
-BEST_FILE = "best.json"
+HEAD_FILE = "head.json"  # the workdir's `Task.identity()`: what its checkpoints' head was trained for
 
 
 class FeatureBatches:
@@ -92,12 +93,23 @@ def predict_features(predict_fn: Callable, params, features: dict[str, np.ndarra
 
 class BestKeeper:
   """Keeps the best checkpoint by the task metric: `best/step_N/` (weights), then `best/best.json` names it.
-  The pointer is written only after the weights are complete, and older steps are deleted after it."""
+  The pointer is written only after the weights are complete, and older steps are deleted after it.
 
-  def __init__(self, workdir: str, task, model_config):
+  A run that continues from checkpoint step `resume_step` (0: a fresh start) scores every later step again, so
+  a record of a later step is dropped: those weights belong to a run that died before its checkpoint (perhaps
+  with another seed or learning rate), and keeping them would report and predict with them."""
+
+  def __init__(self, workdir: str, task, model_config, resume_step: int):
     self.directory = os.path.join(workdir, BEST_DIR)
     self.task, self.model_config = task, model_config
     self.record = read_best(workdir)
+    if _on_every_process(self.record is not None and self.record["step"] > resume_step):
+      if jax.process_index() == 0:
+        print(f"Dropping {self.directory} (step {self.record['step']}): this run continues from step "
+              f"{resume_step} and scores the steps after it again.", flush=True)
+        storage.path(os.path.join(self.directory, BEST_FILE)).unlink(missing_ok=True)  # the pointer first
+        self._remove_steps_except(None)
+      self.record = None
 
   def is_better(self, value: float) -> bool:
     if self.record is None:
@@ -112,14 +124,18 @@ class BestKeeper:
     pretrained.save_pretrained(step_dir, self.model_config, params)  # collective: every process enters it
     # Every process keeps the same record, so the next decision (and its collective save) agrees across hosts.
     self.record = {"step": step, "metric": self.task.metric_name, "value": value, "metrics": metrics,
-                   "weights": step_dir,
+                   "weights": step_dir, "head": self.task.identity(),
                    "selection": "best dev checkpoint of one run, scored every train.eval_every steps"}
     if jax.process_index() == 0:
       for split_name, (split, split_predictions) in predictions.items():
         self.task.write_predictions(split, split_predictions, os.path.join(step_dir, f"{split_name}_predictions"))
       storage.write_atomic(os.path.join(self.directory, BEST_FILE), json.dumps(self.record, indent=2))
+      self._remove_steps_except(os.path.basename(step_dir))
+
+  def _remove_steps_except(self, keep: str | None) -> None:
+    if storage.path(self.directory).is_dir():
       for old in storage.path(self.directory).glob("step_*"):
-        if old.name != os.path.basename(step_dir):
+        if old.name != keep:
           old.rmtree(missing_ok=True)
 
 
@@ -131,10 +147,36 @@ def _on_every_process(decision: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
 
 
-def read_best(workdir: str) -> dict | None:
-  path = storage.path(workdir) / BEST_DIR / BEST_FILE
+def resume_step(workdir: str) -> int:
+  """The checkpoint step a training run in `workdir` continues from; 0 for a fresh start."""
+  if not storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
+    return 0
+  return checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step() or 0
+
+
+def recorded_identity(workdir: str, best: dict | None = None) -> dict | None:
+  """The head identity recorded with the weights eval/predict use: the best record's, else the workdir's (None
+  for runs older than the record)."""
+  if best and "head" in best:
+    return best["head"]
+  path = storage.path(workdir) / HEAD_FILE
   return json.loads(path.read_text()) if path.exists() else None
 
+
+def check_identity(task, recorded: dict | None, where: str) -> None:
+  """Refuses weights whose head was trained for another task or class order, naming both and the fix."""
+  now = task.identity()
+  if recorded is None or recorded == now:
+    return
+  def describe(identity):
+    return ", ".join(f"{k}={'|'.join(v) if isinstance(v, list) else v}" for k, v in identity.items() if v)
+  if all(recorded.get(k) == v for k, v in now.items() if k != "labels") and recorded.get("labels"):
+    fix = (f"pass labels={'|'.join(recorded['labels'])} (--config.data.labels) as at training"
+           if now["labels"] else "run with the training run's settings (its config.json)")
+  else:
+    fix = "run with the experiment config it was trained with (config.json there), or use another --workdir"
+  raise ValueError(f"{where} holds a head trained for {describe(recorded)}, not for this run's {describe(now)}; "
+                   f"its outputs would be read wrongly. To use it, {fix}.")
 
 
 def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup):
@@ -221,8 +263,13 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
                     evaluate=evaluate, warm_start=warm_start)
 
 
-def _task_and_model(config):
+def _task_and_model(config, trained_in: str | None = None):
+  """`trained_in`: eval/predict with that workdir's weights. When the config names no class order, the one
+  recorded there is used: re-deriving it from the train file gives the sorted labels, perhaps not training's."""
   task = get_task(config)
+  recorded = recorded_identity(trained_in, read_best(trained_in)) if trained_in else None
+  if recorded and recorded["labels"] and not task.settings.labels and not task.settings.regression:
+    task = get_task(dataclasses.replace(task.settings, labels=tuple(recorded["labels"])))
   tokenizer = make_tokenizer(config)
   model_config = model_config_from(config)
   tokenizer.check_vocab(model_config.vocab_size)
@@ -250,7 +297,7 @@ def train(config, workdir: str, args=None) -> None:
   if config.train.num_train_steps == 0:  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
     if not config.init_checkpoint:
       raise ValueError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
-                       "to it (for AX, the MNLI run's workdir/best/step_N).")
+                       "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
     params = pretrained.merge_init_params(jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
                                           pretrained.load_init_params(config.init_checkpoint),
                                           required_prefix="")[0]
@@ -258,7 +305,13 @@ def train(config, workdir: str, args=None) -> None:
     return
   train_split = task.load_split("train", tokenizer)
   dev_splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
-  keeper = BestKeeper(workdir, task, model_config)
+  with WorkdirLock(workdir, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
+    start = resume_step(workdir)
+    if start:
+      check_identity(task, recorded_identity(workdir), f"Workdir {workdir} (checkpoint step {start})")
+    keeper = BestKeeper(workdir, task, model_config, start)
+    if jax.process_index() == 0:
+      storage.write_atomic(os.path.join(workdir, HEAD_FILE), json.dumps(task.identity(), indent=2))
 
   def evaluate(step, params, s, writer):
     metrics, predictions = evaluate_splits(task, model, params, dev_splits, s)
@@ -282,17 +335,18 @@ def train(config, workdir: str, args=None) -> None:
   print(json.dumps(best), flush=True)
 
 
-def _trained_params(workdir: str):
+def _trained_params(workdir: str, task):
+  """The workdir's best (else latest) weights, refused unless their head was trained for `task` as it is now."""
   best = read_best(workdir)
-  if best:
-    return pretrained.load_pretrained(best["weights"])[1], f"best checkpoint (step {best['step']})"
-  return pretrained.load_init_params(workdir), "latest checkpoint"
+  check_identity(task, recorded_identity(workdir, best), f"--workdir={workdir}")
+  which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
+  return pretrained.load_init_params(workdir, "--workdir"), which
 
 
 def evaluate(config, workdir: str, args=None) -> None:
   """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions."""
-  task, tokenizer, _, model = _task_and_model(config)
-  params, which = _trained_params(workdir)
+  task, tokenizer, _, model = _task_and_model(config, workdir)
+  params, which = _trained_params(workdir, task)
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
@@ -310,8 +364,8 @@ def predict(config, workdir: str, args) -> None:
   if bool(args.split) == bool(input_path) or (input_path and not output_path):
     raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
                      "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
-  task, tokenizer, _, model = _task_and_model(config)
-  params, which = _trained_params(workdir)
+  task, tokenizer, _, model = _task_and_model(config, workdir)
+  params, which = _trained_params(workdir, task)
   if args.split:
     path = predict_split_file(config, workdir, task, model, tokenizer, params, args.split, output_path)
     print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)

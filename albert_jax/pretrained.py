@@ -23,6 +23,8 @@ from albert_jax.model_config import ModelConfig
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
+BEST_DIR = "best"        # a fine-tuning workdir's best dev checkpoint: best/step_N/ (a pretrained-weights dir)
+BEST_FILE = "best.json"  # ... and the record naming it (finetune.BestKeeper)
 
 
 def save_pretrained(directory: str, model_config: ModelConfig, params: Any) -> None:
@@ -54,19 +56,38 @@ def load_pretrained(directory: str) -> tuple[ModelConfig, Any]:
   return model_config, params
 
 
-def load_init_params(path: str) -> Any:
-  """Parameters to warm-start from: a `convert`/`save_pretrained` directory or a training workdir."""
+def read_best(workdir: str) -> dict | None:
+  path = storage.path(workdir) / BEST_DIR / BEST_FILE
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def load_init_params(path: str, name: str = "init_checkpoint") -> Any:
+  """Parameters to warm-start from: a `convert`/`save_pretrained` directory, or a training workdir: its best dev
+  checkpoint when it is a fine-tuning run (the weights its scores were reported with), else its newest one.
+  `name`: what the user passed `path` as, for the messages."""
   if is_pretrained_dir(path):
     return load_pretrained(path)[1]
+  best = read_best(path)
+  if best is not None:  # best/step_N by name: the recorded path is absolute only if the run's workdir was
+    weights = os.path.join(path, BEST_DIR, os.path.basename(os.path.normpath(best["weights"])))
+    _say(f"{name}={path}: loading the best dev checkpoint of the fine-tuning run (step {best['step']}, "
+         f"{best['metric']} {best['value']:.4f}) from {weights}")
+    return load_pretrained(weights)[1]
   ckpt_dir = checkpointing.checkpoint_dir(path)
   if storage.path(ckpt_dir).is_dir():
     ckpt = checkpointing.Checkpointer(ckpt_dir, 1, 1)
     found = ckpt.restore_newest_intact(ckpt.restore_params)
     if found is None:
-      raise FileNotFoundError(f"No complete checkpoint in {ckpt_dir}; init_checkpoint needs a trained workdir.")
+      raise FileNotFoundError(f"No complete checkpoint in {ckpt_dir}; {name} needs a trained workdir.")
+    _say(f"{name}={path}: loading its newest checkpoint (step {found[0]})")
     return found[1]
-  raise FileNotFoundError(f"init_checkpoint={path!r} is neither a pretrained-weights directory (model_config.json + "
+  raise FileNotFoundError(f"{name}={path!r} is neither a pretrained-weights directory (model_config.json + "
                           "params/, from `python -m albert_jax.convert`) nor a training workdir (checkpoints/).")
+
+
+def _say(line: str) -> None:
+  if jax.process_index() == 0:
+    print(line, flush=True)
 
 
 def merge_init_params(target: Any, loaded: Any, required_prefix: str = "albert/") -> tuple[Any, list[str]]:

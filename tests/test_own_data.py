@@ -10,8 +10,11 @@ import pytest
 
 from albert_jax.tasks import get_task, metrics
 from albert_jax.tasks.base import InputError
+from data_pipeline import train_spm
+from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
 from experiments import classification, token_classification
+from tests import test_train
 from tests.test_finetune import TINY_RUN, cli, spm
 
 WORDS = ("the film was long and the cast seemed tired while music played over every scene of the city at night "
@@ -215,3 +218,27 @@ def test_mean_pooling_averages_the_unmasked_tokens():
   mean = embed.embed_fn(model, "mean")(params, batch)["embedding"]
   np.testing.assert_allclose(mean, np.asarray(sequence)[:, :4].mean(1), rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(embed.embed_fn(model, "pooled")(params, batch)["embedding"], pooled)
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+  (tmp_path / "train.tsv").write_bytes("text\tlabel\ngood\tpos\ncaf\xe9\tneg\n".encode("latin-1"))
+  with pytest.raises(InputError, match=r"train.tsv:3: not UTF-8 \(byte 0xe9 at column 4\)"):
+    _task(classification, f"data={tmp_path}").labels
+
+
+@pytest.mark.slow
+def test_embed_with_a_pretraining_config_writes_the_file_it_names(tmp_path):
+  """Pretraining configs carry no data.do_lower_case; the output lands under its exact name, folders made."""
+  corpus = tmp_path / "corpus.txt"  # enough text for the 300 pieces of SMALL_RUN's vocabulary
+  book = test_train.REPO / "data_pipeline" / "assets" / "gutenberg_00011_alice_in_wonderland.txt"
+  corpus.write_text(book.read_text()[:200_000])
+  model = train_spm.train(Source(str(corpus), format="paragraphs"), str(tmp_path / "m.model"), vocab_size=300)
+  steps = ["--config.train.num_train_steps=2", "--config.checkpoint.every=2"]
+  assert test_train.cli(tmp_path / "pt", *test_train.SMALL_RUN, *steps).returncode == 0
+  texts, output = tmp_path / "texts.txt", tmp_path / "new" / "vectors"
+  texts.write_text("Alice was beginning to get very tired\n\nof sitting by her sister\n")
+  result = test_train.cli(tmp_path / "pt", *test_train.SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
+                          f"--output={output}", f"--config.data.spm_model={model}")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "loading its newest checkpoint (step 2)" in result.stdout and f"to {output}\n" in result.stdout
+  assert np.load(output).shape == (3, 64)

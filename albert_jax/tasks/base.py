@@ -50,7 +50,8 @@ def make_tokenizer(config) -> Tokenizer:
   if not config.data.spm_model:
     raise ValueError("config.data.spm_model is empty; pass the SentencePiece model the checkpoint was trained "
                      "with (ALBERT's is spiece.model / 30k-clean.model), e.g. --config.data.spm_model=PATH.")
-  return Tokenizer(config.data.spm_model, do_lower_case=config.data.do_lower_case)
+  # Pretraining configs (`--mode=embed` with one) have no such field: their data is prepared uncased by default.
+  return Tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
 
 
 def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
@@ -91,10 +92,18 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
 
 
 def read_text(path: str) -> str:
+  """Every task's input file as text; bytes that are not UTF-8 are named by line, like the other input errors."""
   file = storage.path(path)
   if not file.exists():
     raise FileNotFoundError(f"{path} not found; check --config.data.path (see docs/finetuning.md for the layout).")
-  return file.read_text(encoding="utf-8-sig")  # MRPC's TSVs start with a byte-order mark
+  data = file.read_bytes()
+  try:
+    return data.decode("utf-8-sig")  # MRPC's TSVs start with a byte-order mark
+  except UnicodeDecodeError as e:
+    line_start = data.rfind(b"\n", 0, e.start) + 1
+    raise InputError(path, data.count(b"\n", 0, e.start) + 1,
+                     f"not UTF-8 (byte 0x{data[e.start]:02x} at column {e.start - line_start + 1}); save the file "
+                     "as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +202,13 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def make_model(self, model_config: ModelConfig):
     ...
+
+  def identity(self) -> dict[str, Any]:
+    """What the trained head means beyond its weights' shapes, recorded with a fine-tuning run: eval and predict
+    refuse weights trained for another task or class order (equal shapes would swap labels silently)."""
+    labels = getattr(self, "labels", None)
+    return {"task": self.settings.task, "task_name": self.settings.task_name,
+            "labels": list(labels) if labels is not None else None}
 
   hf_head = None  # heads.HFHead: the transformers class of this task's model (`convert --to=hf` of best/step_N)
 

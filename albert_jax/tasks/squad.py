@@ -171,6 +171,9 @@ class SquadTask(Task):
     return features, {key: np.asarray(value) for key, value in info.items()}
 
   # --- model ----------------------------------------------------------------------------------------------
+  def identity(self) -> dict:
+    return {**super().identity(), "v2_head": self.settings.v2_head} if self.version_2 else super().identity()
+
   def make_model(self, model_config):
     if self.answer_class:
       d = self.settings

@@ -1,0 +1,135 @@
+"""A fine-tuning workdir's weights are used only as what they are: a restarted run drops a best/ it never
+produced, eval and predict refuse a head trained for another task or class order (and reuse the recorded order
+when none is given), and init_checkpoint=<a fine-tuning run> loads that run's best weights, saying which."""
+import contextlib
+import io
+import json
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from albert_jax import finetune, pretrained
+from albert_jax.model_config import model_config_from
+from albert_jax.tasks import get_task
+from experiments import classification, glue
+from tests.test_finetune import spm
+
+WORDS = {"pos": ("good", "great", "fine"), "neg": ("bad", "awful", "dull")}
+
+
+def write_split(path, count, labeled=True):
+  rows = [(f"a {WORDS[label][i % 3]} film", label) for i, label in zip(range(count), ["pos", "neg"] * count)]
+  path.write_text("sentence" + ("\tlabel" if labeled else "") + "\n" +
+                  "".join(text + (f"\t{label}" if labeled else "") + "\n" for text, label in rows))
+
+
+def config_for(data, spm_model, labels=""):
+  arg = f"size=tiny,data={data},spm={spm_model},text=sentence" + (f",labels={labels}" if labels else "")
+  config = classification.get_config(arg)
+  config.data.max_seq_length = 16
+  config.allow_random_init = True
+  config.train.update(num_train_steps=4, global_batch_size=8, warmup_steps=1, eval_every=2, micro_batch_size=0)
+  config.checkpoint.every = 2
+  config.log.every = 2
+  return config
+
+
+def quietly(fn, *args):
+  """fn(*args) and what it printed."""
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    fn(*args)
+  return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run(shared_data, tmp_path_factory):
+  """A 4-step run trained with labels=pos|neg (not the sorted order) in a workdir holding another run's best/ of
+  step 60 (killed before any checkpoint). About 20 s: the tests using it are marked slow."""
+  root = tmp_path_factory.mktemp("identity")
+  data = root / "data"
+  data.mkdir()
+  write_split(data / "train.tsv", 16)
+  write_split(data / "dev.tsv", 8)
+  write_split(data / "test.tsv", 4, labeled=False)
+  workdir = root / "run"
+  config = config_for(data, spm(shared_data), labels="pos|neg")
+  task, model_config = get_task(config), model_config_from(config)
+  stale = workdir / "best" / "step_60"
+  pretrained.save_pretrained(str(stale), model_config, task.init_params(task.build_model(model_config),
+                                                                        jax.random.key(1)))
+  (workdir / "best" / "best.json").write_text(json.dumps(
+      {"step": 60, "metric": "accuracy", "value": 1.0, "metrics": {"accuracy": 1.0}, "weights": str(stale)}))
+  output = quietly(finetune.train, config, str(workdir))
+  return types.SimpleNamespace(data=data, spm=spm(shared_data), workdir=workdir, output=output)
+
+
+@pytest.mark.slow
+def test_a_restart_drops_the_best_of_steps_it_scores_again(run):
+  assert "this run continues from step 0 and scores the steps after it again" in run.output
+  best = finetune.read_best(str(run.workdir))
+  assert best["step"] in (2, 4) and "(best: step 60," not in run.output
+  assert [p.name for p in (run.workdir / "best").glob("step_*")] == [f"step_{best['step']}"]
+  assert best["head"] == {"task": "classification", "task_name": "", "labels": ["pos", "neg"]}
+
+
+def test_a_resumed_run_keeps_the_best_of_steps_before_its_checkpoint(shared_data, tmp_path):
+  workdir = tmp_path / "run"
+  (workdir / "best" / "step_2").mkdir(parents=True)
+  record = {"step": 2, "metric": "accuracy", "value": 0.5, "weights": str(workdir / "best" / "step_2")}
+  (workdir / "best" / "best.json").write_text(json.dumps(record))
+  config = config_for(tmp_path, spm(shared_data), labels="neg|pos")
+  task = get_task(config)
+  assert finetune.BestKeeper(str(workdir), task, model_config_from(config), 2).record == record
+  assert finetune.BestKeeper(str(workdir), task, model_config_from(config), 1).record is None
+  assert not (workdir / "best" / "best.json").exists() and not (workdir / "best" / "step_2").exists()
+
+
+@pytest.mark.slow
+def test_predict_without_labels_uses_the_order_recorded_at_training(run, tmp_path):
+  texts = tmp_path / "in.tsv"
+  write_split(texts, 3, labeled=False)
+  args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
+  finetune.predict(config_for(run.data, run.spm), str(run.workdir), args)  # sorted would be neg|pos
+  rows = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
+  assert len(rows) == 3 and all(list(r["probabilities"]) == ["pos", "neg"] for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("labels", ["neg|pos", "neg|pos|meh"])
+def test_eval_refuses_another_class_order_or_count(run, labels):
+  with pytest.raises(ValueError, match=r"labels=pos\|neg.*labels=neg\|pos.*pass labels=pos\|neg"):
+    finetune.evaluate(config_for(run.data, run.spm, labels=labels), str(run.workdir))
+  assert not (run.workdir / "dev_predictions").exists()
+
+
+@pytest.mark.slow
+def test_eval_refuses_a_workdir_of_another_task(run, tmp_path):
+  (tmp_path / "CoLA").mkdir()
+  (tmp_path / "CoLA" / "dev.tsv").write_text("".join(f"src\t{i % 2}\t\ta fine film\n" for i in range(4)))
+  config = glue.get_config(f"task=cola,size=tiny,spm={run.spm},data={tmp_path}")
+  config.data.max_seq_length = 16
+  with pytest.raises(ValueError, match="task=classification.*task=glue, task_name=cola.*config.json"):
+    finetune.evaluate(config, str(run.workdir))
+  assert not (run.workdir / "dev_predictions").exists()
+
+
+@pytest.mark.slow
+def test_resuming_with_another_class_order_is_refused(run):
+  with pytest.raises(ValueError, match=r"checkpoint step 4\) holds a head trained for .*labels=pos\|neg"):
+    finetune.train(config_for(run.data, run.spm, labels="neg|pos"), str(run.workdir))
+
+
+@pytest.mark.slow
+def test_init_checkpoint_of_a_fine_tuning_run_loads_its_best_weights(run, capsys):
+  best = finetune.read_best(str(run.workdir))
+  loaded = pretrained.load_init_params(str(run.workdir))
+  assert f"loading the best dev checkpoint of the fine-tuning run (step {best['step']}," in capsys.readouterr().out
+  jax.tree.map(np.testing.assert_array_equal, loaded, pretrained.load_pretrained(best["weights"])[1])
+
+
+def test_a_workdir_without_weights_is_named_as_the_workdir(shared_data, tmp_path):
+  with pytest.raises(FileNotFoundError, match=f"--workdir='{tmp_path}' is neither"):
+    finetune.evaluate(config_for(tmp_path, spm(shared_data), labels="neg|pos"), str(tmp_path))
