@@ -2,6 +2,7 @@
 
   python -m albert_jax.convert --from=hf --src=HF_DIR --dst=OUR_DIR   # then train/fine-tune from OUR_DIR
   python -m albert_jax.convert --to=hf --src=OUR_DIR --dst=HF_DIR     # AlbertForPreTraining.from_pretrained(HF_DIR)
+  # --src may also be a training workdir: a pretraining run's newest checkpoint, a fine-tuning run's best one
   python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder alone: AlbertModel
   python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
 
@@ -9,11 +10,14 @@ The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 from absl import app, flags, logging
 
-from albert_jax import interop, pretrained, storage, tf1
+from albert_jax import checkpointing, interop, pretrained, storage, tf1
+from albert_jax.model_config import ModelConfig
 
 FORMATS = ["hf"]
 flags.DEFINE_enum("from", None, FORMATS + ["tf1"], "Convert from this format into our pretrained-weights directory "
@@ -31,7 +35,7 @@ FLAGS = flags.FLAGS
 def from_hf(src: str, dst: str) -> None:
   model_config, params = interop.load_hf(src)
   pretrained.save_pretrained(dst, model_config, params)
-  logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
+  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
 
 
 def from_tf1(src: str, dst: str) -> None:
@@ -40,17 +44,29 @@ def from_tf1(src: str, dst: str) -> None:
                      "`gcloud storage cp -r` first (--dst may be gs://).")
   model_config, params = tf1.load_tf1(src)
   pretrained.save_pretrained(dst, model_config, params)
-  logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
+  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
 
 
 def to_hf(src: str, dst: str, encoder_only: bool = False) -> None:
-  model_config, params = pretrained.load_pretrained(src)
+  best = None if pretrained.is_pretrained_dir(src) else pretrained.read_best(src)
+  if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
+    src = os.path.join(src, pretrained.BEST_DIR, os.path.basename(os.path.normpath(best["weights"])))
+  model_config, params = _our_weights(src)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
   else:
     head = interop.finetuned_head(src)  # WORKDIR/best/step_N: its task's HF class
   interop.save_hf(model_config, params, dst, head=head)
-  logging.info("Wrote %s from %s (%s).", dst, src, sorted(params))
+  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
+
+
+def _our_weights(src: str):
+  """(ModelConfig, params) of a `convert`/`save_pretrained` directory, or of a pretraining workdir (its newest
+  checkpoint, the model from its config.json)."""
+  if pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir():
+    return pretrained.load_pretrained(src)
+  run_config = json.loads((storage.path(src) / "config.json").read_text())
+  return ModelConfig.from_mapping(run_config["model"]), pretrained.load_init_params(src, name="--src")
 
 
 def convert(source: str | None, target: str | None, src: str | None, dst: str | None, overwrite: bool = False,
@@ -79,6 +95,8 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; use --from/--to, --src, --dst.")
+  if not FLAGS["verbosity"].present:  # orbax's INFO lines about every file it opens, unless asked for
+    logging.set_verbosity(logging.WARNING)
   try:
     convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only)
   except (ValueError, FileNotFoundError, FileExistsError, storage.StorageError) as e:

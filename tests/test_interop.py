@@ -229,6 +229,25 @@ def test_convert_cli_round_trip(tmp_path, hf_dir):
   assert result.returncode == 1 and "--dst" in result.stderr and "--overwrite" in result.stderr
 
 
+def test_convert_cli_exports_a_pretraining_workdir(tmp_path):
+  """A pretraining run's newest checkpoint goes to Hugging Face as it is (--src used to take only `convert`
+  outputs, while its message suggested a workdir)."""
+  from tests.test_train import SMALL_RUN, cli, final_params
+  trained = cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=2")
+  assert trained.returncode == 0, trained.stderr
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run([sys.executable, "-m", "albert_jax.convert", "--to=hf", f"--src={tmp_path / 'run'}",
+                           f"--dst={tmp_path / 'hf'}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert f"--src={tmp_path / 'run'}: loading its newest checkpoint (step 2)" in result.stdout
+  step, params = final_params(tmp_path / "run")
+  config, exported = interop.load_hf(tmp_path / "hf")
+  assert (config.hidden_size, config.vocab_size) == (64, 300)
+  for (path, a), (_, b) in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                               jax.tree_util.tree_flatten_with_path(exported)[0], strict=True):
+    np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+
+
 def test_convert_argument_errors(tmp_path, hf_dir):
   with pytest.raises(ValueError, match="exactly one of --from=hf"):
     convert.convert("hf", "hf", hf_dir, str(tmp_path / "x"))
