@@ -116,7 +116,8 @@ def raised_by_our_code(error: BaseException) -> bool:
 
 
 def check_workdir(workdir: str, mode_name: str) -> None:
-  """A local workdir that cannot serve the mode is refused in one line before anything is written into it."""
+  """A local workdir that cannot serve the mode is refused in one line; nothing is written (a config refused later
+  leaves no folder behind)."""
   from albert_jax import storage
   if storage.is_remote(workdir):
     return  # a bucket is checked by the storage layer on first use
@@ -125,12 +126,13 @@ def check_workdir(workdir: str, mode_name: str) -> None:
                             "training run: pass that run's --workdir.")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise NotADirectoryError(f"--workdir={workdir} is a file; pass a directory (it is created if missing).")
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    raise PermissionError(f"--workdir={workdir} cannot be created ({e.strerror}); pass a writable directory.") from None
-  if not os.access(workdir, os.W_OK | os.X_OK):
-    raise PermissionError(f"--workdir={workdir} is not writable; pass a writable directory.")
+  existing = os.path.abspath(workdir)
+  while not os.path.exists(existing):  # the workdir or the folder it would be created in; nothing is made yet
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise NotADirectoryError(f"--workdir={workdir} cannot be created: {existing} is a file; pass a directory path.")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise PermissionError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory.")
 
 
 def main(argv) -> None:

@@ -44,7 +44,7 @@ def test_a_workdir_that_cannot_be_created_is_refused(tmp_path):
   result = cli(workdir, *SMALL_RUN)
   assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
-      f"error: --workdir={workdir} cannot be created (Not a directory); pass a writable directory.")
+      f"error: --workdir={workdir} cannot be created: {tmp_path / 'a_file'} is a file; pass a directory path.")
 
 
 def test_eval_of_a_missing_workdir_names_it_and_creates_nothing(tmp_path):
