@@ -75,6 +75,10 @@ class BatchSplit:
     return rows[self.process_index * self.host_batch:(self.process_index + 1) * self.host_batch]
 
 
+def largest_divisor_at_most(n: int, cap: int) -> int:
+  return next(d for d in range(min(n, cap), 0, -1) if n % d == 0)
+
+
 def batch_split(train_config, mesh, process_count: int | None = None, process_index: int | None = None
                 ) -> BatchSplit:
   """Checks at start-up that the global batch divides over processes, devices and micro batches."""
@@ -88,7 +92,8 @@ def batch_split(train_config, mesh, process_count: int | None = None, process_in
   if global_batch % dp:
     raise ValueError(f"train.global_batch_size={global_batch} is not divisible by the {dp} data-parallel "
                      f"devices; use a multiple of {dp}.")
-  micro = int(train_config.micro_batch_size) or global_batch // dp
+  micro = int(train_config.micro_batch_size) or largest_divisor_at_most(
+      global_batch // dp, int(train_config.get("max_micro_batch_size", 0)) or global_batch // dp)
   if global_batch % (micro * dp):
     raise ValueError(f"train.global_batch_size={global_batch} must equal micro_batch_size={micro} × {dp} "
                      "data-parallel devices × an integer number of accumulation steps; pick a micro batch that "
@@ -101,6 +106,8 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
   t, c, log = config.train, config.checkpoint, config.log
   checks = [
       (t.global_batch_size > 0, f"train.global_batch_size={t.global_batch_size} must be positive"),
+      (t.get("max_micro_batch_size", 0) >= 0, f"train.max_micro_batch_size={t.get('max_micro_batch_size')} must "
+                                               "be positive (or 0: no cap)"),
       (t.micro_batch_size >= 0, f"train.micro_batch_size={t.micro_batch_size} must be positive (or 0: global "
                                 "batch / data-parallel devices)"),
       (t.num_train_steps > 0, f"train.num_train_steps={t.num_train_steps} must be positive"),

@@ -20,7 +20,7 @@ from bench import common
 
 GiB = topology.GiB
 
-# name -> (experiment module, topology, slices, extra config overrides)
+# name -> (experiment module[:argument], topology, slices, extra config overrides)
 ROWS = {
     "base_v3-128": ("pretrain_base", "v3-128", 1, {}),
     "large_v3-256": ("pretrain_large", "v3-256", 1, {}),
@@ -33,10 +33,17 @@ ROWS = {
     "large_v3-512": ("pretrain_large", "v3-512", 1, {}),
     "bert_large_v3-512": ("bert_large", "v3-512", 1, {}),
 }
+# Fine-tuning recipes on the original's slice (8 TPU v3 cores): the largest batch (MNLI/QQP 128), SQuAD's two v2
+# heads and RACE's 4 x 512 tokens per example, at every ALBERT size.
+for _size in ("base", "large", "xlarge", "xxlarge"):
+  ROWS.update({f"finetune_{name}_{_size}_v3-8": (f"{module}:{arg}size={_size}", "v3-8", 1, {}) for name, module, arg in (
+      ("mnli", "glue", "task=mnli,"), ("squad_v1", "squad_v1", ""), ("squad_v2", "squad_v2", ""),
+      ("squad_v2_answer_class", "squad_v2", "head=answer_class,"), ("race", "race", ""))})
 
 
-def row_config(module: str, overrides: dict):
-  config = importlib.import_module(f"experiments.{module}").get_config(None)
+def row_config(experiment: str, overrides: dict):
+  module, _, arg = experiment.partition(":")
+  config = importlib.import_module(f"experiments.{module}").get_config(arg or None)
   for dotted, value in overrides.items():
     section, key = dotted.split(".")
     config[section][key] = value
@@ -48,7 +55,8 @@ def measure(name: str, results_dir: str) -> dict:
   topo = topology.parse(slice_name)
   devices = topology.tpu_devices(topo, slices)
   result = tpu_compile.compile_for(row_config(module, overrides), devices)
-  record = {"row": name, "experiment": f"experiments/{module}.py", "overrides": overrides,
+  file, _, arg = module.partition(":")
+  record = {"row": name, "experiment": f"experiments/{file}.py" + (f":{arg}" if arg else ""), "overrides": overrides,
             **tpu_compile.summary(result, topo, slices, devices)}
   common.write_json(argparse.Namespace(results_dir=results_dir, name=None), f"tpu_compile_{name}",
                     "bench.tpu_recipes", record)
@@ -66,7 +74,7 @@ def print_tables(records: list[dict]) -> None:
   for r in records:
     memory = r["memory"] or {}
     slice_name = r["name"] + (f" x {r['num_slices']}" if r["num_slices"] > 1 else "")
-    print(f"| {r['experiment'].split('/')[-1][:-3]} | {slice_name} | {r['devices']} | {r['micro_batch']} x "
+    print(f"| {r['experiment'].split('/')[-1].replace('.py', '')} | {slice_name} | {r['devices']} | {r['micro_batch']} x "
           f"{r['accumulation_steps']} | {r['dtype']} | {r['remat_policy']} | "
           f"{_gib(memory.get('argument_groups', {}).get('state'))} | {_gib(memory.get('temporaries'))} | "
           f"{_gib(r['peak_bytes_per_device'])} | {_gib(r['hbm_bytes_per_device'])} | "
@@ -76,7 +84,7 @@ def print_tables(records: list[dict]) -> None:
   for r in records:
     c = r["collective_bytes"]
     if c:
-      print(f"| {r['experiment'].split('/')[-1][:-3]} | {r['name']} x {r['num_slices']} | "
+      print(f"| {r['experiment'].split('/')[-1].replace('.py', '')} | {r['name']} x {r['num_slices']} | "
             f"{c['all-reduce']['within_slice'] / 1e6:.1f} | {c['all-reduce']['across_slices'] / 1e6:.1f} | "
             f"{sum(c['all-gather'].values()) / 1e6:.1f} | {sum(c['reduce-scatter'].values()) / 1e6:.1f} |")
 

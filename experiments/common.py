@@ -89,6 +89,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.global_batch_size = 4096
   c.train.micro_batch_size = 0    # per data-parallel device per accumulation step; 0 = global / devices
+  c.train.max_micro_batch_size = 0  # with micro_batch_size 0: the largest divisor of global / devices up to this
   c.train.num_train_steps = 125_000
   c.train.optimizer = "lamb"      # "lamb" (the original: no bias correction) | "optax_lamb" | "adamw"
   c.train.learning_rate = 0.00176
@@ -183,9 +184,30 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
   return c
 
 
+# Tokens per device in one micro step that each size fine-tunes within a device of 16 GiB (TPU v3; the original
+# fine-tuned on 8 cores, num_tpu_cores=8) in float32 without remat, with 10% of it to spare: measured with
+# `--mode=compile --topology=v3-8 --fit` (bench/tpu_recipes.py, rows finetune_*). A bigger device may take more:
+# --config.train.max_micro_batch_size=0 lifts the cap.
+FINETUNE_TOKENS_PER_DEVICE = {"base": 8192, "large": 2048, "xlarge": 1024, "xxlarge": 1024}
+
+
+def cap_micro_batch(c: ml_collections.ConfigDict, sequences_per_example: int) -> None:
+  """Caps the per-device micro batch to the size's token budget (more accumulation steps, the same update); an
+  example longer than the budget (RACE's 4 × 512 tokens at xlarge and xxlarge) keeps only the matmuls' outputs."""
+  budget = FINETUNE_TOKENS_PER_DEVICE.get(c.model_size.removesuffix("_v1").removesuffix("_v2"))
+  if budget is None:
+    return
+  tokens = c.data.max_seq_length * sequences_per_example
+  c.train.max_micro_batch_size = max(1, budget // tokens)
+  if tokens > budget:
+    c.model.remat_policy = "dots_saveable"
+
+
 def set_recipe(c: ml_collections.ConfigDict, learning_rate: float, warmup_steps: int, num_train_steps: int,
-               global_batch_size: int, eval_every: int) -> ml_collections.ConfigDict:
-  """Fills the schedule; v2 large/xlarge learning rates are capped (see V2_LEARNING_RATE_CAP)."""
+               global_batch_size: int, eval_every: int, sequences_per_example: int = 1) -> ml_collections.ConfigDict:
+  """Fills the schedule and caps the micro batch (see FINETUNE_TOKENS_PER_DEVICE); v2 large/xlarge learning rates
+  are capped (see V2_LEARNING_RATE_CAP)."""
+  cap_micro_batch(c, sequences_per_example)
   if not _is_v1(c.model_size):
     learning_rate = min(learning_rate, V2_LEARNING_RATE_CAP.get(c.model_size.removesuffix("_v2"), learning_rate))
   c.train.learning_rate = learning_rate
@@ -227,4 +249,5 @@ def own_data_config(size: str, task: str, data: str, spm_model: str, max_seq_len
   c.data.max_seq_length = max_seq_length
   c.data.labels = tuple(filter(None, labels.split("|")))
   c.data.update(data_fields)
-  return set_recipe(c, learning_rate, 100, 1000, batch, eval_every=100)
+  return set_recipe(c, learning_rate, 100, 1000, batch, eval_every=100,
+                    sequences_per_example=data_fields.get("num_choices", 1))

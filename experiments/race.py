@@ -13,4 +13,4 @@ def get_config(arg=None):
   c = common.finetuning_config(args.size, "race", data=args.data, spm_model=args.spm)
   c.data.max_qa_length = 128      # question+option tokens kept (the LAST ones)
   learning_rate = 2e-5 if args.size.endswith("_v1") else 1e-5
-  return common.set_recipe(c, learning_rate, 1000, 12000, 32, eval_every=1000)
+  return common.set_recipe(c, learning_rate, 1000, 12000, 32, eval_every=1000, sequences_per_example=4)

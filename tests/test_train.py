@@ -362,6 +362,26 @@ def test_misspelt_config_key_is_named(tmp_path):
   assert result.returncode != 0 and "learnin_rate" in result.stderr
 
 
+@pytest.mark.parametrize("cap, micro, accumulation", [(0, 16, 1), (4, 4, 4), (5, 4, 4), (3, 2, 8), (64, 16, 1)])
+def test_the_micro_batch_cap_takes_the_largest_divisor_of_the_device_share(cap, micro, accumulation):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+  train = ml_collections.ConfigDict({"global_batch_size": 16, "micro_batch_size": 0, "max_micro_batch_size": cap})
+  split = engine.batch_split(train, mesh, 1, 0)
+  assert (split.micro_batch, split.accumulation_steps) == (micro, accumulation)
+  train.micro_batch_size = 8  # an explicit micro batch wins
+  assert engine.batch_split(train, mesh, 1, 0).micro_batch == 8
+
+
+def test_fine_tuning_recipes_cap_the_micro_batch_by_size():
+  from experiments import glue, race, squad_v1
+  settings = lambda c: (c.train.max_micro_batch_size, c.model.remat_policy)
+  assert [settings(glue.get_config(f"task=mnli,size={size}")) for size in ("tiny", "base", "large", "xxlarge")] == [
+      (0, "none"), (16, "none"), (4, "none"), (2, "none")]
+  assert settings(squad_v1.get_config("size=xxlarge")) == (2, "none")   # 2 x 384 tokens
+  assert [settings(race.get_config(f"size={size}")) for size in ("base", "large", "xlarge")] == [
+      (4, "none"), (1, "none"), (1, "dots_saveable")]                    # 4 x 512 tokens an example
+
+
 def test_impossible_batch_split_fails_clearly(tmp_path):
   result = cli(tmp_path, *SMALL_RUN, "--config.train.global_batch_size=12", devices=8)
   assert result.returncode != 0
