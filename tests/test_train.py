@@ -291,7 +291,7 @@ def test_prepared_data_without_held_out_documents_is_refused_at_start_up(shared_
       f"error: The preparation at {tmp_path / 'prepared'} has no held-out ('eval') documents, and "
       "train.eval_every=1 evaluates on them. Prepare the data with a larger --eval_fraction (or more documents), "
       "or pass --config.train.eval_every=0 to train without held-out evaluation.")
-  assert not list((tmp_path / "run").iterdir())
+  assert not (tmp_path / "run").exists()
   trained = cli(tmp_path / "run", *data, "--config.train.eval_every=0", config="experiments/pretrain_tiny.py")
   assert trained.returncode == 0, trained.stderr
 
@@ -547,11 +547,13 @@ def test_warm_start_from_a_pretrained_directory(tmp_path):
 
 
 def test_a_restarted_run_takes_the_step_from_the_compilation_cache(tmp_path):
-  first = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
+  run = [*SMALL_RUN, "--config.train.num_train_steps=4", "--config.checkpoint.every=2"]
+  first = cli(tmp_path, *run)
   assert first.returncode == 0, first.stderr
   assert "Compiled the train step in" in first.stdout and "from the compilation cache" not in first.stdout
   assert os.listdir(tmp_path / "compilation_cache")
-  second = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
+  shutil.rmtree(tmp_path / "checkpoints" / "4")  # as if stopped after step 2: the restart has steps to take
+  second = cli(tmp_path, *run)
   assert second.returncode == 0, second.stderr
   assert "(from the compilation cache)" in second.stdout
 
