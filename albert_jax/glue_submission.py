@@ -28,16 +28,23 @@ FILE_TASKS = {file: name for name, spec in SPECS.items() for file in spec.submis
 
 
 def check_file(path: str, check_count: bool) -> int:
-  """The number of prediction rows, after checking the header and every label; raises InputError naming the row."""
+  """The number of prediction rows, after checking the header, every index (an integer, once) and every label;
+  raises InputError naming the row."""
   task = GlueTask(TaskSettings(task="glue", task_name=FILE_TASKS[os.path.basename(path)]))
   rows = tsv_rows(path)
   number, header = next(rows, (1, []))
   if header != ["index", "prediction"]:
     raise InputError(path, number, f"the header must be 'index<TAB>prediction', got {header}")
-  count = 0
+  count, seen = 0, {}
   for number, fields in rows:
     if len(fields) != 2:
       raise InputError(path, number, f"{len(fields)} tab-separated fields, expected 2 (index, prediction)")
+    if not fields[0].isdigit():
+      raise InputError(path, number, f"index {fields[0]!r} is not the test file's row index (0, 1, ...)")
+    if fields[0] in seen:
+      raise InputError(path, number, f"index {fields[0]} again (first on line {seen[fields[0]]}); each test row is "
+                                     "predicted once")
+    seen[fields[0]] = number
     task._label(fields[1], path, number)
     count += 1
   expected = TEST_ROWS[os.path.basename(path)]

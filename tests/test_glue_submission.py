@@ -43,3 +43,17 @@ def test_a_wrong_label_or_header_is_refused(tmp_path):
   (tmp_path / "cola" / "CoLA.tsv").write_text("id\tlabel\n0\t1\n")
   with pytest.raises(InputError, match="header must be 'index<TAB>prediction'"):
     glue_submission.assemble([bad], str(tmp_path / "out"), allow_partial=True, check_counts=False)
+
+
+@pytest.mark.parametrize("name, rows, message", [
+    ("SST-2.tsv", "0\t1\n0\t0\n", r"SST-2.tsv:3: index 0 again \(first on line 2\); each test row is predicted once"),
+    ("SST-2.tsv", "0\t1\nx1\t0\n", r"SST-2.tsv:3: index 'x1' is not the test file's row index"),
+    ("STS-B.tsv", "0\t2.5\n1\tnan\n", r"STS-B.tsv:3: label 'nan' is not a finite number"),
+    ("STS-B.tsv", "0\tinf\n", r"STS-B.tsv:2: label 'inf' is not a finite number")])
+def test_a_repeated_index_or_a_non_finite_score_is_refused(tmp_path, name, rows, message):
+  """The server would take them: 1821 rows all indexed 0, or 1379 scores of nan, passed when only the row count
+  was checked."""
+  run = run_dir(tmp_path / "run", 0.5)
+  (tmp_path / "run" / name).write_text("index\tprediction\n" + rows)
+  with pytest.raises(InputError, match=message):
+    glue_submission.assemble([run], str(tmp_path / "out"), allow_partial=True, check_counts=False)

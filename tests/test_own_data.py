@@ -4,6 +4,7 @@
 import csv
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from albert_jax.tasks.base import InputError
 from data_pipeline import train_spm
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
-from experiments import classification, token_classification
+from experiments import classification, multiple_choice, token_classification
 from tests import test_train
 from tests.test_finetune import TINY_RUN, cli, spm
 
@@ -161,6 +162,8 @@ def test_labels_come_from_config_or_sorted_train_file(tmp_path):
     _task(classification, f"data={tmp_path},labels=1|2").read_examples(str(tmp_path / "train.jsonl"), True)
   with pytest.raises(FileNotFoundError, match="--config.data.labels"):
     _task(classification, f"data={tmp_path / 'none'}").labels
+  with pytest.raises(ValueError, match=r"data.labels=\['pos'\] names one class; a classifier needs two or more"):
+    _task(classification, f"data={tmp_path},labels=pos")  # trained with loss 0 and accuracy 1.0 before
   (tmp_path / "train.csv").write_text("text,label\n")
   with pytest.raises(ValueError, match="keep one"):
     _task(classification, f"data={tmp_path}").split_path("train")
@@ -200,9 +203,10 @@ def test_regression_reads_numbers_scores_and_round_trips(tmp_path):
   task.write_predictions(split, predictions, str(tmp_path / "out.jsonl"))
   np.testing.assert_allclose(task.read_predictions(str(tmp_path / "out.jsonl"), split), predictions)
   assert set(task.score(split, predictions)) == {"pearson", "spearman", "mse"}
-  with pytest.raises(InputError, match="'high' is not a number"):
-    path.write_text("text,score\na,high\n")
-    task.gold_split(str(path))
+  for bad in ("high", "nan"):  # a nan used to be taken, and trained and scored as nan
+    with pytest.raises(InputError, match=f"'{bad}' is not a finite number"):
+      path.write_text(f"text,score\na,{bad}\n")
+      task.gold_split(str(path))
 
 
 def test_mean_pooling_averages_the_unmasked_tokens():
@@ -242,3 +246,16 @@ def test_embed_with_a_pretraining_config_writes_the_file_it_names(tmp_path):
   assert result.returncode == 0, result.stdout + result.stderr
   assert "loading its newest checkpoint (step 2)" in result.stdout and f"to {output}\n" in result.stdout
   assert np.load(output).shape == (3, 64)
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"context": "c", "question": "q", "options": ["a", "b"], "answer": True},
+     "field 'answer' should be int, got bool"),
+    ({"context": "c", "question": "q", "options": ["a", None], "answer": 0}, "option null is not text"),
+    ({"context": "c", "question": "q", "options": ["a", {"x": 1}], "answer": 0}, 'option {"x": 1} is not text')])
+def test_multiple_choice_fields_are_typed(tmp_path, record, message):
+  """`"answer": true` was taken as option 1, and null or an object as the option texts "None" and "{'x': 1}"."""
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps(record) + "\n")
+  with pytest.raises(InputError, match=re.escape(f"train.jsonl:1: {message}")):
+    _task(multiple_choice, f"data={tmp_path}", max_seq_length=128).read_examples(str(path), True)

@@ -68,7 +68,7 @@ def test_errors_name_file_and_line(tmp_path):
   with pytest.raises(InputError, match=r"dev2.tsv:2: unknown label 'contradiction' for rte"):
     rte.read_examples(path, labeled=True)
   path = _write(tmp_path, "sts.tsv", "\t".join(["h"] * 10) + "\n" + "\t".join(["x"] * 9 + ["high"]) + "\n")
-  with pytest.raises(InputError, match=r"sts.tsv:2: label 'high' is not a number"):
+  with pytest.raises(InputError, match=r"sts.tsv:2: label 'high' is not a finite number"):
     task_for("sts-b").read_examples(path, labeled=True)
   with pytest.raises(ValueError, match="Unknown GLUE task 'foo'"):
     task_for("foo")
@@ -163,6 +163,25 @@ def test_featurize_real_dev_and_score_roundtrip(shared_data, tokenizer, tmp_path
                            f"--data={shared_data / 'glue/STS-B/dev.tsv'}", f"--predictions={path}"],
                           capture_output=True, text=True, check=True)
   assert json.loads(result.stdout.strip().splitlines()[-1]) == pytest.approx(metrics, abs=1e-6)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--task=sst-2", "--data={glue}/SST-2", "--predictions={glue}/SST-2/dev.tsv"],
+     "--data={glue}/SST-2 is a folder; pass a file."),
+    (["--task=sst-2", "--data={glue}/SST-2/dev.tsv", "--predictions={tmp}/missing.tsv"],
+     "--predictions={tmp}/missing.tsv does not exist."),
+    (["--task=race", "--data={glue}/SST-2/dev.tsv", "--predictions={glue}/SST-2/dev.tsv"],
+     "--data={glue}/SST-2/dev.tsv is a file; pass a RACE split folder (with middle/ and high/)."),
+    (["--task=ax", "--data=x", "--predictions=y"],
+     "Unknown task 'ax'; choose a GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli), squad_v1, "
+     "squad_v2 or race.")])
+def test_the_scorer_names_a_wrong_path_or_task_in_one_line(shared_data, tmp_path, arguments, message):
+  """A folder as --data used to end in a raw IsADirectoryError, a missing file in advice about --config.data.path
+  (a flag the scorer does not have), and AX, which has no public labels, was offered as a task."""
+  fill = lambda text: text.format(glue=shared_data / "glue", tmp=tmp_path)
+  result = subprocess.run([sys.executable, "-m", "albert_jax.evaluate", *map(fill, arguments)],
+                          capture_output=True, text=True)
+  assert result.returncode == 1 and result.stderr.strip() == f"evaluate: error: {fill(message)}", result.stderr
 
 
 def test_user_file(tmp_path, tokenizer):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -89,6 +90,17 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
   logits = logits.astype(jnp.float32)
   loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
   return loss, (logits.argmax(-1) == labels).mean()
+
+
+def score_label(text: str, path: str, line: int, hint: str) -> float:
+  """A regression label: a finite number, else an InputError naming the row (a nan would train and score as nan)."""
+  try:
+    score = float(text)
+  except ValueError:
+    score = math.nan
+  if not math.isfinite(score):
+    raise InputError(path, line, f"label {text!r} is not a finite number ({hint})")
+  return score
 
 
 def read_text(path: str) -> str:

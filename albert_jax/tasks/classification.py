@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.tasks.base import InputError, Split, TaskSettings, check_outputs
+from albert_jax.tasks.base import InputError, Split, TaskSettings, check_outputs, score_label
 from albert_jax.tasks.glue import GlueExample
 from albert_jax.tasks.records import field, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
@@ -51,6 +51,9 @@ class ClassificationTask(SequenceClassificationTask):
     super().__init__(settings)
     if settings.regression and settings.labels:
       raise ValueError("data.regression=True takes no data.labels; drop one of them.")
+    if len(settings.labels) == 1:
+      raise ValueError(f"data.labels={list(settings.labels)} names one class; a classifier needs two or more "
+                       "(list every class, e.g. labels=neg|pos).")
     self.metric_names = ("pearson", "spearman", "mse") if settings.regression else ("accuracy", "macro_f1")
     self.metric_name = self.metric_names[0]
 
@@ -98,10 +101,7 @@ class ClassificationTask(SequenceClassificationTask):
 
   def _label(self, text: str, path: str, line: int) -> int | float:
     if self.is_regression:
-      try:
-        return float(text)
-      except ValueError:
-        raise InputError(path, line, f"label {text!r} is not a number (data.regression=True)") from None
+      return score_label(text, path, line, "data.regression=True")
     if text not in self.labels:
       raise InputError(path, line, f"unknown label {text!r}; expected one of {list(self.labels)} (the label set "
                                    "is data.labels, else the train file's labels: add it there).")

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.tasks.base import InputError, Split, TaskSettings
+from albert_jax.tasks.base import InputError, Split, TaskSettings, score_label
 from albert_jax.tasks.records import column, field, tsv_rows, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
 
@@ -148,10 +148,7 @@ class GlueTask(SequenceClassificationTask):
 
   def _label(self, text: str, path: str, line: int) -> int | float:
     if self.spec.is_regression:
-      try:
-        return float(text)
-      except ValueError:
-        raise InputError(path, line, f"label {text!r} is not a number (STS-B scores are 0-5)") from None
+      return score_label(text, path, line, "STS-B scores are 0-5")
     if text not in self.spec.labels:
       raise InputError(path, line, f"unknown label {text!r} for {self.name}; expected one of {self.spec.labels}")
     return self.spec.labels.index(text)

@@ -34,7 +34,11 @@ class MultipleChoiceTask(RaceTask):
   def read_examples(self, path: str, labeled: bool) -> list[RaceExample]:
     examples = []
     for line, r in user_records(path):
-      options = [str(o) for o in field(r, "options", path, line, list)]
+      options = field(r, "options", path, line, list)
+      odd = [o for o in options if isinstance(o, bool) or not isinstance(o, (str, int, float))]
+      if odd:
+        raise InputError(path, line, f"option {json.dumps(odd[0])} is not text (options are strings, or numbers)")
+      options = [str(o) for o in options]
       if not 2 <= len(options) <= self.num_choices:
         raise InputError(path, line, f"{len(options)} options; between 2 and data.num_choices={self.num_choices} "
                                      "are allowed (raise data.num_choices for more).")

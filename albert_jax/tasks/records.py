@@ -102,7 +102,8 @@ def check_ids(path: str, predicted, split) -> None:
 def field(record: dict[str, Any], key: str, path: str, line: int, kind=str):
   if key not in record:
     raise InputError(path, line, f"missing field {key!r} (have {sorted(record)})")
-  if not isinstance(record[key], kind):
-    expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+  kinds = kind if isinstance(kind, tuple) else (kind,)
+  if not isinstance(record[key], kind) or isinstance(record[key], bool) and bool not in kinds:  # True is an int
+    expected = " or ".join(k.__name__ for k in kinds)
     raise InputError(path, line, f"field {key!r} should be {expected}, got {type(record[key]).__name__}")
   return record[key]
