@@ -19,7 +19,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from albert_jax import checkpointing, engine, loop, pretrained, storage
+from albert_jax import engine, loop, pretrained, storage
 from albert_jax.model_config import model_config_from
 from albert_jax.pretrained import BEST_DIR, BEST_FILE, read_best
 from albert_jax.tasks import Split, get_task, make_tokenizer
@@ -145,13 +145,6 @@ def _on_every_process(decision: bool) -> bool:
   if jax.process_count() == 1:
     return decision
   return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
-
-
-def resume_step(workdir: str) -> int:
-  """The checkpoint step a training run in `workdir` continues from; 0 for a fresh start."""
-  if not storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
-    return 0
-  return checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step() or 0
 
 
 def recorded_identity(workdir: str, best: dict | None = None) -> dict | None:
@@ -306,7 +299,7 @@ def train(config, workdir: str, args=None) -> None:
   train_split = task.load_split("train", tokenizer)
   dev_splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
   with WorkdirLock(workdir, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
-    start = resume_step(workdir)
+    start = loop.latest_step(workdir) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
       check_identity(task, recorded_identity(workdir), f"Workdir {workdir} (checkpoint step {start})")
     keeper = BestKeeper(workdir, task, model_config, start)

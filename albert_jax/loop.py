@@ -72,8 +72,12 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
 
 
 def latest_step(workdir: str) -> int | None:
-  """The step of the workdir's newest checkpoint (opening the checkpoints is a barrier of all processes)."""
-  return checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), 1, 1).latest_step()
+  """The step of the workdir's newest checkpoint, None without one (opening the checkpoints is a barrier of all
+  processes; a workdir without checkpoints/ is left without it)."""
+  directory = checkpointing.checkpoint_dir(workdir)
+  if not storage.path(directory).is_dir():
+    return None
+  return checkpointing.Checkpointer(directory, 1, 1).latest_step()
 
 
 def write_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
