@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import checkpointing, engine, optim, pretrain
+from albert_jax import checkpointing, compile_stats, engine, optim, pretrain
 from albert_jax.model import AlbertForPreTraining
 from albert_jax.model_config import model_config_for, model_config_from
 from experiments import common
@@ -185,6 +185,46 @@ def test_accumulation_two_halves_equals_one_full_batch():
   np.testing.assert_allclose(metrics_a["grad_norm"], metrics_b["grad_norm"], rtol=1e-5)
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_allclose(x, y, atol=2e-6)
+
+
+def tiny_setup(devices, micro_batch, mesh_shape=(("data", -1), ("fsdp", 1), ("tensor", 1))):
+  config = common.pretraining_config("tiny")
+  config.model.update(vocab_size=300, max_position_embeddings=16, dtype="float32", remat_policy="none")
+  config.data.update(max_seq_length=16, max_predictions_per_seq=4)
+  config.train.update(global_batch_size=16, micro_batch_size=micro_batch, warmup_steps=0)
+  config.mesh.shape = mesh_shape
+  return config, engine.setup(config, pretrain.make_job(config), devices=devices)
+
+
+@pytest.mark.parametrize("data, fsdp, tensor", [(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 2, 2)])
+def test_accumulation_over_data_parallel_devices_reduces_the_gradients_once(data, fsdp, tensor):
+  """Each device sums its own micro steps; the data axis all-reduces once per step, not at every micro step (what
+  the partitioner did). fsdp and tensor keep their own collectives inside the step. With both split, the CPU
+  partitioner aborts on the once-per-step form, so there the step keeps the partitioner's (same numbers)."""
+  config, full = tiny_setup(jax.devices()[:1], 0)  # 16 rows in one step on one device
+  _, accumulating = tiny_setup(jax.devices(), 1, (("data", data), ("fsdp", fsdp), ("tensor", tensor)))
+  assert accumulating.split.accumulation_steps == 16 // (data * fsdp) > 1
+  batch = pretrain.synthetic_batch(config.data, 16, 300, (3, 0))
+  batch["masked_lm_weights"][:5, 2:] = 0  # unequal weights per device and micro step: the normaliser is global
+  state = full.create_state(jax.random.key(0))
+  same_state = jax.device_put(jax.tree.map(np.asarray, state), accumulating.state_shardings)
+  with full.context():
+    a, metrics_a = full.train_step(state, full.global_batch(batch), jax.random.key(5))
+  with accumulating.context():
+    b, metrics_b = accumulating.train_step(same_state, accumulating.global_batch(batch), jax.random.key(5))
+    compiled = accumulating.lower_train_step().compile()
+  np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-6)
+  np.testing.assert_allclose(metrics_a["grad_norm"], metrics_b["grad_norm"], rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+    np.testing.assert_allclose(x, y, atol=2e-6)
+  if (fsdp, tensor) == (2, 2):
+    return  # the partitioner's form, checked for its numbers only (its groups of 2 are not told apart by size)
+  over_data = [(c.bytes, c.executions) for c in compile_stats.collective_stats(compiled, jax.devices()).collectives
+               if c.kind == "all-reduce" and c.group_size == data]
+  gradient_bytes = compile_stats.per_device_bytes(accumulating.abstract_state.params)
+  assert all(executions == 1 for _, executions in over_data), over_data  # the step's scalars and the gradients
+  # About one gradient's bytes (with fsdp a few small leaves are reduced over data and fsdp together).
+  assert 0.9 * gradient_bytes <= sum(size for size, _ in over_data) <= gradient_bytes + 64, (over_data, gradient_bytes)
 
 
 # ------------------------------------------------------------------------------------------------ through the CLI
