@@ -16,7 +16,7 @@ import sys
 
 from absl import app, flags, logging
 
-from albert_jax import checkpointing, interop, pretrained, storage, tf1
+from albert_jax import checkpointing, interop, pretrained, storage, tf1, topology
 from albert_jax.model_config import ModelConfig
 
 FORMATS = ["hf"]
@@ -97,6 +97,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; use --from/--to, --src, --dst.")
   if not FLAGS["verbosity"].present:  # orbax's INFO lines about every file it opens, unless asked for
     logging.set_verbosity(logging.WARNING)
+  topology.quiet_libtpu_off_tpu_vms()
   try:
     convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only)
   except (ValueError, FileNotFoundError, FileExistsError, storage.StorageError) as e:

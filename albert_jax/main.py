@@ -17,7 +17,7 @@ from ml_collections import config_flags
 import albert_jax
 import data_pipeline
 import experiments
-from albert_jax import runner
+from albert_jax import runner, topology
 
 # Our code reports bad input (config values, files, workdirs, data) with these, each message naming the problem
 # and the fix: raised by our own frames they are shown as one line; from a library's frames, with the traceback.
@@ -140,6 +140,7 @@ def main(argv) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not FLAGS["verbosity"].present:  # absl INFO chatter (orbax, jax backends) unless --verbosity=0 is given
     logging.set_verbosity(logging.WARNING)
+  topology.quiet_libtpu_off_tpu_vms()
   mode = runner.MODES[FLAGS.mode]
   if mode.needs_workdir and not FLAGS.workdir:
     raise app.UsageError(f"--workdir is required for --mode={FLAGS.mode}.")

@@ -9,6 +9,7 @@ TPU VM; v5e and v6e have one TensorCore per chip.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
 import os
 import re
@@ -111,6 +112,22 @@ def parse(name: str) -> TpuTopology:
       peak_bf16_flops_per_device=g.peak_bf16_flops_per_chip / g.devices_per_chip, megacore=g.megacore)
 
 
+def answer_libtpus_host_query() -> None:
+  """Off a TPU VM, libtpu (the `tpu` extra) asks the cloud metadata server what this host is and prints warnings
+  and an "unexpected worker hostname" error before jax falls back to the CPU. These defaults answer it; variables
+  already set are left alone. Read when libtpu first loads in the process."""
+  for variable, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_WORKER_HOSTNAMES", "localhost"),
+                          ("TPU_ACCELERATOR_TYPE", "v3-8")):
+    os.environ.setdefault(variable, value)
+
+
+def quiet_libtpu_off_tpu_vms() -> None:
+  """`answer_libtpus_host_query` on a host without TPU chips (a TPU VM shows them as /dev/accel* up to v5e, under
+  /dev/vfio from v5p; there libtpu must ask the metadata server)."""
+  if not glob.glob("/dev/accel*") and not os.path.isdir("/dev/vfio"):
+    answer_libtpus_host_query()
+
+
 def tpu_devices(name: str | TpuTopology, num_slices: int = 1) -> list:
   """The compile-only devices of `num_slices` slices of `name` (no TPU needed, libtpu must be installed).
 
@@ -127,11 +144,7 @@ def tpu_devices(name: str | TpuTopology, num_slices: int = 1) -> list:
     dims = [int(d) for d in topo.topology.split(":")[1].split("x")]
     kwargs["chips_per_host_bounds"] = tuple(dims + [1] * (3 - len(dims)))
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # read when libtpu first loads in this process
-  # Off a TPU VM libtpu would ask the cloud metadata server what this host is, then print a page of warnings;
-  # describing a topology needs none of it (a TPU VM sets these, and they are left alone there).
-  for variable, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_WORKER_HOSTNAMES", "localhost"),
-                          ("TPU_ACCELERATOR_TYPE", "v3-8")):
-    os.environ.setdefault(variable, value)
+  answer_libtpus_host_query()  # describing a topology needs no host
   try:
     devices = topologies.get_topology_desc(topology_name=topo.topology, platform="tpu", **kwargs).devices
   except jax.errors.JaxRuntimeError as e:

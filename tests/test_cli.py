@@ -1,5 +1,6 @@
 """The command line's handling of bad input: our own errors in one line and exit 1, a library's with its
 traceback; workdirs that cannot serve a mode refused before anything is written; experiment arguments typed."""
+import os
 import subprocess
 import sys
 
@@ -71,3 +72,19 @@ def test_an_experiment_argument_of_the_wrong_type_is_refused(experiment, argumen
 def test_yes_no_experiment_arguments():
   parsed = common.parse_arg("a,b=no,c=TRUE,d=0", a=False, b=True, c=False, d=True)
   assert (parsed.a, parsed.b, parsed.c, parsed.d) == (True, False, True, False)
+
+
+@pytest.mark.tpu
+def test_a_cpu_run_with_the_tpu_compiler_installed_prints_no_libtpu_host_errors(tmp_path):
+  """With the `tpu` extra on a host without TPU chips, jax loads libtpu, which asked the cloud metadata server what
+  this host is and printed "could not determine TPU accelerator type" and an "unexpected worker hostname" error
+  before the run fell back to the CPU."""
+  if not os.environ.get("CI"):
+    pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e '.[tpu]'")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS" and not k.startswith("TPU_")}
+  result = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config=experiments/pretrain_tiny.py:synthetic",
+                           f"--workdir={tmp_path}", *SMALL_RUN, "--config.train.num_train_steps=1"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr
+  assert "step 1/1" in result.stderr
+  assert "TPU" not in result.stdout + result.stderr, result.stdout + result.stderr
