@@ -291,9 +291,11 @@ def train(config, workdir: str, args=None) -> None:
     if not config.init_checkpoint:
       raise ValueError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
                        "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
-    params = pretrained.merge_init_params(jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
-                                          pretrained.load_init_params(config.init_checkpoint),
-                                          required_prefix="")[0]
+    params = pretrained.merge_init_params(
+        jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
+        pretrained.load_init_params(config.init_checkpoint), required_prefix="",
+        head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
+                 "to that run's workdir (for AX, the MNLI run's).")[0]
     print(f"Wrote {predict_split_file(config, workdir, task, model, tokenizer, params, 'test')}", flush=True)
     return
   train_split = task.load_split("train", tokenizer)
@@ -328,18 +330,24 @@ def train(config, workdir: str, args=None) -> None:
   print(json.dumps(best), flush=True)
 
 
-def _trained_params(workdir: str, task):
-  """The workdir's best (else latest) weights, refused unless their head was trained for `task` as it is now."""
+def _trained_params(workdir: str, task, model):
+  """The workdir's best (else latest) weights, refused unless their head was trained for `task` as it is now
+  (a pretraining workdir has none)."""
   best = read_best(workdir)
   check_identity(task, recorded_identity(workdir, best), f"--workdir={workdir}")
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
-  return pretrained.load_init_params(workdir, "--workdir"), which
+  params = pretrained.load_init_params(workdir, "--workdir")
+  pretrained.check_params(jax.eval_shape(lambda: nn.unbox(task.init_params(model, jax.random.key(0)))), params,
+                          required_prefix="", name=f"--workdir={workdir}",
+                          head_fix="Pass the --workdir of a run fine-tuned for this task; pretrained weights "
+                                   "are what fine-tuning starts from (--config.init_checkpoint).")
+  return params, which
 
 
 def evaluate(config, workdir: str, args=None) -> None:
   """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions."""
   task, tokenizer, _, model = _task_and_model(config, workdir)
-  params, which = _trained_params(workdir, task)
+  params, which = _trained_params(workdir, task, model)
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
@@ -358,7 +366,7 @@ def predict(config, workdir: str, args) -> None:
     raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
                      "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
   task, tokenizer, _, model = _task_and_model(config, workdir)
-  params, which = _trained_params(workdir, task)
+  params, which = _trained_params(workdir, task, model)
   if args.split:
     path = predict_split_file(config, workdir, task, model, tokenizer, params, args.split, output_path)
     print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)

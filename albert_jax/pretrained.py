@@ -90,24 +90,44 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def merge_init_params(target: Any, loaded: Any, required_prefix: str = "albert/") -> tuple[Any, list[str]]:
+BACKBONE = "albert/"
+
+
+def check_params(target: Any, loaded: Any, required_prefix: str = BACKBONE, name: str = "init_checkpoint",
+                 head_fix: str = "") -> None:
+  """Raises naming every parameter of `target` under `required_prefix` that `loaded` lacks or holds in another
+  shape (`target` may be shape structs). The backbone and the task head are reported apart: a backbone mismatch
+  is another model size, a head mismatch weights not fine-tuned for this task (`head_fix` says what to pass)."""
+  flat_loaded = flax.traverse_util.flatten_dict(loaded, sep="/")
+  backbone, head = [], []
+  for path, value in flax.traverse_util.flatten_dict(target, sep="/").items():
+    if not path.startswith(required_prefix) or (
+        path in flat_loaded and tuple(flat_loaded[path].shape) == tuple(value.shape)):
+      continue
+    found = "missing" if path not in flat_loaded else f"shape {tuple(flat_loaded[path].shape)}"
+    (backbone if path.startswith(BACKBONE) else head).append(
+        f"{path}: expected shape {tuple(value.shape)}, found {found}")
+  if backbone:
+    raise ValueError(f"{name} does not match the model's backbone:\n  " + "\n  ".join(backbone) +
+                     "\nCheck --config.model (size, vocab_size, embedding_size) against the checkpoint's "
+                     "model_config.json (a training workdir's: config.json).")
+  if head:
+    raise ValueError(f"{name} holds no head trained for this task:\n  " + "\n  ".join(head) + f"\n{head_fix}")
+
+
+def merge_init_params(target: Any, loaded: Any, required_prefix: str = BACKBONE, head_fix: str = ""
+                      ) -> tuple[Any, list[str]]:
   """Copies `loaded` into `target` by path. Every parameter under `required_prefix` (the backbone by default;
-  "" = all) must be present with the same shape, or this raises naming them; other parameters (heads) are taken
-  when present. Returns (params, paths left freshly initialised)."""
+  "" = all) must be present with the same shape (`check_params`); other parameters (heads) are taken when
+  present. Returns (params, paths left freshly initialised)."""
+  check_params(target, loaded, required_prefix, head_fix=head_fix)
   flat_target = flax.traverse_util.flatten_dict(target, sep="/")
   flat_loaded = flax.traverse_util.flatten_dict(loaded, sep="/")
-  problems, fresh, merged = [], [], {}
+  fresh, merged = [], {}
   for path, value in flat_target.items():
     if path in flat_loaded and tuple(flat_loaded[path].shape) == tuple(value.shape):
       merged[path] = jnp.asarray(flat_loaded[path], value.dtype)
       continue
-    if path.startswith(required_prefix):
-      found = "missing" if path not in flat_loaded else f"shape {tuple(flat_loaded[path].shape)}"
-      problems.append(f"{path}: expected shape {tuple(value.shape)}, found {found}")
     fresh.append(path)
     merged[path] = value
-  if problems:
-    raise ValueError("init_checkpoint does not match the model's backbone:\n  " + "\n  ".join(problems) +
-                     "\nCheck --config.model (size, vocab_size, embedding_size) against the checkpoint's "
-                     "model_config.json.")
   return flax.traverse_util.unflatten_dict(merged, sep="/"), fresh

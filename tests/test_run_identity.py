@@ -133,3 +133,36 @@ def test_init_checkpoint_of_a_fine_tuning_run_loads_its_best_weights(run, capsys
 def test_a_workdir_without_weights_is_named_as_the_workdir(shared_data, tmp_path):
   with pytest.raises(FileNotFoundError, match=f"--workdir='{tmp_path}' is neither"):
     finetune.evaluate(config_for(tmp_path, spm(shared_data), labels="neg|pos"), str(tmp_path))
+
+
+def saved_weights(path, config, drop_head=False):
+  """A converted-weights directory of `config`'s task model, with or without its classifier head."""
+  model_config = model_config_from(config)
+  task = get_task(config)
+  params = jax.device_get(task.init_params(task.build_model(model_config), jax.random.key(1)))
+  if drop_head:
+    params = {k: v for k, v in params.items() if k == "albert"}
+  pretrained.save_pretrained(str(path), model_config, params)
+  return str(path)
+
+
+def test_eval_of_weights_without_a_task_head_names_the_head_not_a_flax_error(shared_data, tmp_path):
+  """A pretraining run passed as --workdir of eval/predict used to end in flax's ScopeParamNotFoundError."""
+  write_split(tmp_path / "dev.tsv", 4)
+  config = config_for(tmp_path, spm(shared_data), labels="neg|pos")
+  weights = saved_weights(tmp_path / "pretrained", config, drop_head=True)
+  with pytest.raises(ValueError, match=r"(?s)--workdir=.*holds no head trained for this task:\n  classifier/bias: "
+                                       r"expected shape \(2,\), found missing.*run fine-tuned for this task"):
+    finetune.evaluate(config, weights)
+
+
+def test_predicting_with_another_tasks_head_says_so_not_backbone(shared_data, tmp_path):
+  """num_train_steps=0 (GLUE AX with the MNLI run) with a 2-class head for 3 classes used to be reported as a
+  backbone mismatch, with advice to check the model size."""
+  write_split(tmp_path / "test.tsv", 4, labeled=False)
+  weights = saved_weights(tmp_path / "rte_like", config_for(tmp_path, spm(shared_data), labels="neg|pos"))
+  config = config_for(tmp_path, spm(shared_data), labels="neg|pos|meh")
+  config.train.num_train_steps, config.init_checkpoint = 0, weights
+  with pytest.raises(ValueError, match=r"(?s)init_checkpoint holds no head trained for this task:\n  classifier/"
+                                       r"bias: expected shape \(3,\), found shape \(2,\).*for AX, the MNLI run's"):
+    finetune.train(config, str(tmp_path / "out"))

@@ -189,3 +189,16 @@ def test_squad_v2_scores_match_official(squad_dev):
     assert {k: v for k, v in ours.items() if not k.endswith("total")} == pytest.approx(official, abs=1e-9)
     assert ours["total"] == len(qas) and ours["NoAns_total"] == sum(1 for qa in qas if not qa["answers"])
   assert ours["best_f1"] >= ours["f1"]
+
+
+def test_squad_v2_best_threshold_reproduces_best_f1_when_no_answer_everywhere_wins(squad_dev):
+  """Null-score odds can be negative. When "no answer" for every question scores best, the official script's
+  starting threshold 0.0 answered the questions with odds <= 0: rescored at it, f1 was another number."""
+  qas = [qa for a in squad_dev[:2] for p in a["paragraphs"] for qa in p["qas"]][:40]
+  gold = {qa["id"]: [a["text"] for a in qa["answers"]] if i % 3 else [] for i, qa in enumerate(qas)}
+  preds = {qid: "unrelated words" for qid in gold}  # every span wrong: answering never helps
+  na_probs = {qid: -0.5 + 0.01 * i for i, qid in enumerate(gold)}  # -0.5 .. -0.11
+  best = squad_metrics.evaluate_v2(gold, preds, na_probs, 0.0)
+  assert best["best_f1_thresh"] < min(na_probs.values())
+  rescored = squad_metrics.evaluate_v2(gold, preds, na_probs, best["best_f1_thresh"])
+  assert rescored["f1"] == pytest.approx(best["best_f1"]) == pytest.approx(100 * 14 / 40)

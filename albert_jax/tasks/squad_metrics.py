@@ -92,9 +92,13 @@ def _summary(exact, f1, qids, prefix) -> dict[str, float]:
 
 
 def _best_threshold(predictions, raw, na_probs, has_answer) -> tuple[float, float]:
-  """Start from "predict no answer everywhere" and switch questions to their span in increasing null odds."""
+  """Start from "predict no answer everywhere" and switch questions to their span in increasing null odds.
+
+  "Everywhere" is a threshold below every question's odds: the official script's 0.0 for probabilities, but
+  null-score odds and answer-class logits can be negative, where 0.0 would answer some questions."""
   score = best = sum(1 for answerable in has_answer.values() if not answerable)
-  best_thresh = 0.0
+  lowest = min(na_probs.values(), default=1.0)
+  best_thresh = 0.0 if lowest > 0 else lowest - 1.0
   for qid in sorted(na_probs, key=lambda q: na_probs[q]):
     if qid not in raw:
       continue
