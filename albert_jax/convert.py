@@ -20,7 +20,8 @@ from albert_jax import checkpointing, interop, pretrained, storage, tf1, topolog
 from albert_jax.model_config import ModelConfig
 
 FORMATS = ["hf"]
-flags.DEFINE_enum("from", None, FORMATS + ["tf1"], "Convert from this format into our pretrained-weights directory "
+SOURCES = FORMATS + ["tf1"]
+flags.DEFINE_enum("from", None, SOURCES, "Convert from this format into our pretrained-weights directory "
                   "(tf1: a TF1 checkpoint + albert_config.json, as in the original's release tarballs and TF-Hub "
                   "modules; TensorFlow is not needed).")
 flags.DEFINE_enum("to", None, FORMATS, "Convert our pretrained-weights directory into this format.")
@@ -65,15 +66,40 @@ def _our_weights(src: str):
   checkpoint, the model from its config.json)."""
   if pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir():
     return pretrained.load_pretrained(src)
-  run_config = json.loads((storage.path(src) / "config.json").read_text())
+  run_config_file = storage.path(src) / "config.json"
+  if not run_config_file.is_file():
+    raise FileNotFoundError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: pass a "
+                            "training workdir as albert_jax.main wrote it (config.json next to checkpoints/).")
+  run_config = json.loads(run_config_file.read_text())
   return ModelConfig.from_mapping(run_config["model"]), pretrained.load_init_params(src, name="--src")
+
+
+def _check_dst_apart(src: str, dst: str) -> None:
+  """Refuses a --dst that is, holds or lies in --src or a training workdir (a folder with checkpoints/), even with
+  --overwrite: the converted config.json used to replace the run's, which then could not resume."""
+  resolve = lambda p: storage.absolute(p) if storage.is_remote(p) else os.path.realpath(p)
+  source, target = resolve(src), resolve(dst)
+  if source == target:
+    raise ValueError(f"--dst={dst} is --src; write the conversion to a new directory.")
+  for inner, outer, where in ((target, source, "is inside"), (source, target, "holds")):
+    if inner.startswith(outer.rstrip("/") + "/"):
+      raise ValueError(f"--dst={dst} {where} --src={src}; write the conversion to a directory apart from it.")
+  folders = [target]  # --dst and the folders above it (in its bucket for a URL)
+  while (parent := os.path.dirname(folders[-1])) != folders[-1] and storage.is_remote(parent) == storage.is_remote(dst):
+    folders.append(parent)
+  for folder in folders:
+    if storage.path(checkpointing.checkpoint_dir(folder)).is_dir():
+      where = "is" if folder == target else "is inside"
+      raise ValueError(f"--dst={dst} {where} the training workdir {folder} (it has checkpoints/); writing there would "
+                       "overwrite the run's files: choose a directory outside it.")
 
 
 def convert(source: str | None, target: str | None, src: str | None, dst: str | None, overwrite: bool = False,
             encoder_only: bool = False):
   """Checks the arguments (ValueError/FileNotFoundError/FileExistsError naming the fix), then converts."""
   if (source is None) == (target is None):
-    raise ValueError("Pass exactly one of --from=hf (HF -> ours) or --to=hf (ours -> HF).")
+    raise ValueError(f"Pass exactly one of {', '.join(f'--from={f}' for f in SOURCES)} (into ours) or "
+                     f"{', '.join(f'--to={f}' for f in FORMATS)} (ours -> HF).")
   if encoder_only and source:
     raise ValueError("--encoder_only applies to --to=hf; drop it for --from.")
   if not src or not dst:
@@ -84,6 +110,9 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
                      "local folder; copy it with `gcloud storage cp -r` (our side, --src/--dst, may be gs://).")
   if not storage.path(src).is_dir():
     raise FileNotFoundError(f"--src={src} is not a directory.")
+  if storage.path(dst).exists() and not storage.path(dst).is_dir():
+    raise FileExistsError(f"--dst={dst} is a file; pass a directory (it is created if missing).")
+  _check_dst_apart(src, dst)
   if storage.path(dst).is_dir() and any(storage.path(dst).iterdir()) and not overwrite:
     raise FileExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
   if source:

@@ -286,6 +286,10 @@ def predict_split_file(config, workdir, task, model, tokenizer, params, split_na
 
 def train(config, workdir: str, args=None) -> None:
   """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
+  if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
+    raise ValueError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
+                     "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
+                     "train.eval_every.")
   task, tokenizer, model_config, model = _task_and_model(config)
   if config.train.num_train_steps == 0:  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
     if not config.init_checkpoint:

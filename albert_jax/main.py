@@ -77,7 +77,7 @@ def _config_spec(argv: list[str]) -> str | None:
 
 
 def _unknown_field(argv: list[str]) -> str | None:
-  """The first `--config.<field>` override that names no field of the experiment file, with the nearest name."""
+  """The first `--config.<field>` override that names no field of the experiment file, with the nearest flag."""
   spec = _config_spec(argv)
   if spec is None:
     return None
@@ -92,22 +92,52 @@ def _unknown_field(argv: list[str]) -> str | None:
         node = node[part]
         continue
       if isinstance(node, ml_collections.ConfigDict):
-        close = difflib.get_close_matches(part, list(node.keys()), n=1)
-        hint = f"; did you mean --config.{'.'.join([*parts[:depth], close[0]])}?" if close else ""
+        close = _nearest_field(parts[depth:], node)
+        hint = f"; did you mean --config.{'.'.join([*parts[:depth], *close])}?" if close else ""
       else:
         hint = f"; {'.'.join(parts[:depth])} is a value, not a section"
       return f"{arg.split('=', 1)[0]}: {spec} has no field {'.'.join(parts)}{hint}"
   return None
 
 
+def _nearest_field(parts: list[str], node: ml_collections.ConfigDict) -> list[str] | None:
+  """`parts` with each name replaced by its nearest in `node`, so the hint is a whole flag that parses (a
+  misspelt section alone, `trian.num_train_steps`, used to get `--config.train`); None when one has no match."""
+  nearest = []
+  for part in parts:
+    if not isinstance(node, ml_collections.ConfigDict):
+      return None
+    close = difflib.get_close_matches(part, list(node.keys()), n=1)
+    if not close:
+      return None
+    nearest.append(close[0])
+    node = node[close[0]]
+  return nearest
+
+
+def _experiment_error(error: flags.Error) -> Exception | None:
+  """The input error our code raised inside the experiment's get_config (`file.py:arg`), which ml_collections
+  re-raises with its traceback as text and absl wraps again; None for any other flag error."""
+  cause = error.__context__
+  while cause is not None and not (isinstance(cause, INPUT_ERRORS) and raised_by_our_code(cause)):
+    cause = cause.__context__
+  return cause
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a misspelled `--config.<field>` reported in one line: ml_collections raises a
-  KeyError or AttributeError from inside the parser, which `app.run` would show as a page of traceback."""
+  """absl's flag parsing, with two mistakes reported in one line instead of the page of traceback absl shows: a
+  misspelt `--config.<field>` (ml_collections raises a KeyError or AttributeError from inside the parser) and a bad
+  experiment argument (our ValueError from get_config, with the usual `error: ` of our messages)."""
   try:
-    return app.parse_flags_with_usage(argv)
+    return FLAGS(argv)
+  except flags.Error as e:
+    ours = _experiment_error(e)
+    if ours is None:
+      return app.parse_flags_with_usage(argv)  # absl's own report, from a second parse that fails the same way
+    print(f"error: {ours}", file=sys.stderr)
   except (KeyError, AttributeError) as e:
     print(f"FATAL Flags parsing error: {_unknown_field(argv) or e}", file=sys.stderr)
-    sys.exit(1)
+  sys.exit(1)
 
 
 def raised_by_our_code(error: BaseException) -> bool:

@@ -23,12 +23,17 @@ BOOLEAN_WORDS = {"": True, "1": True, "true": True, "yes": True, "0": False, "fa
 
 def parse_arg(arg: str | None, **defaults):
   """'size=large,smoke' -> ConfigDict(size='large', smoke=True), typed after `defaults`."""
-  parsed = ml_collections.ConfigDict(dict(defaults))
+  parsed, given = ml_collections.ConfigDict(dict(defaults)), set()
   for item in filter(None, (arg or "").split(",")):
-    key, _, value = item.partition("=")
+    key, equals, value = item.partition("=")
     if key not in defaults:
       raise ValueError(f"Unknown config argument {key!r}; valid: {sorted(defaults)}.")
+    if key in given:  # the last one used to win silently
+      raise ValueError(f"Config argument {key} is given twice in {arg!r}; keep one.")
+    given.add(key)
     kind = type(defaults[key])
+    if kind is not bool and not equals:
+      raise ValueError(f"Config argument {key!r} has no value; write {key}=VALUE.")
     if kind is bool:
       if value.lower() not in BOOLEAN_WORDS:
         raise ValueError(f"Config argument {key}={value!r} is not a yes/no value; give {key}=true or {key}=false.")
@@ -40,6 +45,18 @@ def parse_arg(arg: str | None, **defaults):
         raise ValueError(f"Config argument {key}={value!r} is not a{'n' if kind is int else ''} {kind.__name__}; "
                          f"e.g. {key}={defaults[key]!r}.") from None
   return parsed
+
+
+RELEASES = ("v1", "v2")  # ALBERT's two releases: the paper's models and the longer-trained v2
+
+
+def released_pretraining_config(size: str, arg: str | None) -> ml_collections.ConfigDict:
+  """`pretraining_config` of the size's v2 model, or of its v1 with `version=v1` (any other version used to give
+  v2 silently)."""
+  version = parse_arg(arg, version="v2").version
+  if version not in RELEASES:
+    raise ValueError(f"Config argument version={version!r} names no ALBERT release; choose one of {list(RELEASES)}.")
+  return pretraining_config(size if version == "v2" else f"{size}_v1")
 
 
 def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
@@ -180,7 +197,7 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
   c.train.eps = 1e-6
   c.train.clip_grad_norm = 1.0
   c.train.poly_power = 1.0
-  c.train.eval_batches = 0        # 0: score the whole dev split at every evaluation
+  c.train.eval_batches = 0        # pretraining's held-out batches; fine-tuning scores whole dev splits
   return c
 
 

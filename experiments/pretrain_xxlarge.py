@@ -3,5 +3,4 @@ from experiments import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, version="v2")
-  return common.pretraining_config("xxlarge" if args.version == "v2" else "xxlarge_v1")
+  return common.released_pretraining_config("xxlarge", arg)

@@ -77,7 +77,7 @@ def test_every_config_field_takes_a_command_line_override(name):
 @pytest.mark.parametrize("override, message", [
     ("--config.train.lerning_rate=1", "--config.train.lerning_rate: experiments/pretrain_tiny.py has no field "
                                       "train.lerning_rate; did you mean --config.train.learning_rate?"),
-    ("--config.trian.learning_rate=1", "has no field trian.learning_rate; did you mean --config.train?"),
+    ("--config.trian.learning_rate=1", "has no field trian.learning_rate; did you mean --config.train.learning_rate?"),
     ("--config.train.learning_rate.x=1", "has no field train.learning_rate.x; train.learning_rate is a value, not "
                                          "a section"),
     ("--noconfig.train.clip_grd_norm", "did you mean --config.train.clip_grad_norm?"),

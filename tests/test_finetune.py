@@ -171,7 +171,7 @@ def test_race_trains_and_writes_answers(shared_data, tmp_path):
   assert (Path(best["weights"]) / "dev_predictions").exists()
 
 
-def test_fine_tuning_without_weights_or_with_too_long_inputs_is_refused(shared_data, tmp_path):
+def test_fine_tuning_without_weights_too_long_inputs_or_a_dev_subset_is_refused(shared_data, tmp_path):
   root = glue_data(shared_data, "rte", tmp_path / "glue")
   config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}"
   too_long = cli(config, tmp_path / "run", "--config.train.num_train_steps=1")  # recipe 512 > tiny's 128 positions
@@ -180,6 +180,10 @@ def test_fine_tuning_without_weights_or_with_too_long_inputs_is_refused(shared_d
   result = cli(config, tmp_path / "run", "--config.train.num_train_steps=1", "--config.data.max_seq_length=64")
   assert result.returncode != 0
   assert "No pretrained weights" in result.stderr and "allow_random_init" in result.stderr
+  ignored = cli(config, tmp_path / "run", "--config.data.max_seq_length=64", "--config.allow_random_init=True",
+                "--config.train.eval_batches=2")  # was silently ignored: the whole dev split was scored
+  assert ignored.returncode == 1 and ignored.stderr.strip().splitlines()[-1].startswith(
+      "error: train.eval_batches=2 limits pretraining's held-out evaluation; fine-tuning scores the whole dev split")
 
 
 @pytest.mark.slow

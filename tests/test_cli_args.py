@@ -1,0 +1,76 @@
+"""Command-line arguments refused in one line that names the fix, before anything is loaded or written: experiment
+arguments (`file.py:arg`), misspelt `--config.<field>` overrides, and `albert_jax.convert`'s --from/--to/--src/--dst."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_train import REPO
+
+GLUE_TASKS = "['ax', 'cola', 'mnli', 'mrpc', 'qnli', 'qqp', 'rte', 'sst-2', 'sts-b', 'wnli']"
+
+
+def run(module, *args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=120)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("glue.py:task=rtee", f"Unknown GLUE task 'rtee'; choose one of {GLUE_TASKS}."),
+    ("glue.py:tsk=rte", "Unknown config argument 'tsk'; valid: ['data', 'size', 'spm', 'task']."),
+    ("glue.py:task", "Config argument 'task' has no value; write task=VALUE."),
+    ("race.py:size=xl", "Unknown model size 'xl'; choose one of "),
+    ("pretrain_base.py:version=v3", "Config argument version='v3' names no ALBERT release; choose one of "
+                                    "['v1', 'v2']."),
+    ("glue.py:task=rte,task=mnli", "Config argument task is given twice in 'task=rte,task=mnli'; keep one.")])
+def test_a_bad_experiment_argument_is_one_line(spec, message):
+  """A typo used to print a page of ml_collections' traceback; `version=v3` quietly gave v2, and a repeated
+  argument quietly took the last value."""
+  result = run("albert_jax.main", f"--config=experiments/{spec}", "--mode=describe")
+  assert result.returncode == 1 and result.stderr.startswith(f"error: {message}"), result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("override, flag", [
+    ("--config.trian.num_train_steps=4", "--config.train.num_train_steps"),
+    ("--config.trian.lerning_rate=1", "--config.train.learning_rate")])
+def test_a_misspelt_section_suggests_the_whole_flag(override, flag):
+  """The hint used to name the section alone (`--config.train`), which is no flag one can pass."""
+  result = run("albert_jax.main", "--config=experiments/pretrain_tiny.py", "--mode=describe", override)
+  assert result.returncode == 1 and result.stderr.strip().endswith(f"did you mean {flag}?"), result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    ("--to=hf --src={run} --dst={run} --overwrite", "--dst={run} is --src; write the conversion to a new directory."),
+    ("--to=hf --src={run} --dst={run}/hf", "--dst={run}/hf is inside --src={run}; write the conversion to a "
+                                           "directory apart from it."),
+    ("--to=hf --src={run} --dst={tmp} --overwrite", "--dst={tmp} holds --src={run}; write the conversion to a "
+                                                    "directory apart from it."),
+    ("--from=hf --src={hf} --dst={run} --overwrite", "--dst={run} is the training workdir {run} (it has "
+                                                     "checkpoints/); writing there would overwrite the run's files: "
+                                                     "choose a directory outside it."),
+    ("--from=tf1 --src={hf} --dst={run}/checkpoints/x", "--dst={run}/checkpoints/x is inside the training workdir "
+                                                        "{run} (it has checkpoints/); writing there would overwrite "
+                                                        "the run's files: choose a directory outside it."),
+    ("--to=hf --src={run} --dst={tmp}/notes.txt", "--dst={tmp}/notes.txt is a file; pass a directory (it is created "
+                                                  "if missing)."),
+    ("--to=hf --src={tmp}/no_config --dst={tmp}/out", "--src={tmp}/no_config has checkpoints/ but no config.json, "
+                                                      "which names the run's model: pass a training workdir as "
+                                                      "albert_jax.main wrote it (config.json next to checkpoints/)."),
+    ("--src={run} --dst={tmp}/out", "Pass exactly one of --from=hf, --from=tf1 (into ours) or --to=hf (ours -> HF).")])
+def test_convert_refuses_bad_paths_before_loading(tmp_path, args, message):
+  """A --dst that was the run itself got the HF config.json over the run's, even with --overwrite, and the run could
+  not resume; a --dst file or a workdir without config.json failed with a bare errno after the checkpoint loaded.
+  The checks come before any loading, so folders with checkpoints/ stand in for training runs."""
+  paths = {"run": tmp_path / "run", "hf": tmp_path / "hf", "tmp": tmp_path}
+  for folder in (tmp_path / "run" / "checkpoints", tmp_path / "no_config" / "checkpoints", tmp_path / "hf"):
+    folder.mkdir(parents=True)
+  (tmp_path / "run" / "config.json").write_text('{"model": {}}')
+  (tmp_path / "notes.txt").write_text("notes")
+  before = sorted(tmp_path.rglob("*"))
+  result = run("albert_jax.convert", *args.format(**paths).split())
+  assert result.returncode == 1, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == f"convert: error: {message.format(**paths)}", result.stderr
+  assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "run" / "config.json").read_text() == '{"model": {}}'
