@@ -73,7 +73,9 @@ def describe_config(config, workdir=None, args=None) -> None:
   from albert_jax.model_config import model_config_from
   model_config = model_config_from(config)
   params = None
-  if config.task != "pretrain":
+  if config.task == "pretrain":  # a fine-tuning task checks its own (get_task)
+    model_config.check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
+  else:
     from albert_jax.tasks import get_task
     task = get_task(config)
     model = task.build_model(model_config)

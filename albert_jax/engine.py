@@ -80,11 +80,30 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
   return next(d for d in range(min(n, cap), 0, -1) if n % d == 0)
 
 
+def _batch_size_checks(t) -> list[tuple[bool, str]]:
+  """(ok, message) for the batch sizes, which check_training_config and batch_split both refuse."""
+  return [
+      (t.global_batch_size > 0, f"train.global_batch_size={t.global_batch_size} must be positive"),
+      (t.get("max_micro_batch_size", 0) >= 0, f"train.max_micro_batch_size={t.get('max_micro_batch_size')} must "
+                                               "be positive (or 0: no cap)"),
+      (t.micro_batch_size >= 0, f"train.micro_batch_size={t.micro_batch_size} must be positive (or 0: global "
+                                "batch / data-parallel devices)"),
+  ]
+
+
+def _refuse(checks: list[tuple[bool, str]]) -> None:
+  """One line naming every (ok, message) check that failed and the fix."""
+  problems = [message for ok, message in checks if not ok]
+  if problems:
+    raise ValueError("; ".join(problems) + ". Fix the value(s) with --config.<field>=...")
+
+
 def batch_split(train_config, mesh, process_count: int | None = None, process_index: int | None = None
                 ) -> BatchSplit:
   """Checks at start-up that the global batch divides over processes, devices and micro batches."""
   process_count = jax.process_count() if process_count is None else process_count
   process_index = jax.process_index() if process_index is None else process_index
+  _refuse(_batch_size_checks(train_config))  # eval, predict and embed do not run check_training_config
   dp = sharding.data_parallel_size(mesh)
   global_batch = int(train_config.global_batch_size)
   if global_batch % process_count:
@@ -106,11 +125,7 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
   """Refuses, by field name, values that would crash later, train silently wrong or lose checkpoints."""
   t, c, log = config.train, config.checkpoint, config.log
   checks = [
-      (t.global_batch_size > 0, f"train.global_batch_size={t.global_batch_size} must be positive"),
-      (t.get("max_micro_batch_size", 0) >= 0, f"train.max_micro_batch_size={t.get('max_micro_batch_size')} must "
-                                               "be positive (or 0: no cap)"),
-      (t.micro_batch_size >= 0, f"train.micro_batch_size={t.micro_batch_size} must be positive (or 0: global "
-                                "batch / data-parallel devices)"),
+      *_batch_size_checks(t),
       (t.num_train_steps > 0, f"train.num_train_steps={t.num_train_steps} must be positive"),
       (t.learning_rate >= 0, f"train.learning_rate={t.learning_rate} is negative (that is gradient ascent); "
                              "give a positive rate"),
@@ -120,9 +135,10 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
       (c.keep > 0, f"checkpoint.keep={c.keep} would keep no checkpoint, so nothing could resume; keep at least 1"),
       (log.every > 0, f"log.every={log.every} must be positive (steps between log lines)"),
   ]
-  problems = [message for ok, message in checks if not ok]
-  if problems:
-    raise ValueError("; ".join(problems) + ". Fix the value(s) with --config.<field>=...")
+  _refuse(checks)
+  if config.task == "pretrain":  # before train or compile writes or compiles anything
+    from albert_jax.model_config import model_config_from
+    model_config_from(config).check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
   if t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
     print(f"WARNING: train.warmup_steps={t.warmup_steps} > train.num_train_steps={t.num_train_steps}: the learning "
           f"rate never reaches train.learning_rate={t.learning_rate}.", flush=True)

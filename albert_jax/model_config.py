@@ -73,11 +73,22 @@ class ModelConfig:
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
-  def check_seq_length(self, max_seq_length: int) -> None:
-    """Positions are a slice of the learned table, so longer inputs have no embedding (the original asserts too)."""
+  def check_seq_length(self, max_seq_length: int, max_predictions_per_seq: int | None = None) -> None:
+    """Positions are a slice of the learned table, so longer inputs have no embedding (the original asserts too).
+    Inputs are [CLS] text [SEP]; with `max_predictions_per_seq` (pretraining) [CLS] A [SEP] B [SEP], whose masked
+    positions follow [CLS] (0: masked_lm_prob of the tokens)."""
     if max_seq_length > self.max_position_embeddings:
       raise ValueError(f"data.max_seq_length={max_seq_length} exceeds model.max_position_embeddings="
                        f"{self.max_position_embeddings}; lower --config.data.max_seq_length.")
+    pretraining = max_predictions_per_seq is not None
+    shortest, form = (5, "[CLS] A [SEP] B [SEP]") if pretraining else (2, "[CLS] and [SEP]")
+    if max_seq_length < shortest:
+      raise ValueError(f"data.max_seq_length={max_seq_length} leaves no room for {form}; give "
+                       f"--config.data.max_seq_length={shortest} or more.")
+    if pretraining and not 0 <= max_predictions_per_seq < max_seq_length:
+      raise ValueError(f"data.max_predictions_per_seq={max_predictions_per_seq} must be from 0 (masked_lm_prob of "
+                       f"the tokens) to {max_seq_length - 1} (the positions after [CLS]); fix "
+                       "--config.data.max_predictions_per_seq.")
 
   @classmethod
   def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":

@@ -160,7 +160,7 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
   """Pretraining of `config` as an engine job (data read from `workdir` only when batches are asked for)."""
   model_config = model_config_from(config)
   seq_len = config.data.max_seq_length
-  model_config.check_seq_length(seq_len)
+  model_config.check_seq_length(seq_len, config.data.max_predictions_per_seq)
   model = AlbertForPreTraining(model_config)
   sentence_task = config.data.sentence_task
   loss_fn = lambda params, batch, rng, totals, deterministic=False: pretraining_loss(

@@ -20,6 +20,18 @@ BATCH_AXES = ("data", "fsdp")
 DEFAULT_DCN_SHAPE = (("data", -1), ("fsdp", 1), ("tensor", 1))  # multislice: the slices split the data axis
 
 
+def _axes(shape, field: str) -> tuple[list[str], list[int]]:
+  """The names and sizes of `mesh.shape` or `mesh.dcn_shape`, refused in one line unless each is an (axis, size)
+  pair with a positive size or -1: a 0 would divide by zero later, and negative sizes pass the product check."""
+  def valid(pair) -> bool:
+    return (isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str)
+            and isinstance(pair[1], int) and (pair[1] > 0 or pair[1] == -1))
+  if not isinstance(shape, (list, tuple)) or not all(map(valid, shape)):
+    raise ValueError(f"{field}={shape!r}: give (axis, size) pairs, each size positive or -1 (what is left), e.g. "
+                     f"--config.{field}=\"(('data', -1), ('fsdp', 1), ('tensor', 1))\".")
+  return [name for name, _ in shape], [size for _, size in shape]
+
+
 def create_mesh(mesh_config, devices=None) -> Mesh:
   """A Mesh of `mesh_config.shape`, e.g. (("data", -1), ("fsdp", 1), ("tensor", 1)); -1 takes what is left.
 
@@ -29,8 +41,7 @@ def create_mesh(mesh_config, devices=None) -> Mesh:
   spans all of them), so only that axis's collectives - the gradient all-reduce for data parallelism - cross DCN.
   """
   devices = jax.devices() if devices is None else devices
-  names = [name for name, _ in mesh_config.shape]
-  sizes = [int(size) for _, size in mesh_config.shape]
+  names, sizes = _axes(mesh_config.shape, "mesh.shape")
   if names != ["data", "fsdp", "tensor"]:
     raise ValueError(f"mesh.shape axes must be data, fsdp, tensor in that order, got {names}.")
   if sizes.count(-1) > 1:
@@ -66,8 +77,7 @@ def create_mesh(mesh_config, devices=None) -> Mesh:
 
 def _dcn_sizes(dcn_shape, names: list[str], sizes: list[int], num_slices: int) -> list[int]:
   """How many slices each mesh axis spans; their product is the number of slices."""
-  dcn_names = [name for name, _ in dcn_shape]
-  dcn = [int(size) for _, size in dcn_shape]
+  dcn_names, dcn = _axes(dcn_shape, "mesh.dcn_shape")
   if dcn_names != names:
     raise ValueError(f"mesh.dcn_shape axes must be {', '.join(names)} in that order, got {dcn_names}.")
   if dcn.count(-1) > 1:

@@ -170,6 +170,20 @@ def _suggestions(config: ml_collections.ConfigDict, result: Result) -> str:
   return " or ".join(tips) + ", or add --fit to search for the fastest setting that fits"
 
 
+def _nothing_fits(config: ml_collections.ConfigDict, topo: topology.TpuTopology, num_slices: int) -> str:
+  """Past micro batch 1 with full remat, what is left is mostly the parameters and optimizer state, which only fsdp
+  or tensor axes split (more slices, with the default mesh.dcn_shape, add data-parallel copies: they free nothing)."""
+  sizes = dict(config.mesh.shape)
+  if sizes["fsdp"] == sizes["tensor"] == 1:
+    advice = ("the data-only mesh copies the parameters and optimizer state to every device: shard them with "
+              f"--config.mesh.shape=\"(('data', {num_slices}), ('fsdp', -1), ('tensor', 1))\"")
+  else:
+    advice = "give the fsdp/tensor axes of --config.mesh.shape more devices (a larger slice)"
+  if config.model.dtype != "bfloat16":
+    advice += ", and try --config.model.dtype=bfloat16"
+  return f"No setting fits {topo.name}, not even micro batch 1 with remat full: {advice}."
+
+
 def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
   """`--mode=compile --topology=NAME [--num_slices=N] [--fit]`: prints the report, then one JSON line; exits 3
   when the step does not fit."""
@@ -177,6 +191,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
   if not args.topology:
     raise ValueError("--mode=compile needs --topology, a Cloud TPU name (v3-256, v4-128, v5litepod-64, v5p-256, "
                      "v6e-64) or a JAX topology string (v3:8x16).")
+  engine.check_training_config(config)  # what --mode=train refuses at start-up, refused before the compiler runs
   topo = topology.parse(args.topology)
   devices = topology.tpu_devices(topo, args.num_slices)
   if args.fit:
@@ -186,7 +201,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
     if best is None:
       print(json.dumps({**summary(tried[-1], topo, args.num_slices, devices), "fits": False,
                         "candidates": len(tried)}), flush=True)
-      print(f"No setting fits {topo.name}: use a larger slice or more slices (--num_slices).", file=sys.stderr)
+      print(_nothing_fits(config, topo, args.num_slices), file=sys.stderr)
       sys.exit(EXIT_DOES_NOT_FIT)
     print_report(best, topo, args.num_slices, devices)
     print("Use: " + " ".join(best.overrides()))

@@ -1,0 +1,94 @@
+"""Config values that would crash later or mislead, refused in one line before anything is compiled or written, the
+same in every mode: batch sizes, sequence and prediction lengths, the mesh's shape; and `--fit`'s advice when even
+the smallest setting does not fit."""
+import os
+import re
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from albert_jax import engine
+from tests.test_tpu_compile import compile_cli
+from tests.test_train import SMALL_RUN, cli
+
+FORM = "(('data', -1), ('fsdp', 1), ('tensor', 1))"
+
+
+def last_line(result) -> str:
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+  return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.train.micro_batch_size=-1"], "train.micro_batch_size=-1 must be positive"),
+    (["--config.train.global_batch_size=-8", "--fit"], "train.global_batch_size=-8 must be positive"),
+    (["--config.train.max_micro_batch_size=-1", "--fit"], "train.max_micro_batch_size=-1 must be positive"),
+    (["--config.train.num_train_steps=0"], "train.num_train_steps=0 must be positive"),
+    (["--config.data.max_seq_length=0"], "data.max_seq_length=0 leaves no room for [CLS] A [SEP] B [SEP]"),
+])
+def test_compile_refuses_what_train_refuses(args, message):
+  result, _ = compile_cli("--topology=v3-8", *args)
+  assert last_line(result).startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize("sizes, message", [
+    (dict(global_batch_size=0), "train.global_batch_size=0 must be positive"),
+    (dict(micro_batch_size=-1), "train.micro_batch_size=-1 must be positive"),   # 16 % -1 == 0 passed
+    (dict(max_micro_batch_size=-1), "train.max_micro_batch_size=-1 must be positive"),
+])
+def test_batch_split_refuses_sizes_below_zero(sizes, message):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+  train = ml_collections.ConfigDict({"global_batch_size": 16, "micro_batch_size": 0, "max_micro_batch_size": 0,
+                                     **sizes})
+  with pytest.raises(ValueError, match=re.escape(message)):
+    engine.batch_split(train, mesh, 1, 0)
+
+
+@pytest.mark.parametrize("mode, override, message", [
+    ("describe", "max_seq_length=-5", "data.max_seq_length=-5 leaves no room for [CLS] A [SEP] B [SEP]; give "
+                                      "--config.data.max_seq_length=5 or more."),
+    ("describe", "max_seq_length=256", "data.max_seq_length=256 exceeds model.max_position_embeddings=32"),
+    ("describe", "max_predictions_per_seq=-1", "data.max_predictions_per_seq=-1 must be from 0"),
+    ("describe", "max_predictions_per_seq=32", "data.max_predictions_per_seq=32 must be from 0 (masked_lm_prob of "
+                                               "the tokens) to 31"),
+    ("train", "max_seq_length=0", "data.max_seq_length=0 leaves no room for [CLS]"),
+    ("train", "max_predictions_per_seq=-1", "data.max_predictions_per_seq=-1 must be from 0"),
+])
+def test_lengths_the_model_cannot_take_are_refused_before_anything_is_written(tmp_path, mode, override, message):
+  result = cli(tmp_path / "run", *SMALL_RUN, f"--mode={mode}", f"--config.data.{override}")
+  assert last_line(result).startswith(f"error: {message}")
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("shape", "data=8"),                                         # a string, not pairs
+    ("shape", "(('data', 0), ('fsdp', 1), ('tensor', 1))"),      # divided by zero
+    ("shape", "(('data', -1), ('fsdp', -2), ('tensor', 1))"),    # passed the product check
+    ("dcn_shape", "(('data', 0), ('fsdp', 1), ('tensor', 1))"),
+])
+def test_a_malformed_mesh_names_the_field_the_form_and_the_rule(tmp_path, field, value):
+  result = cli(tmp_path, *SMALL_RUN, f"--config.mesh.{field}={value}", devices=8)
+  line = last_line(result)
+  assert line.startswith(f"error: mesh.{field}=") and "each size positive or -1" in line
+  assert f'--config.mesh.{field}="{FORM}"' in line
+
+
+@pytest.mark.tpu
+def test_fit_names_a_sharded_mesh_when_replicated_parameters_do_not_fit():
+  """1.3 B parameters with LAMB's two moments and the gradient: ~20 GiB on every v3 core (16 GiB) of a data-only
+  mesh; more slices would not help, sharding them over the slice's 8 cores does."""
+  if not os.environ.get("CI"):
+    pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e '.[tpu]'")
+  big = ["--topology=v3-8", "--fit", "--config.model.hidden_size=10240", "--config.model.intermediate_size=40960",
+         "--config.model.num_attention_heads=16", "--config.model.num_hidden_layers=1",
+         "--config.model.scan_unroll=1", "--config.train.global_batch_size=8"]
+  result, report = compile_cli(*big)
+  assert result.returncode == 3 and report["fits"] is False, result.stderr
+  sharded = "(('data', 1), ('fsdp', -1), ('tensor', 1))"
+  advice = result.stderr.strip().splitlines()[-1]
+  assert f'--config.mesh.shape="{sharded}"' in advice and "--config.model.dtype=bfloat16" in advice
+  assert "--num_slices" not in advice
+  result, report = compile_cli(*big, f"--config.mesh.shape={sharded}")
+  assert result.returncode == 0 and report["fits"] is True, result.stderr
