@@ -49,7 +49,7 @@ def describe(model_config: ModelConfig, seq_len: int, num_predictions: int | Non
 def print_description(model_config: ModelConfig, seq_len: int, num_predictions: int | None,
                       params: Any = None) -> dict:
   info = describe(model_config, seq_len, num_predictions, params)
-  counted = (f"{num_predictions or seq_len} predictions" if params is None
+  counted = (f"{num_predictions} predictions" if params is None
              else "the encoder's: the task head is not counted")
   c = model_config
   params = _params(model_config, params)
@@ -72,12 +72,14 @@ def describe_config(config, workdir=None, args=None) -> None:
   """`--mode=describe` of an experiment config: the pretraining model, or the fine-tuning task's model."""
   from albert_jax.model_config import model_config_from
   model_config = model_config_from(config)
-  params = None
+  params = num_predictions = None
   if config.task == "pretrain":  # a fine-tuning task checks its own (get_task)
+    from albert_jax.pretrain import prediction_slots
     model_config.check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
+    num_predictions = prediction_slots(config.data)
   else:
     from albert_jax.tasks import get_task
     task = get_task(config)
     model = task.build_model(model_config)
     params = jax.eval_shape(lambda rng: task.init_params(model, rng), jax.random.key(0))
-  print_description(model_config, config.data.max_seq_length, config.data.get("max_predictions_per_seq"), params)
+  print_description(model_config, config.data.max_seq_length, num_predictions, params)

@@ -28,10 +28,9 @@ def encoder_train_flops_per_token(c: ModelConfig, seq_len: int) -> float:
   return c.num_hidden_layers * c.inner_group_num * layer + projection
 
 
-def train_flops_per_token(c: ModelConfig, seq_len: int, num_predictions: int | None) -> float:
-  """The encoder's + (M/S)·6·(H·E + E·V) (the MLM head at M positions)."""
-  predicted = num_predictions if num_predictions else seq_len
-  head = predicted / seq_len * 6 * (c.hidden_size * c.embedding_size + c.embedding_size * c.vocab_size)
+def train_flops_per_token(c: ModelConfig, seq_len: int, num_predictions: int) -> float:
+  """The encoder's + (M/S)·6·(H·E + E·V) (the MLM head at its M rows per sequence, `pretrain.prediction_slots`)."""
+  head = num_predictions / seq_len * 6 * (c.hidden_size * c.embedding_size + c.embedding_size * c.vocab_size)
   return encoder_train_flops_per_token(c, seq_len) + head
 
 

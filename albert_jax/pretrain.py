@@ -17,6 +17,7 @@ import optax
 from albert_jax import engine, flops, loop, pretrained, storage
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
+from data_pipeline.masking import num_prediction_slots
 
 
 def pretraining_totals(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -86,11 +87,17 @@ class SyntheticBatches:
     self.position = int(state["position"])
 
 
+def prediction_slots(data_config) -> int:
+  """The MLM head's rows per sequence: `max_predictions_per_seq`, or with 0 (no cap) the masking budget."""
+  return num_prediction_slots(data_config.max_seq_length, data_config.max_predictions_per_seq,
+                              data_config.masked_lm_prob)
+
+
 def synthetic_batch(data_config, rows: int, vocab_size: int, seed: Any) -> dict[str, np.ndarray]:
   """One random batch of `rows` examples with the shapes and dtypes of real pretraining batches."""
   rng = np.random.default_rng(seed)
   s = data_config.max_seq_length
-  p = data_config.max_predictions_per_seq or max(1, int(round(s * data_config.masked_lm_prob)))
+  p = prediction_slots(data_config)
   positions = np.sort(rng.permuted(np.tile(np.arange(1, s), (rows, 1)), axis=1)[:, :p], axis=1)
   return {"input_ids": rng.integers(5, vocab_size, (rows, s), dtype=np.int32),
           "attention_mask": np.ones((rows, s), np.int32),
@@ -172,7 +179,7 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
       summarize=lambda sums, steps: summarize_pretraining(sentence_task, sums), batches=batches,
       example_batch=lambda rows: synthetic_batch(config.data, rows, config.model.vocab_size, 0),
       tokens_per_example=seq_len,
-      flops_per_token=flops.train_flops_per_token(model_config, seq_len, config.data.max_predictions_per_seq),
+      flops_per_token=flops.train_flops_per_token(model_config, seq_len, prediction_slots(config.data)),
       evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
       warm_start=(lambda params: pretrained.merge_init_params(params, pretrained.load_init_params(
           config.init_checkpoint))) if config.init_checkpoint else None)

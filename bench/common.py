@@ -321,7 +321,7 @@ class Peer:
     self.micro_batches = [{key: to(v[i::k]) for key, v in full.items()} for i in range(k)]
     self.examples_per_step = config.train.global_batch_size
     self.tokens_per_step = self.examples_per_step * seq
-    self.flops_per_token = flops.train_flops_per_token(model_config, seq, config.data.max_predictions_per_seq)
+    self.flops_per_token = flops.train_flops_per_token(model_config, seq, pretrain.prediction_slots(config.data))
     self.compile_s = 0.0   # torch.compile compiles in the first step: see first_step_s
 
   def step(self) -> None:

@@ -17,7 +17,7 @@ import argparse
 
 import jax
 
-from albert_jax import flops
+from albert_jax import flops, pretrain
 from albert_jax.model_config import model_config_from
 from bench import common
 
@@ -106,8 +106,11 @@ def main(argv=None) -> dict:
                      f"{jax.devices()[0].device_kind}{scaled}; MFU vs {source}")
   print(EXPLANATION, flush=True)
   full_depth = argparse.Namespace(**{**vars(args), "scale": 1.0})
-  full_depth_flops = {s: flops.train_flops_per_token(model_config_from(config_for(full_depth, s)), args.seq_len,
-                                                     args.predictions) for s in sizes}
+  full_depth_flops = {}
+  for s in sizes:
+    c = config_for(full_depth, s)
+    full_depth_flops[s] = flops.train_flops_per_token(model_config_from(c), args.seq_len,
+                                                      pretrain.prediction_slots(c.data))
   payload = {"seq_len": args.seq_len, "micro_batch": args.micro_batch, "scale": args.scale,
              "reduced_sizes": args.scale != 1, "reference": reference["name"], "rows": rows, "paper": PAPER,
              "peak_flops": peak, "peak_source": source, "memory_cap_bytes": cap, "explanation": EXPLANATION,

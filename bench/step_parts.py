@@ -171,7 +171,7 @@ def parts(config) -> list[Any]:
   model, totals = AlbertForPreTraining(c), pretrain.pretraining_totals(batch)
   loss = lambda p, _: pretrain.pretraining_loss(model, config.data.sentence_task, p, batch, jax.random.key(0),
                                                 totals, deterministic=True)[0]
-  model_forward = tokens * flops.train_flops_per_token(c, seq, config.data.max_predictions_per_seq) / 3
+  model_forward = tokens * flops.train_flops_per_token(c, seq, pretrain.prediction_slots(config.data)) / 3
   setup = ours.setup
   with setup.context():
     traced = setup.train_step.trace(setup.abstract_state, setup.abstract_batch(), setup.abstract_rng())

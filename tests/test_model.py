@@ -338,6 +338,22 @@ def test_describe_cli_prints_exact_counts_last(size):
       flops.train_flops_per_token(model_config_for(size), 512, 20))
 
 
+def test_uncapped_predictions_count_the_mlm_head_at_the_masking_budget(capsys):
+  """max_predictions_per_seq=0 (no cap) gives the MLM head round(0.15 * 128) = 19 rows per sequence, not all 128:
+  `--mode=describe`, the run's MFU and the synthetic batches agree on them."""
+  from albert_jax import describe, pretrain
+  from albert_jax.main import experiment_config
+  config = experiment_config(["prog", "--config=experiments/pretrain_base.py", "--config.data.max_seq_length=128",
+                              "--config.data.max_predictions_per_seq=0"])
+  c, s, m = model_config_for("base"), 128, 19
+  expected = 72 * 12 * 768 ** 2 + 12 * 12 * s * 768 + 6 * 128 * 768 + m / s * 6 * (768 * 128 + 128 * 30000)
+  describe.describe_config(config)
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train_flops_per_token"] == pytest.approx(
+      expected)
+  assert pretrain.make_job(config).flops_per_token == pytest.approx(expected)
+  assert pretrain.synthetic_batch(config.data, 2, c.vocab_size, 0)["masked_lm_ids"].shape == (2, m)
+
+
 @pytest.mark.parametrize("experiment, heads, seq_len", [
     ("glue.py:task=mnli", {"classifier/kernel": 768 * 3, "classifier/bias": 3}, 512),
     ("race.py", {"classifier/kernel": 768, "classifier/bias": 1}, 512),
@@ -356,4 +372,4 @@ def test_describe_of_a_fine_tuning_config_counts_the_task_model(experiment, head
   assert info["params_total"] == EXACT_COUNTS["base"][0] + sum(heads.values())
   base = model_config_for("base")
   assert info["train_flops_per_token"] == flops.encoder_train_flops_per_token(base, seq_len) == pytest.approx(
-      flops.train_flops_per_token(base, seq_len, None) - 6 * (768 * 128 + 128 * 30000))
+      flops.train_flops_per_token(base, seq_len, seq_len) - 6 * (768 * 128 + 128 * 30000))
