@@ -128,7 +128,7 @@ class BestKeeper:
                    "selection": "best dev checkpoint of one run, scored every train.eval_every steps"}
     if jax.process_index() == 0:
       for split_name, (split, split_predictions) in predictions.items():
-        self.task.write_predictions(split, split_predictions, os.path.join(step_dir, f"{split_name}_predictions"))
+        self.task.write_predictions(split, split_predictions, os.path.join(step_dir, self.task.predictions_name(split_name)))
       storage.write_atomic(os.path.join(self.directory, BEST_FILE), json.dumps(self.record, indent=2))
       self._remove_steps_except(os.path.basename(step_dir))
 
@@ -358,7 +358,7 @@ def evaluate(config, workdir: str, args=None) -> None:
     metrics, predictions = evaluate_splits(task, model, replicate(params, s), splits, s)
     if jax.process_index() == 0:
       for name, (split, split_predictions) in predictions.items():
-        task.write_predictions(split, split_predictions, os.path.join(workdir, f"{name}_predictions"))
+        task.write_predictions(split, split_predictions, os.path.join(workdir, task.predictions_name(name)))
   print(json.dumps({"weights": which, **metrics}), flush=True)
 
 

@@ -97,7 +97,7 @@ def test_glue_task_trains_evaluates_and_predicts(shared_data, tmp_path, task):
   assert result.returncode == 0, result.stdout + result.stderr
   best = json.load(open(tmp_path / "run" / "best" / "best.json"))
   assert best["step"] in (2, 4) and best["metric"] in best["metrics"]
-  assert (Path(best["weights"]) / "dev_predictions").exists()
+  assert (Path(best["weights"]) / "dev_predictions.tsv").exists()
   logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
   assert any("loss" in row for row in logged) and any(f"dev/{best['metric']}" in row for row in logged)
   if task == "mnli":
@@ -143,7 +143,7 @@ def test_squad_trains_and_writes_predictions(shared_data, tmp_path, version):
                "--config.data.max_query_length=32")
   assert result.returncode == 0, result.stdout + result.stderr
   best = json.load(open(tmp_path / "run" / "best" / "best.json"))
-  predictions_path = Path(best["weights"]) / "dev_predictions"
+  predictions_path = Path(best["weights"]) / "dev_predictions.json"
   dev = json.load(open(data / f"dev-v{'1.1' if version == 1 else '2.0'}.json"))["data"]
   assert set(json.load(open(predictions_path))) == {q["id"] for a in dev for p in a["paragraphs"] for q in p["qas"]}
   if version == 1:
@@ -168,7 +168,7 @@ def test_race_trains_and_writes_answers(shared_data, tmp_path):
   assert result.returncode == 0, result.stdout + result.stderr
   best = json.load(open(tmp_path / "run" / "best" / "best.json"))
   assert {"accuracy", "accuracy_middle", "accuracy_high"} <= set(best["metrics"])
-  assert (Path(best["weights"]) / "dev_predictions").exists()
+  assert (Path(best["weights"]) / "dev_predictions.json").exists()
 
 
 def test_fine_tuning_without_weights_too_long_inputs_or_a_dev_subset_is_refused(shared_data, tmp_path):
@@ -214,7 +214,7 @@ def test_warm_start_from_pretraining_then_ax_predictions_with_the_mnli_model(sha
                                                                                  "AX.tsv")] == [4, 5, 6]
   best = json.load(open(tmp_path / "mnli" / "best" / "best.json"))
   assert "dev_mismatched/accuracy" in best["metrics"]
-  assert (Path(best["weights"]) / "dev_mismatched_predictions").exists()
+  assert (Path(best["weights"]) / "dev_mismatched_predictions.tsv").exists()
   split = cli(mnli_config, tmp_path / "mnli", *overrides, mode="predict",
               extra=["--split=dev_mismatched", f"--output={tmp_path / 'mm.tsv'}"])
   assert split.returncode == 0, split.stderr
@@ -235,7 +235,7 @@ def _best_dir(workdir):
   step_dir = Path(best.pop("weights"))
   assert [p.name for p in (workdir / "best").glob("step_*")] == [step_dir.name]  # older steps deleted
   params = jax.tree.map(np.asarray, pretrained.load_pretrained(str(step_dir))[1])
-  return best, params, (step_dir / "dev_predictions").read_text(), (workdir / "RTE.tsv").read_text()
+  return best, params, (step_dir / "dev_predictions.tsv").read_text(), (workdir / "RTE.tsv").read_text()
 
 
 @pytest.mark.slow

@@ -188,7 +188,7 @@ def test_convert_fine_tune_predict_and_evaluate_in_a_bucket(gcs, shared_data, tm
                "--config.checkpoint.every=2", "--config.log.every=1", f"--config.init_checkpoint={gcs}/weights")
   assert result.returncode == 0, result.stderr
   best = json.loads(storage.path(f"{gcs}/rte/best/best.json").read_text())
-  predictions = f"{best['weights']}/dev_predictions"
+  predictions = f"{best['weights']}/dev_predictions.tsv"
   assert best["weights"].startswith(f"{gcs}/rte/best/step_") and storage.path(predictions).exists()
   assert {"config.json", "metrics.jsonl", "best/best.json"} <= objects("rte")
   scored = run("-m", "albert_jax.evaluate", "--task=rte", f"--data={gcs}/glue/RTE/dev.tsv",

@@ -57,7 +57,7 @@ def test_classification_trains_predicts_with_probabilities_and_embeds(shared_dat
   best = json.load(open(tmp_path / "run" / "best" / "best.json"))
   assert best["metric"] == "accuracy" and "macro_f1" in best["metrics"]
   assert "predicting split test: 10 rows predicted in " in result.stderr   # the progress of writing predictions
-  rows = [json.loads(line) for line in open(tmp_path / "run" / "test_predictions")]
+  rows = [json.loads(line) for line in open(tmp_path / "run" / "test_predictions.jsonl")]
   assert [r["id"] for r in rows] == [f"id{i}" for i in range(200, 210)]
   for r in rows:  # labels collected from train, sorted; probabilities of every class sum to 1
     assert list(r["probabilities"]) == ["negative", "neutral", "positive"]
@@ -98,7 +98,7 @@ def test_token_classification_trains_and_tags_words(shared_data, tmp_path):
   assert result.returncode == 0, result.stdout + result.stderr
   best = json.load(open(tmp_path / "run" / "best" / "best.json"))
   assert best["metric"] == "f1" and {"precision", "recall", "accuracy"} <= set(best["metrics"])
-  rows = [json.loads(line) for line in open(best["weights"] + "/dev_predictions")]
+  rows = [json.loads(line) for line in open(best["weights"] + "/dev_predictions.jsonl")]
   assert len(rows) == 40 and all(len(r["tags"]) == len(r["tokens"]) == len(r["probabilities"]) for r in rows)
   assert list(rows[0]["probabilities"][0]) == ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
   user = tmp_path / "mine.jsonl"
@@ -126,7 +126,7 @@ def test_multiple_choice_trains_with_masked_options(shared_data, tmp_path):
   result = cli(config, tmp_path / "run", *TINY_RUN, "--config.data.max_qa_length=16")
   assert result.returncode == 0, result.stdout + result.stderr
   best = json.load(open(tmp_path / "run" / "best" / "best.json"))
-  rows = [json.loads(line) for line in open(best["weights"] + "/dev_predictions")]
+  rows = [json.loads(line) for line in open(best["weights"] + "/dev_predictions.jsonl")]
   assert [len(r["probabilities"]) for r in rows[:4]] == [2, 3, 2, 3]
   assert rows[0]["answer"] in (0, 1) and abs(sum(rows[0]["probabilities"]) - 1) < 1e-4
 

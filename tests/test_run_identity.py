@@ -102,7 +102,7 @@ def test_predict_without_labels_uses_the_order_recorded_at_training(run, tmp_pat
 def test_eval_refuses_another_class_order_or_count(run, labels):
   with pytest.raises(ValueError, match=r"labels=pos\|neg.*labels=neg\|pos.*pass labels=pos\|neg"):
     finetune.evaluate(config_for(run.data, run.spm, labels=labels), str(run.workdir))
-  assert not (run.workdir / "dev_predictions").exists()
+  assert not (run.workdir / "dev_predictions.jsonl").exists()
 
 
 @pytest.mark.slow
@@ -113,7 +113,7 @@ def test_eval_refuses_a_workdir_of_another_task(run, tmp_path):
   config.data.max_seq_length = 16
   with pytest.raises(ValueError, match="task=classification.*task=glue, task_name=cola.*config.json"):
     finetune.evaluate(config, str(run.workdir))
-  assert not (run.workdir / "dev_predictions").exists()
+  assert not (run.workdir / "dev_predictions.tsv").exists()
 
 
 @pytest.mark.slow

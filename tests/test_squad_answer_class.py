@@ -78,7 +78,7 @@ def test_beam_decoding_by_hand(tmp_path):
   assert predictions.null_odds == {"q1": -0.5, "q2": 2.0}
   assert task.score(split, predictions)["exact"] == 100.0   # threshold 0: q1 answered, q2 ""
 
-  path = str(tmp_path / "dev_predictions")
+  path = str(tmp_path / "dev_predictions.json")
   task.write_predictions(split, predictions, path)
   assert json.loads(Path(path).read_text()) == predictions.answers
   assert json.loads(Path(null_odds_path(path)).read_text()) == predictions.null_odds
@@ -242,7 +242,7 @@ def test_tiny_fine_tuning_writes_files_the_official_scorer_reads(shared_data, tm
                "--config.data.max_query_length=32")
   assert result.returncode == 0, result.stdout + result.stderr
   best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
-  path = str(Path(best["weights"]) / "dev_predictions")
+  path = str(Path(best["weights"]) / "dev_predictions.json")
   answers, odds = json.loads(Path(path).read_text()), json.loads(Path(null_odds_path(path)).read_text())
   nbest = json.loads(Path(nbest_path(path)).read_text())
   dev = json.loads((data / "dev-v2.0.json").read_text())["data"]

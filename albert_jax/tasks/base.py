@@ -166,6 +166,7 @@ class Task(abc.ABC):
   higher_is_better: bool = True
   eval_splits: tuple[str, ...] = ("dev",)  # scored at every evaluation; the first one selects the checkpoint
   test_splits: tuple[str, ...] = ("test",)  # predicted with the best checkpoint after training, where present
+  predictions_suffix: str = ".jsonl"  # the format `write_predictions` writes
 
   def __init__(self, settings: TaskSettings):
     self.settings = settings
@@ -256,10 +257,14 @@ class Task(abc.ABC):
   def write_predictions(self, split: Split, predictions, path: str) -> None:
     ...
 
+  def predictions_name(self, split: str) -> str:
+    """The file name of `split`'s predictions beside weights they were made with (`best/step_N/`, `--mode=eval`)."""
+    return f"{split}_predictions{self.predictions_suffix}"
+
   def submission_name(self, split: str) -> str:
     """The file name predictions of `split` are written under in the workdir (benchmarks' own names where they
     have them)."""
-    return f"{split}_predictions"
+    return self.predictions_name(split)
 
   @abc.abstractmethod
   def read_predictions(self, path: str, split: Split):

@@ -80,6 +80,7 @@ def spec_for(task_name: str) -> GlueSpec:
 
 
 class GlueTask(SequenceClassificationTask):
+  predictions_suffix = ".tsv"
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)

@@ -21,6 +21,7 @@ from albert_jax.tasks.records import field, user_records
 
 
 class MultipleChoiceTask(RaceTask):
+  predictions_suffix = ".jsonl"
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)

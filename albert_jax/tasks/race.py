@@ -44,6 +44,7 @@ class RaceTask(Task):
   """Also the base of `multiple_choice`, which reads other files and may have other option counts: examples with
   fewer than `num_choices` options are padded with empty ones that `choice_mask` removes from the softmax."""
   num_choices = len(LETTERS)
+  predictions_suffix = ".json"
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)

@@ -73,6 +73,7 @@ def nbest_path(predictions_path: str) -> str:
 
 
 class SquadTask(Task):
+  predictions_suffix = ".json"
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
