@@ -269,16 +269,14 @@ def _task_and_model(config, trained_in: str | None = None):
   return task, tokenizer, model_config, task.build_model(model_config)
 
 
-def predict_split_file(config, workdir, task, model, tokenizer, params, split_name: str,
-                       output: str | None = None) -> str:
+def predict_split_file(config, workdir, task, model, params, split: Split, output: str | None = None) -> str:
   """Predictions for a whole split (e.g. the unlabelled test set) written to `output`, by default into the workdir
   under the benchmark's file name."""
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
-    split = task.load_split(split_name, tokenizer)
     outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s,
-                               f"predicting split {split_name}")
-    path = output or os.path.join(workdir, task.submission_name(split_name))
+                               f"predicting split {split.name}")
+    path = output or os.path.join(workdir, task.submission_name(split.name))
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), path)
   return path
@@ -300,10 +298,14 @@ def train(config, workdir: str, args=None) -> None:
         pretrained.load_init_params(config.init_checkpoint), required_prefix="",
         head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
                  "to that run's workdir (for AX, the MNLI run's).")[0]
-    print(f"Wrote {predict_split_file(config, workdir, task, model, tokenizer, params, 'test')}", flush=True)
+    path = predict_split_file(config, workdir, task, model, params, task.load_split("test", tokenizer))
+    print(f"Wrote {path}", flush=True)
     return
   train_split = task.load_split("train", tokenizer)
   dev_splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
+  # Read now, so that a bad test file stops the run before training rather than after it.
+  test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
+                 if storage.path(task.split_path(name)).exists()]
   with WorkdirLock(workdir, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
     start = loop.latest_step(workdir) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
@@ -325,12 +327,11 @@ def train(config, workdir: str, args=None) -> None:
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
-  test_splits = [name for name in task.test_splits if storage.path(task.split_path(name)).exists()]
   if test_splits:
     params = pretrained.load_pretrained(best["weights"])[1]
-  for name in test_splits:
-    print(f"Test predictions (best checkpoint): "
-          f"{predict_split_file(config, workdir, task, model, tokenizer, params, name)}", flush=True)
+  for split in test_splits:
+    print(f"Test predictions (best checkpoint): {predict_split_file(config, workdir, task, model, params, split)}",
+          flush=True)
   print(json.dumps(best), flush=True)
 
 
@@ -372,7 +373,8 @@ def predict(config, workdir: str, args) -> None:
   task, tokenizer, _, model = _task_and_model(config, workdir)
   params, which = _trained_params(workdir, task, model)
   if args.split:
-    path = predict_split_file(config, workdir, task, model, tokenizer, params, args.split, output_path)
+    path = predict_split_file(config, workdir, task, model, params, task.load_split(args.split, tokenizer),
+                              output_path)
     print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)
     return
   s = engine.setup(config, make_job(config, task, model))

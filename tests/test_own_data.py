@@ -47,6 +47,16 @@ def classification_data(root, count=240):
   return root
 
 
+def test_a_bad_test_file_stops_the_run_before_training(shared_data, tmp_path):
+  """The test split is read before the first step: a file predicted only after hours of training would fail then."""
+  data = classification_data(tmp_path / "data")
+  (data / "test.csv").write_text("sentence,context\na film,the city\n")  # no `id` column, which the config names
+  result = cli(f"experiments/classification.py:size=tiny,data={data},spm={spm(shared_data)},text=sentence,"
+               "text_pair=context,id=id", tmp_path / "run", *TINY_RUN)
+  assert result.returncode == 1 and "test.csv" in result.stderr and "id" in result.stderr, result.stderr
+  assert not (tmp_path / "run" / "checkpoints").exists() and "step 2/4" not in result.stdout
+
+
 @pytest.mark.slow
 def test_classification_trains_predicts_with_probabilities_and_embeds(shared_data, tmp_path):
   data = classification_data(tmp_path / "data")
