@@ -39,8 +39,8 @@ flags.DEFINE_string("topology", None, "--mode=compile: a Cloud TPU name (v3-256,
 flags.DEFINE_integer("num_slices", 1, "--mode=compile: slices joined by the data-centre network (multislice).")
 flags.DEFINE_bool("fit", False, "--mode=compile: search remat policy and micro batch for the fastest setting "
                   "that fits.")
-flags.DEFINE_bool("multihost", None, "Call jax.distributed.initialize() (default: when the environment names a "
-                  "coordinator or several TPU hosts).")
+flags.DEFINE_bool("multihost", None, "Call jax.distributed.initialize() (default: when TPU_WORKER_HOSTNAMES "
+                  "lists several TPU hosts).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs off TPU).")
 flags.DEFINE_integer("num_processes", None, "Process count (with --coordinator_address).")
 flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
