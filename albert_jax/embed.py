@@ -9,13 +9,14 @@ tokens included (sentence-transformers' mean pooling).
 """
 from __future__ import annotations
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import checkpointing, engine, finetune, pretrain, pretrained, storage
-from albert_jax.model import AlbertModel
+from albert_jax.model import AlbertModel, init_params
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks import get_task, make_tokenizer
 from albert_jax.tasks.base import model_inputs, read_text, stack_packed
@@ -44,12 +45,14 @@ def _weights(config, workdir: str):
                    "pass --workdir of a training run or --config.init_checkpoint=DIR (an albert_jax.convert output).")
 
 
-def _job(config) -> engine.Job:
-  """The config's own job: `engine.setup` takes mesh, batch split and shardings from it as training does."""
+def _job(config, backbone: AlbertModel) -> engine.Job:
+  """The config's own job: `engine.setup` takes mesh, batch split and shardings from it as training does. A
+  fine-tuning task's job is built around the backbone alone: its head plays no part here, and building it could
+  need the class set of a train file that embedding does not read."""
   if config.task == "pretrain":
     return pretrain.make_job(config)
-  task = get_task(config)
-  return finetune.make_job(config, task, task.build_model(model_config_from(config)))
+  job = finetune.make_job(config, get_task(config), backbone)
+  return dataclasses.replace(job, init_params=lambda rng: init_params(backbone, rng))
 
 
 def embed(config, workdir: str, args) -> None:
@@ -71,9 +74,10 @@ def embed(config, workdir: str, args) -> None:
   if not texts:
     raise ValueError(f"{args.input} has no lines to embed.")
   features = stack_packed([pack_text(tokenizer, text, None, max_len) for text in texts], (len(texts),))
-  s = engine.setup(config, _job(config))
+  backbone = AlbertModel(model_config)
+  s = engine.setup(config, _job(config, backbone))
   with s.context():
-    outputs = finetune.predict_features(embed_fn(AlbertModel(model_config), args.pooling),
+    outputs = finetune.predict_features(embed_fn(backbone, args.pooling),
                                         finetune.replicate(params["albert"], s), features, s, f"embedding {args.input}")
   if jax.process_index() == 0:
     with storage.open_atomic(args.output, "wb") as f:  # the very name given (np.save adds .npy), folders made

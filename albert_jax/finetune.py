@@ -112,7 +112,9 @@ class BestKeeper:
       self.record = None
 
   def is_better(self, value: float) -> bool:
-    if self.record is None:
+    """A record by another metric (a tagging run from before tag sets other than entities were scored by word
+    accuracy) is replaced by the first score: the two numbers do not compare."""
+    if self.record is None or self.record["metric"] != self.task.metric_name:
       return True
     return value > self.record["value"] if self.task.higher_is_better else value < self.record["value"]
 

@@ -13,8 +13,10 @@ import argparse
 import json
 import math
 import os
+import sys
 
 from albert_jax import storage
+from albert_jax.main import INPUT_ERRORS, raised_by_our_code
 from albert_jax.tasks import TaskSettings
 from albert_jax.tasks.base import InputError
 from albert_jax.tasks.glue import SPECS, GlueTask
@@ -96,7 +98,12 @@ def main(argv=None) -> None:
   parser.add_argument("--no_check_counts", action="store_true", help="accept files with other than the official "
                       "number of test rows (trial folders)")
   args = parser.parse_args(argv)
-  sources = assemble(args.runs, args.out, args.allow_partial, not args.no_check_counts)
+  try:
+    sources = assemble(args.runs, args.out, args.allow_partial, not args.no_check_counts)
+  except INPUT_ERRORS as e:  # ours name the file and the fix: one line, as albert_jax.main reports them
+    if not raised_by_our_code(e):
+      raise
+    sys.exit(f"glue_submission: error: {e}")
   for name, run in sources.items():
     print(f"{name}\t{run}", flush=True)
   print(f"Wrote {len(sources)} file(s) to {args.out}", flush=True)

@@ -87,6 +87,19 @@ def test_a_resumed_run_keeps_the_best_of_steps_before_its_checkpoint(shared_data
   assert not (workdir / "best" / "best.json").exists() and not (workdir / "best" / "step_2").exists()
 
 
+def test_a_best_record_by_another_metric_is_replaced_by_the_first_score(shared_data, tmp_path):
+  """A tagging run resumed from before parts of speech were scored by accuracy holds an entity-F1 record; an
+  accuracy of 0.3 does not compare with an F1 of 0.9."""
+  workdir = tmp_path / "run"
+  (workdir / "best").mkdir(parents=True)
+  (workdir / "best" / "best.json").write_text(json.dumps({"step": 2, "metric": "f1", "value": 0.9}))
+  keeper = finetune.BestKeeper(str(workdir), get_task(config_for(tmp_path, spm(shared_data), labels="neg|pos")),
+                               None, 2)
+  assert keeper.record["metric"] == "f1" and keeper.is_better(0.3)
+  keeper.record = {"step": 2, "metric": "accuracy", "value": 0.9}
+  assert not keeper.is_better(0.3) and keeper.is_better(0.95)
+
+
 @pytest.mark.slow
 def test_predict_without_labels_uses_the_order_recorded_at_training(run, tmp_path):
   texts = tmp_path / "in.tsv"

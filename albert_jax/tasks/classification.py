@@ -11,16 +11,18 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 
 import numpy as np
 
 from albert_jax import storage
 from albert_jax.tasks.base import InputError, Split, TaskSettings, check_outputs, score_label
 from albert_jax.tasks.glue import GlueExample
-from albert_jax.tasks.records import field, user_records
+from albert_jax.tasks.records import Ids, field, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
 
 FORMATS = (".tsv", ".csv", ".jsonl")
+INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits: str.isdigit() takes "²", which int() refuses
 
 
 def find_split_file(folder: str, split: str) -> str:
@@ -33,9 +35,10 @@ def find_split_file(folder: str, split: str) -> str:
 
 
 def label_order(names: set[str]) -> tuple[str, ...]:
-  """Sorted; numerically when every name is an integer ("2" before "10")."""
-  if all(name.lstrip("-").isdigit() for name in names):
-    return tuple(sorted(names, key=int))
+  """Sorted; numerically when every name is an integer ("-1" before "+1" before "2" before "10"; equal numbers
+  written differently, "1" and "01", by their text), else as strings."""
+  if all(INTEGER.fullmatch(name) for name in names):
+    return tuple(sorted(names, key=lambda name: (int(name), name)))
   return tuple(sorted(names))
 
 
@@ -68,7 +71,7 @@ class ClassificationTask(SequenceClassificationTask):
       raise FileNotFoundError(f"{path} not found, and the label set comes from the train file unless given: set "
                               "--config.data.labels='(\"neg\", \"pos\")' (the class names in output order).")
     s = self.settings
-    names = {cell(record, s.label_column, path, line) for line, record in user_records(path)}
+    names = {self._label_cell(record, path, line) for line, record in user_records(path)}
     if len(names) < 2:
       raise InputError(path, None, f"column {s.label_column!r} has {len(names)} distinct label(s) {sorted(names)}; "
                                    "a classifier needs two or more (or set data.regression=True for numbers).")
@@ -91,13 +94,21 @@ class ClassificationTask(SequenceClassificationTask):
 
   def _read(self, path: str, labeled: bool) -> list[GlueExample]:
     s = self.settings
-    examples = []
+    examples, ids = [], Ids(path)
     for line, record in user_records(path):
-      guid = cell(record, s.id_column, path, line) if s.id_column else str(len(examples))
+      guid = ids.add(cell(record, s.id_column, path, line), line) if s.id_column else str(len(examples))
       pair = cell(record, s.text_pair_column, path, line) if s.text_pair_column else None
-      label = self._label(cell(record, s.label_column, path, line), path, line) if labeled else None
+      label = self._label(self._label_cell(record, path, line), path, line) if labeled else None
       examples.append(GlueExample(guid, cell(record, s.text_column, path, line), pair, label))
     return examples
+
+  def _label_cell(self, record: dict, path: str, line: int) -> str:
+    """The label cell of a labelled row; an empty one is refused (it would be a class "", or an unknown label)."""
+    text = cell(record, self.settings.label_column, path, line)
+    if not text.strip():
+      raise InputError(path, line, f"missing label: column {self.settings.label_column!r} is empty; every row of "
+                                   "train and dev needs its label (unlabelled rows belong in the test file).")
+    return text
 
   def _label(self, text: str, path: str, line: int) -> int | float:
     if self.is_regression:

@@ -14,7 +14,7 @@ import numpy as np
 
 from albert_jax import storage
 from albert_jax.tasks.base import InputError, Split, TaskSettings, score_label
-from albert_jax.tasks.records import column, field, tsv_rows, user_records
+from albert_jax.tasks.records import Ids, column, field, optional_id, tsv_rows, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
 
 _NLI = ("contradiction", "entailment", "neutral")
@@ -155,11 +155,13 @@ class GlueTask(SequenceClassificationTask):
     return self.spec.labels.index(text)
 
   def read_user_examples(self, path: str) -> list[GlueExample]:
-    """TSV with a header (or JSON lines) with fields `text_a`, plus `text_b` for pair tasks; optional `id`."""
+    """TSV with a header (or JSON lines) with fields `text_a`, plus `text_b` for pair tasks; optional `id` (else
+    the row number), unique in the file."""
     pair = self.spec.test_columns[1] is not None
-    examples = []
+    examples, ids = [], Ids(path)
     for line, record in user_records(path):
-      examples.append(GlueExample(str(record.get("id", len(examples))), field(record, "text_a", path, line),
+      examples.append(GlueExample(optional_id(record, path, line, len(examples), ids),
+                                  field(record, "text_a", path, line),
                                   field(record, "text_b", path, line) if pair else None, None))
     return examples
 

@@ -17,7 +17,7 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.tasks.base import InputError, Split, TaskSettings, check_outputs
 from albert_jax.tasks.race import RaceExample, RaceTask
-from albert_jax.tasks.records import field, user_records
+from albert_jax.tasks.records import Ids, field, optional_id, user_records
 
 
 class MultipleChoiceTask(RaceTask):
@@ -33,7 +33,7 @@ class MultipleChoiceTask(RaceTask):
     return os.path.join(self.settings.path, f"{split}.jsonl")
 
   def read_examples(self, path: str, labeled: bool) -> list[RaceExample]:
-    examples = []
+    examples, ids = [], Ids(path)
     for line, r in user_records(path):
       options = field(r, "options", path, line, list)
       odd = [o for o in options if isinstance(o, bool) or not isinstance(o, (str, int, float))]
@@ -46,7 +46,7 @@ class MultipleChoiceTask(RaceTask):
       answer = field(r, "answer", path, line, int) if labeled else None
       if answer is not None and not 0 <= answer < len(options):
         raise InputError(path, line, f"answer {answer} is not an index of the {len(options)} options (0-based)")
-      examples.append(RaceExample(str(r.get("id", len(examples))), "", field(r, "context", path, line),
+      examples.append(RaceExample(optional_id(r, path, line, len(examples), ids), "", field(r, "context", path, line),
                                   field(r, "question", path, line), options, answer))
     return examples
 
@@ -79,8 +79,9 @@ class MultipleChoiceTask(RaceTask):
                             "probabilities": [round(float(v), 6) for v in p[:len(ex.options)]]}) + "\n")
 
   def read_predictions(self, path: str, split: Split) -> np.ndarray:
-    by_id = {str(field(r, "id", path, line, (str, int))): field(r, "probabilities", path, line, list)
-             for line, r in user_records(path)}
+    by_id, ids = {}, Ids(path, "keep one row per question")
+    for line, r in user_records(path):
+      by_id[ids.add(str(field(r, "id", path, line, (str, int))), line)] = field(r, "probabilities", path, line, list)
     missing = [ex.qid for ex in split.examples if ex.qid not in by_id]
     if missing:
       raise InputError(path, None, f"no prediction for {len(missing)} question(s), e.g. id {missing[0]}")

@@ -3,6 +3,7 @@ can point at the file and line that caused it."""
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from typing import Any, Iterator
@@ -36,7 +37,7 @@ def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     for number, line in enumerate(read_text(path).split("\n"), start=1):
       if line.strip():
         try:
-          record = json.loads(line)
+          record = json.loads(line, object_pairs_hook=functools.partial(_unique_keys, path, number))
         except json.JSONDecodeError as e:
           raise InputError(path, number, f"not a JSON object ({e.msg})") from None
         if not isinstance(record, dict):
@@ -45,6 +46,7 @@ def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     return
   rows = tsv_rows(path)
   header_line, header = next(rows, (1, []))
+  check_header(header, path, header_line)
   for number, fields in rows:
     if len(fields) != len(header):
       raise InputError(path, number, f"{len(fields)} field(s) but the header (line {header_line}) has "
@@ -52,10 +54,31 @@ def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     yield number, dict(zip(header, fields))
 
 
+def check_header(header: list[str], path: str, line: int) -> None:
+  """Refuses a column named twice: a record keeps one value per name, so the other column would be dropped
+  silently (the text read from the wrong column). Unnamed columns (a spreadsheet's trailing empty ones) may repeat:
+  no setting can name them."""
+  repeated = sorted({name for name in header if name and header.count(name) > 1})
+  if repeated:
+    raise InputError(path, line, f"column(s) {repeated} appear more than once in the header {header}; rename or "
+                                 "drop the repeats.")
+
+
+def _unique_keys(path: str, line: int, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+  """json.loads' object hook: a key given twice is refused (json.loads would keep the last value silently)."""
+  out = {}
+  for key, value in pairs:
+    if key in out:
+      raise InputError(path, line, f"field {key!r} appears twice in the object; keep one.")
+    out[key] = value
+  return out
+
+
 def csv_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
   reader = csv.reader(io.StringIO(read_text(path), newline=""))
   try:
     header = next(reader, [])
+    check_header(header, path, reader.line_num)
     for fields in reader:
       if not any(f.strip() for f in fields):
         continue
@@ -97,6 +120,35 @@ def check_ids(path: str, predicted, split) -> None:
   if extra:
     raise InputError(path, None, f"{len(extra)} id(s) are not in {split.path}, e.g. {extra[0]}; score against the "
                                  "gold file these predictions are for.")
+
+
+class Ids:
+  """The ids of one file's examples, each once: predictions are keyed by id, so a repeat would overwrite the other
+  example's prediction (and a line without id takes its row number, which may be another line's id)."""
+
+  def __init__(self, path: str, fix: str = "give every example its own id"):
+    self.path, self.fix = path, fix
+    self.first: dict[str, tuple[int, bool]] = {}
+
+  def add(self, key: str, line: int, given: bool = True) -> str:
+    if key in self.first:
+      first_line, first_given = self.first[key]
+      raise InputError(self.path, line, f"id {key!r}{_row_number(given)} is also the id of line {first_line}"
+                                        f"{_row_number(first_given)}; {self.fix}.")
+    self.first[key] = (line, given)
+    return key
+
+
+def _row_number(given: bool) -> str:
+  return "" if given else " (the row number of a line without id)"
+
+
+def optional_id(record: dict[str, Any], path: str, line: int, row: int, ids: Ids) -> str:
+  """The record's "id" (a string or an integer; null and other types are refused as `field` refuses them), else
+  its row number; unique in the file."""
+  if "id" not in record:
+    return ids.add(str(row), line, given=False)
+  return ids.add(str(field(record, "id", path, line, (str, int))), line)
 
 
 def field(record: dict[str, Any], key: str, path: str, line: int, kind=str):

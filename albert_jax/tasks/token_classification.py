@@ -1,15 +1,18 @@
 """`token_classification`: a tag per word (named entities, parts of speech) from CoNLL files.
 
 `data.path` holds `train.txt`, `dev.txt` (and optionally `test.txt`): one word per line with its tag in the LAST
-whitespace-separated column (CoNLL-2003's `word POS chunk tag` works as it is), a blank line between sentences,
-`-DOCSTART-` lines skipped. Words are tokenized one by one and only a word's FIRST sub-token carries its tag
-(transformers' `run_ner` with `label_all_tokens=False`); the other sub-tokens, [CLS], [SEP] and padding are
-ignored by the loss. A sentence longer than `data.max_seq_length` is cut: its words without a first sub-token in
-the window are predicted "O" (outside) with no probabilities.
+column, columns separated by spaces or tabs (CoNLL-2003's `word POS chunk tag` works as it is; other whitespace,
+such as a no-break space, is part of the word), a blank line between sentences, `-DOCSTART-` lines skipped.
+Words are tokenized one by one and only a word's FIRST sub-token carries its tag (transformers' `run_ner` with
+`label_all_tokens=False`); the other sub-tokens, [CLS], [SEP] and padding are ignored by the loss. A sentence
+longer than `data.max_seq_length` is cut: its words without a first sub-token in the window are predicted "O"
+(outside) with no probabilities.
 
 Loss: each sentence's mean over its tagged tokens, averaged over sentences, so micro batches add up exactly
-(see `engine.Job`). Score: seqeval's entity precision/recall/F1 (micro, default mode) and word accuracy,
-computed by `metrics.entity_scores`. Predictions: JSON lines {"id", "tokens", "tags", "probabilities"}.
+(see `engine.Job`). Score: for an entity tag set (every tag "O" or B-/I-/E-/S- or BILOU's L-/U- and a type),
+seqeval's entity precision/recall/F1 (micro, default mode; F1 selects the checkpoint) and word accuracy, computed
+by `metrics.entity_scores`; for any other tag set (parts of speech) entity spans mean nothing, so word accuracy
+alone, which selects. Predictions: JSON lines {"id", "tokens", "tags", "probabilities"}.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -27,10 +31,13 @@ from albert_jax.tasks import metrics
 from albert_jax.tasks.base import InputError, Split, Task, apply_model, check_outputs, pack, read_text, stack_packed
 from albert_jax.tasks.classification import label_order
 from albert_jax.tasks.heads import TOKEN_CLASSIFICATION, HFHead, TokenClassifier
-from albert_jax.tasks.records import field, user_records
+from albert_jax.tasks.records import Ids, field, optional_id, user_records
 
 OUTSIDE = "O"
 IGNORED = -1  # label of positions the loss skips
+COLUMNS = re.compile(r"[ \t]+")  # CoNLL's separators; str.split() would also cut words at U+00A0, U+3000, ...
+ENTITY_TAG = re.compile(r"[BIESLU]-.+")  # a chunk prefix and a type
+BILOU = {"L": "E", "U": "S"}  # BILOU's last and unit prefixes are IOBES's E and S
 
 
 @dataclasses.dataclass
@@ -54,7 +61,7 @@ def read_conll(path: str, labeled: bool) -> list[TaggedSentence]:
       words.clear()
       tags.clear()
   for number, line in enumerate(read_text(path).split("\n"), start=1):
-    fields = line.split()
+    fields = COLUMNS.split(line.strip(" \t\r")) if line.strip(" \t\r") else []
     if not fields:
       close()
     elif fields[0] != "-DOCSTART-":
@@ -67,8 +74,17 @@ def read_conll(path: str, labeled: bool) -> list[TaggedSentence]:
   return sentences
 
 
+def is_entity_tag_set(tags) -> bool:
+  """IOB1/IOB2/IOE/IOBES/BILOU tags, what entity scores are defined for: every tag "O" or a chunk prefix and a type
+  (and not "O" alone). Anything else (parts of speech: NN, VBZ, ...) is scored by word accuracy."""
+  return any(tag != OUTSIDE for tag in tags) and all(tag == OUTSIDE or ENTITY_TAG.fullmatch(tag) for tag in tags)
+
+
+def _as_iobes(tags: list[str]) -> list[str]:
+  return [BILOU[tag[0]] + tag[1:] if ENTITY_TAG.fullmatch(tag) and tag[0] in BILOU else tag for tag in tags]
+
+
 class TokenClassificationTask(Task):
-  metric_name = "f1"
 
   @functools.cached_property
   def labels(self) -> tuple[str, ...]:
@@ -80,6 +96,12 @@ class TokenClassificationTask(Task):
       raise FileNotFoundError(f"{path} not found, and the tag set comes from the train file unless given: set "
                               "--config.data.labels='(\"B-PER\", \"I-PER\", \"O\")' (the tags in output order).")
     return label_order({tag for sentence in read_conll(path, labeled=True) for tag in sentence.tags})
+
+  @property
+  def metric_name(self) -> str:
+    """Entity F1 for an entity tag set, else word accuracy; a function of the tag set, which the run records
+    (head.json), so train, eval and predict agree."""
+    return "f1" if is_entity_tag_set(self.labels) else "accuracy"
 
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:
@@ -98,8 +120,9 @@ class TokenClassificationTask(Task):
     """CoNLL words in the first column (tags, if any, ignored), or JSON lines {"id", "tokens": [words]}."""
     if not path.endswith((".jsonl", ".json")):
       return read_conll(path, labeled=False)
-    return [TaggedSentence(str(r.get("id", i)), [str(w) for w in field(r, "tokens", path, line, list)], None)
-            for i, (line, r) in enumerate(user_records(path))]
+    ids = Ids(path)
+    return [TaggedSentence(optional_id(r, path, line, i, ids), [str(w) for w in field(r, "tokens", path, line, list)],
+                           None) for i, (line, r) in enumerate(user_records(path))]
 
   def featurize(self, examples: list[TaggedSentence], tokenizer):
     """Features + info["word_index"]: for each position, the word whose first sub-token it is (else -1)."""
@@ -168,7 +191,8 @@ class TokenClassificationTask(Task):
     gold = [s.tags for s in split.examples]
     if any(tags is None for tags in gold):
       raise ValueError(f"split {split.name!r} ({split.path}) has no tags to score against.")
-    return metrics.entity_scores(gold, predictions.tags)
+    scores = metrics.entity_scores([_as_iobes(tags) for tags in gold], [_as_iobes(tags) for tags in predictions.tags])
+    return scores if self.metric_name == "f1" else {"accuracy": scores["accuracy"]}
 
   def write_predictions(self, split: Split, predictions: TagPredictions, path: str) -> None:
     with storage.open_atomic(path) as f:
@@ -180,7 +204,9 @@ class TokenClassificationTask(Task):
 
   def read_predictions(self, path: str, split: Split) -> TagPredictions:
     """Inverse of `write_predictions` in the order of `split`; each sentence's words must match."""
-    by_id = {str(field(r, "id", path, line, (str, int))): (line, r) for line, r in user_records(path)}
+    by_id, ids = {}, Ids(path, "keep one row per sentence")
+    for line, r in user_records(path):
+      by_id[ids.add(str(field(r, "id", path, line, (str, int))), line)] = (line, r)
     out = TagPredictions([], [])
     for sentence in split.examples:
       if sentence.sid not in by_id:
