@@ -78,7 +78,7 @@ def embed(config, workdir: str, args) -> None:
   s = engine.setup(config, _job(config, backbone))
   with s.context():
     outputs = finetune.predict_features(embed_fn(backbone, args.pooling),
-                                        finetune.replicate(params["albert"], s), features, s, f"embedding {args.input}")
+                                        s.replicate(params["albert"]), features, s, f"embedding {args.input}")
   if jax.process_index() == 0:
     with storage.open_atomic(args.output, "wb") as f:  # the very name given (np.save adds .npy), folders made
       np.save(f, outputs["embedding"].astype(np.float32))

@@ -269,6 +269,12 @@ class Setup:
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       yield
 
+  def replicate(self, params: Any) -> Any:
+    """Loaded weights onto every device of the mesh, from host arrays: a restore is committed to this host's first
+    device, and putting committed arrays onto other hosts' devices is a cross-host transfer that CPU and GPU
+    backends refuse; from host (numpy) arrays every process places its own copy."""
+    return jax.device_put(jax.device_get(params), self.replicated)
+
   def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
     """The global batch as shapes with its sharding: what `--mode=compile` lowers the step with."""
     return {k: jax.ShapeDtypeStruct((self.split.global_batch, *v.shape[1:]), v.dtype, sharding=self.batch_sharding)

@@ -187,13 +187,6 @@ def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Set
   return metrics, predictions
 
 
-def replicate(params: Any, s: engine.Setup) -> Any:
-  """Loaded weights onto every device of the mesh. Restores are committed to this host's first device, and putting
-  committed arrays onto other hosts' devices is a cross-host transfer that CPU/GPU backends refuse; from host
-  (numpy) arrays every process places its own copy."""
-  return jax.device_put(jax.device_get(params), s.replicated)
-
-
 def _warm_start(config):
   """Pretrained weights are required unless random initialisation was asked for explicitly."""
   if not config.init_checkpoint:
@@ -204,7 +197,7 @@ def _warm_start(config):
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
   _check_init_function(config)
-  loaded = jax.device_get(pretrained.load_init_params(config.init_checkpoint))  # host arrays: see `replicate`
+  loaded = pretrained.load_init_params(config.init_checkpoint)
   return lambda params: pretrained.merge_init_params(params, loaded)
 
 
@@ -276,7 +269,7 @@ def predict_split_file(config, workdir, task, model, params, split: Split, outpu
   under the benchmark's file name."""
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
-    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s,
+    outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
                                f"predicting split {split.name}")
     path = output or os.path.join(workdir, task.submission_name(split.name))
     if jax.process_index() == 0:
@@ -358,7 +351,7 @@ def evaluate(config, workdir: str, args=None) -> None:
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
-    metrics, predictions = evaluate_splits(task, model, replicate(params, s), splits, s)
+    metrics, predictions = evaluate_splits(task, model, s.replicate(params), splits, s)
     if jax.process_index() == 0:
       for name, (split, split_predictions) in predictions.items():
         task.write_predictions(split, split_predictions, os.path.join(workdir, task.predictions_name(name)))
@@ -382,7 +375,7 @@ def predict(config, workdir: str, args) -> None:
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     split = task.read_user_file(input_path, tokenizer)
-    outputs = predict_features(task.predictor(model), replicate(params, s), split.features, s,
+    outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
                                f"predicting {input_path}")
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), output_path)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from albert_jax import engine, flops, loop, pretrained, storage
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
@@ -122,11 +123,22 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, workd
   # ArrayRecord reads local files only.
   if kind == "tiny" and not config.data.path and not storage.is_remote(workdir):
     data_config = ml_collections.ConfigDict({**config.data.to_dict(), "path": os.path.join(workdir, "tiny_data")})
+  if kind == "tiny" and jax.process_count() > 1:
+    _build_tiny_dataset_on_process_0_first(data_config.path)
   batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
                                              seed=config.seed, vocab_size=config.model.vocab_size)
   if kind == "tiny":  # bundled and built the same way every time
     return batches
   return PreparedDataPosition(batches, config.data.path, config.get("resume_with_changes", False))
+
+
+def _build_tiny_dataset_on_process_0_first(path: str) -> None:
+  """Processes sharing a disk would build the bundled dataset into the same files at once: process 0 builds it
+  while the others wait, then they reuse it (a host with a disk of its own builds its own copy)."""
+  from data_pipeline.tiny import ensure_tiny_dataset
+  if jax.process_index() == 0:
+    ensure_tiny_dataset(path)
+  multihost_utils.sync_global_devices("albert_jax_tiny_dataset")
 
 
 class PreparedDataPosition:
@@ -228,7 +240,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=No
     raise FileNotFoundError(f"No checkpoint in {s.checkpointer.directory}; train first (--mode=train).")
   step, params = found
   with s.context():
-    params = jax.device_put(params, s.replicated)
+    params = s.replicate(params)
     result = {"step": step, **evaluate(config, s, params)}
   print(json.dumps(result), flush=True)
   return result

@@ -62,9 +62,14 @@ def read_best(workdir: str) -> dict | None:
 
 
 def load_init_params(path: str, name: str = "init_checkpoint") -> Any:
-  """Parameters to warm-start from: a `convert`/`save_pretrained` directory, or a training workdir: its best dev
+  """Parameters to warm-start from, as host (numpy) arrays, which every process of a multi-host run can place on
+  the mesh (`engine.Setup.replicate`): a `convert`/`save_pretrained` directory, or a training workdir: its best dev
   checkpoint when it is a fine-tuning run (the weights its scores were reported with), else its newest one.
   `name`: what the user passed `path` as, for the messages."""
+  return jax.device_get(_load_init_params(path, name))
+
+
+def _load_init_params(path: str, name: str) -> Any:
   if is_pretrained_dir(path):
     return load_pretrained(path)[1]
   best = read_best(path)

@@ -30,9 +30,6 @@ from data_pipeline.examples import BatchBuilder, ExampleConfig
 from data_pipeline.instances import Document, document_instances
 from data_pipeline.tokenization import Tokenizer
 
-_TINY_DIR = os.path.join(os.path.expanduser("~"), ".cache", "albert_jax", "tiny")
-
-
 class DocumentSource:
   """Random access to one split's documents: one ArrayRecord reader per shard, called directly (grain's
   ArrayRecordDataSource adds ~4 us of Python to a ~25 us record read). A split of at most `in_memory_bytes` (an
@@ -292,7 +289,7 @@ def make_pretraining_iterator(data_config: Mapping[str, Any], split: str, global
   kind = data_config.get("kind", "prepared")
   if kind == "tiny":
     from data_pipeline.tiny import ensure_tiny_dataset
-    data_config = {**dict(data_config), "path": ensure_tiny_dataset(data_config.get("path") or _TINY_DIR)}
+    data_config = {**dict(data_config), "path": ensure_tiny_dataset(data_config.get("path"))}
   elif kind != "prepared":
     raise ValueError(f"data.kind={kind!r} is not read by data_pipeline.loader; use 'prepared' or 'tiny'.")
   ds = make_pretraining_dataset(data_config, split, global_batch_size // process_count, seed, process_index,

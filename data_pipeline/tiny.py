@@ -12,11 +12,16 @@ from data_pipeline.sources import Source
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 VOCAB_SIZE = 4000
+DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "albert_jax", "tiny")
 
 
-def ensure_tiny_dataset(directory: str) -> str:
-  """Build (or reuse) the tiny dataset under `directory`; returns the prepared path for `config.data.path`."""
-  directory = os.path.abspath(os.path.expanduser(directory))
+def ensure_tiny_dataset(directory: str | None = None) -> str:
+  """Build (or reuse) the tiny dataset under `directory` (default: DEFAULT_DIR); returns the prepared path for
+  `config.data.path`."""
+  directory = os.path.abspath(os.path.expanduser(directory or DEFAULT_DIR))
+  if os.path.isfile(os.path.join(directory, records.MANIFEST)):
+    raise ValueError(f"data.path={directory} holds prepared data ({records.MANIFEST}), but data.kind=tiny builds the "
+                     "bundled corpus into data.path: pass --config.data.kind=prepared to train on your data.")
   prepared = os.path.join(directory, "prepared")
   if os.path.isfile(os.path.join(prepared, records.MANIFEST)):
     return prepared

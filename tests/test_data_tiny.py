@@ -3,6 +3,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from data_pipeline import tiny
 from data_pipeline.loader import make_pretraining_iterator
@@ -23,3 +24,11 @@ def test_tiny_dataset_builds_once_and_loads(tmp_path):
     batch = next(make_pretraining_iterator(config, split, 32, 0, 0, 1, vocab_size=4000))
     assert batch["input_ids"].shape == (32, 128) and batch["input_ids"].max() < 4000
     assert np.all(batch["masked_lm_weights"].sum(1) >= 1)
+
+
+def test_a_data_path_holding_prepared_data_is_refused_not_built_into(tmp_path):
+  """`pretrain_tiny.py --config.data.path=MY_DATA` used to build the bundled corpus into MY_DATA and train on it."""
+  (tmp_path / "manifest.json").write_text("{}")
+  with pytest.raises(ValueError, match=f"^data.path={tmp_path} holds prepared data .*--config.data.kind=prepared"):
+    tiny.ensure_tiny_dataset(str(tmp_path))
+  assert os.listdir(tmp_path) == ["manifest.json"]

@@ -34,7 +34,7 @@ def test_prediction_runs_micro_batches_with_identical_outputs():
     s = _setup(config, task, model)
     calls[micro] = finetune.prediction_split(s.split).global_batch
     with s.context():
-      outputs[micro] = finetune.predict_features(task.predictor(model), finetune.replicate(host_params, s),
+      outputs[micro] = finetune.predict_features(task.predictor(model), s.replicate(host_params),
                                                  features, s)["logits"]
     padded = {k: np.concatenate([v, v[:per_device]]) for k, v in features.items()}  # the last chunk filled up
     reference = np.concatenate([apply(host_params, {k: v[i:i + per_device] for k, v in padded.items()})["logits"]

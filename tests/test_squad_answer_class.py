@@ -191,7 +191,7 @@ def test_prediction_is_the_same_at_every_micro_batch():
     config.train.micro_batch_size = micro
     s = engine.setup(config, finetune.make_job(config, task, model), devices=jax.devices()[:4])
     with s.context():
-      outputs = finetune.predict_features(task.predictor(model), finetune.replicate(params, s), features, s)
+      outputs = finetune.predict_features(task.predictor(model), s.replicate(params), features, s)
     for name, value in reference.items():
       if value.dtype.kind == "i":
         np.testing.assert_array_equal(outputs[name], value)

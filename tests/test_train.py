@@ -395,6 +395,31 @@ def test_two_processes_train_one_model_like_one_process(tmp_path):
                        for d in ("single", "multi")])
 
 
+@pytest.mark.slow
+def test_two_processes_build_the_bundled_corpus_once_warm_start_and_evaluate(tmp_path):
+  """Three things that failed with several processes: both built the bundled corpus into the same files at once
+  (a rename of the other's temporary shard failed), and a warm start and `--mode=eval` put arrays restored on
+  this host's device onto the other host's devices, a cross-host transfer that CPU backends refuse."""
+  run = [*SMALL_RUN, "--config.model.vocab_size=4000", "--config.train.num_train_steps=2",
+         "--config.train.eval_batches=1"]
+  assert cli(tmp_path / "source", *run).returncode == 0
+
+  def two_processes(*args):
+    port = free_port()
+    procs = [cli(tmp_path / "multi", *run, *args, f"--coordinator_address=localhost:{port}", "--num_processes=2",
+                 f"--process_id={i}", config="experiments/pretrain_tiny.py", devices=1, wait=False)
+             for i in range(2)]
+    outputs = communicate_all(procs, timeout=600)
+    assert all(p.returncode == 0 for p in procs), outputs
+    return outputs
+
+  trained = two_processes(f"--config.init_checkpoint={tmp_path / 'source'}")
+  assert all(f"Warm start from {tmp_path / 'source'}; freshly initialised: none" in out for out in trained)
+  assert (tmp_path / "multi" / "tiny_data" / "prepared" / "manifest.json").is_file()
+  evaluated = [json.loads(out.strip().splitlines()[-1]) for out in two_processes("--mode=eval")]
+  assert evaluated[0] == evaluated[1] and evaluated[0]["step"] == 2 and np.isfinite(evaluated[0]["mlm_loss"])
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 
 def test_misspelt_config_key_is_named(tmp_path):
