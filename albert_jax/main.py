@@ -151,6 +151,7 @@ def check_workdir(workdir: str, mode_name: str) -> None:
   from albert_jax import storage
   if storage.is_remote(workdir):
     return  # a bucket is checked by the storage layer on first use
+  storage.path(workdir)  # refuses a gs:// URL whose '//' was collapsed, before a lock makes a local `gs:` folder
   if runner.MODES[mode_name].reads_run and not os.path.exists(workdir):
     raise FileNotFoundError(f"--workdir={workdir} does not exist; --mode={mode_name} reads the weights of a "
                             "training run: pass that run's --workdir.")

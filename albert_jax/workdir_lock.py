@@ -2,7 +2,7 @@
 
 Two runs in one workdir would overwrite each other's checkpoints and interleave their metrics under the same
 steps, both reporting success. The lock names its owner (host, PID, start time) and is refreshed every
-`HEARTBEAT_SECONDS`; a second run is refused with the owner's name. A dead owner never leaves the workdir stuck:
+`HEARTBEAT_SECONDS`; a second run is refused with the owner's name, on every process of a multi-host run. A dead owner never leaves the workdir stuck:
 on the same host a lock whose PID no longer runs this program is taken over at once (kill -9, then resume), and
 from another host a lock whose heartbeat is older than `STALE_SECONDS` is.
 """
@@ -13,6 +13,10 @@ import os
 import socket
 import threading
 import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from albert_jax import storage
 
@@ -36,8 +40,12 @@ def _running(pid: int) -> bool:
     return True
 
 
+class WorkdirInUse(OSError):
+  """Another live run holds the workdir's lock."""
+
+
 class WorkdirLock:
-  """`with WorkdirLock(workdir):` around a training run (a no-op on processes other than 0)."""
+  """`with WorkdirLock(workdir, owner=process 0):` around a training run."""
 
   def __init__(self, workdir: str, owner: bool = True):
     self.path = os.path.join(workdir, LOCK_FILE)
@@ -65,7 +73,7 @@ class WorkdirLock:
       alive = time.time() - float(held.get("heartbeat", 0)) < STALE_SECONDS
     if alive:
       since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(held.get("started", 0))))
-      raise RuntimeError(f"Workdir {os.path.dirname(self.path)} is in use by a run on host {held.get('host')} "
+      raise WorkdirInUse(f"Workdir {os.path.dirname(self.path)} is in use by a run on host {held.get('host')} "
                          f"(PID {held.get('pid')}, started {since}); wait for it, stop it, or use another --workdir.")
     print(f"Taking over {self.path} from a run that is no longer alive (host {held.get('host')}, PID "
           f"{held.get('pid')}).", flush=True)
@@ -75,9 +83,22 @@ class WorkdirLock:
       self._write()
 
   def __enter__(self) -> "WorkdirLock":
+    """Process 0 takes the lock; the other processes learn whether it did, so that a refused run stops on every
+    host rather than leaving the others waiting for it in their first collective."""
+    failure = None
     if self.owner:
-      self._check_owner()
-      self._write()
+      try:
+        self._check_owner()
+        self._write()
+      except Exception as e:  # noqa: BLE001 - said to the other processes, then raised
+        failure = e
+    if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(np.int32(failure is not None)):
+      failure = failure or WorkdirInUse(f"Workdir {os.path.dirname(self.path)} could not be locked by process 0 "
+                                        "(its error says why); wait for the run using it, stop it, or use another "
+                                        "--workdir.")
+    if failure is not None:
+      raise failure
+    if self.owner:
       self._thread = threading.Thread(target=self._heartbeat, name="workdir-lock", daemon=True)
       self._thread.start()
     return self

@@ -88,3 +88,14 @@ def test_a_cpu_run_with_the_tpu_compiler_installed_prints_no_libtpu_host_errors(
   assert result.returncode == 0, result.stderr
   assert "step 1/1" in result.stderr
   assert "TPU" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_a_collapsed_bucket_url_is_refused_before_anything_is_written(tmp_path):
+  """`gs:/bucket/run` (one slash) used to be refused only after the workdir lock made a local `gs:` folder."""
+  workdir = f"{tmp_path}/gs:/bucket/run"
+  result = cli(workdir, *SMALL_RUN)
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: {workdir!r} is a gs:// URL whose '//' was collapsed (os.path.abspath or normpath do that): pass the "
+      "URL as gs://BUCKET/PATH.")
+  assert os.listdir(tmp_path) == []

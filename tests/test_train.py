@@ -540,14 +540,23 @@ def test_a_full_disk_stops_the_run_naming_the_last_good_checkpoint(small_disk):
 @pytest.mark.slow
 def test_a_second_run_in_a_busy_workdir_is_refused_and_a_killed_owner_does_not_block(tmp_path):
   steps = ["--config.train.num_train_steps=300", "--config.checkpoint.every=50"]
-  owner = cli(tmp_path, *SMALL_RUN, *steps, wait=False)
+  owner = cli(tmp_path, *SMALL_RUN, *steps, "--config.train.num_train_steps=1000000", wait=False)  # still running
   deadline = time.time() + 300
   while not (tmp_path / "metrics.jsonl").exists() and owner.poll() is None:
     assert time.time() < deadline
     time.sleep(0.05)
   second = cli(tmp_path, *SMALL_RUN, *steps, "--config.train.learning_rate=0.5")
-  assert second.returncode != 0
+  assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
   assert f"is in use by a run on host {socket.gethostname()} (PID {owner.pid}" in second.stderr
+  port = free_port()  # a two-process run: process 1 used to wait in its first collective for a process 0 long gone
+  procs = [cli(tmp_path, *SMALL_RUN, *steps, f"--coordinator_address=localhost:{port}", "--num_processes=2",
+               f"--process_id={i}", wait=False) for i in range(2)]
+  outputs = communicate_all(procs, timeout=120)
+  assert [p.returncode for p in procs] == [1, 1], outputs
+  assert outputs[0].strip().splitlines()[-1].startswith(f"error: Workdir {tmp_path} is in use by a run on host")
+  assert outputs[1].strip().splitlines()[-1] == (
+      f"error: Workdir {tmp_path} could not be locked by process 0 (its error says why); wait for the run using it, "
+      "stop it, or use another --workdir.")
   owner.send_signal(signal.SIGKILL)
   owner.wait()
   assert json.loads((tmp_path / "config.json").read_text())["train"]["learning_rate"] != 0.5  # not overwritten
