@@ -138,7 +138,9 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
   _refuse(checks)
   if config.task == "pretrain":  # before train or compile writes or compiles anything
     from albert_jax.model_config import model_config_from
+    from data_pipeline.examples import ExampleConfig
     model_config_from(config).check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
+    ExampleConfig.from_config(config.data)  # the masking and sentence settings, refused by name
   if t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
     print(f"WARNING: train.warmup_steps={t.warmup_steps} > train.num_train_steps={t.num_train_steps}: the learning "
           f"rate never reaches train.learning_rate={t.learning_rate}.", flush=True)

@@ -41,6 +41,9 @@ class ExampleConfig:
       raise ValueError(f"static masking needs dupe_factor >= 1, got {self.dupe_factor}.")
     if not 0 < self.masked_lm_prob < 1:
       raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}.")
+    if self.ngram < 1:
+      raise ValueError(f"data.ngram={self.ngram} must be at least 1 (1: single words, as BERT masks; ALBERT uses "
+                       "3); set --config.data.ngram.")
     self.pair_config()   # validates sentence_task, short_seq_scope, max_seq_length
 
   @classmethod

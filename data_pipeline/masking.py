@@ -37,6 +37,18 @@ def num_prediction_slots(max_seq_length: int, max_predictions_per_seq: int, mask
   return max_predictions_per_seq or max(1, int(round(max_seq_length * masked_lm_prob)))
 
 
+def word_order(z: np.ndarray, num_words: np.ndarray) -> np.ndarray:
+  """uint32 [B, W]: each example's words 0..num_words-1 in a random order (from the high bits of `z`, uint64 [B, W]),
+  then its missing words. Sorts (random bits | word index) as uint32, much faster than argsort; missing words get
+  all random bits set, so they sort last."""
+  width = z.shape[1]
+  index_bits = max(int(width - 1).bit_length(), 1)
+  words = np.arange(width, dtype=np.uint32)
+  order_key = (z >> np.uint64(32 + index_bits)).astype(np.uint32) << np.uint32(index_bits) | words
+  order_key[words >= num_words[:, None]] |= np.uint32(0xFFFFFFFF << index_bits & 0xFFFFFFFF)
+  return np.sort(order_key, axis=1) & np.uint32((1 << index_bits) - 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Masker:
   start_table: np.ndarray          # bool [vocab]: is_start_piece of each id
@@ -80,20 +92,14 @@ class Masker:
     if self.max_predictions_per_seq:
       budget = np.minimum(budget, self.max_predictions_per_seq)
     budget[num_words == 0] = 0
-    # A random word order: sort (random bits | word index) as uint32, much faster than argsort; missing words get
-    # all random bits set, so they sort last.
     z = rng.bits(keys, 1, width)
-    index_bits = max(int(width - 1).bit_length(), 1)
-    words = np.arange(width, dtype=np.uint32)
-    order_key = (z >> np.uint64(32 + index_bits)).astype(np.uint32) << np.uint32(index_bits) | words
-    order_key[words >= num_words[:, None]] |= np.uint32(0xFFFFFFFF << index_bits & 0xFFFFFFFF)
-    order = np.sort(order_key, axis=1) & np.uint32((1 << index_bits) - 1)
-    order = np.ascontiguousarray(order.T.astype(np.int64))
+    order = np.ascontiguousarray(word_order(z, num_words).T.astype(np.int64))
     pvals = 1.0 / np.arange(1, ngram + 1)
     if not self.favor_shorter_ngram:
       pvals = pvals[::-1]
     u = (z & np.uint64(0xFFFFFFFF)).T.astype(np.float64) * 2.0**-32
-    sampled_n = 1 + sum(u >= c for c in np.cumsum(pvals / pvals.sum())[:-1])   # n of the k-th candidate
+    # n of the k-th candidate: 1 + the number of cumulative probabilities (the last one left out) at most u
+    sampled_n = 1 + np.searchsorted(np.cumsum(pvals / pvals.sum())[:-1], u, side="right")
 
     covered = np.zeros((batch, width + ngram), bool)
     accepted = np.zeros((batch, width), np.int64)

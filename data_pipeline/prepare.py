@@ -6,8 +6,10 @@ tokenizer, the seed and the shard counts, not on `--workers`. Each of K worker p
 (reading is cheap next to tokenizing) and tokenizes only the documents of its own shards, so memory stays flat.
 Every shard is written under a temporary name and renamed when complete (for a gs:// --output_dir: written
 locally, then uploaded in one put); rerunning after a crash skips finished shards. `manifest.json` is written last
-and marks the preparation complete; the SentencePiece model is copied in as `spiece.model`, so the directory is
-all a loader needs.
+and marks the preparation complete; like the shards it depends only on the inputs and settings (the time taken is
+printed, not recorded), so rerunning a finished preparation leaves it byte-identical and a pretraining run that
+recorded its sha256 resumes. The SentencePiece model is copied in as `spiece.model`, so the directory is all a
+loader needs.
 
 What may be reused is decided by `prepare_config.json`: the settings plus a fingerprint of every input file (path,
 size, mtime and a hash of its first and last MiB; for a TFDS input, every file of the prepared dataset) and the
@@ -266,13 +268,12 @@ def prepare(config: PrepareConfig) -> dict:
   """Write (or finish writing) the shards and the manifest; returns the manifest."""
   tokenizer = Tokenizer(config.spm_model, config.do_lower_case)   # fails early on a bad model path
   source = config.source()
-  files = source.files()
+  files = source.files("data_pipeline.prepare")
   inputs = [input_fingerprint(f, text=source.format != "tfds") for f in files]
   _check_or_record_identity(config, {**config.identity(), "inputs": inputs, "tokenizer_sha256": tokenizer.sha256})
   counts = config.shard_counts()
   todo = [(split, i) for split in SPLITS for i in range(counts[split])
           if not _is_done(os.path.join(config.output_dir, records.shard_name(split, i, counts[split])))]
-  start = time.time()
   if todo:
     workers = min(config.workers, len(todo))
     print(f"data_pipeline.prepare: {len(files)} input file(s), {sum(i['size'] for i in inputs) / 1e6:,.1f} "
@@ -287,7 +288,6 @@ def prepare(config: PrepareConfig) -> dict:
   if not _is_done(model_copy) or _sha256(model_copy) != tokenizer.sha256:
     storage.copy_atomic(config.spm_model, model_copy)
   manifest = _manifest(config, tokenizer, files, inputs)
-  manifest["seconds"] = round(time.time() - start, 3)
   if not sum(manifest["splits"][s]["documents"] for s in SPLITS):
     _delete_outputs(config)   # nothing worth resuming: the corrected command (another --format) starts afresh
     raise InputError(f"No documents in --input={config.input!r} ({manifest['totals']}); check --format "
@@ -310,6 +310,8 @@ _EMPTY_SPLIT = {
 
 
 def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inputs: list[dict]) -> dict:
+  """A function of the inputs and settings only (no time taken, no --workers): the same preparation run again
+  writes the same bytes, so a pretraining run that checked its sha256 resumes on it."""
   counts = config.shard_counts()
   splits, totals = {}, collections.Counter(empty_files=sum(i["size"] == 0 for i in inputs))
   for split in SPLITS:
@@ -349,9 +351,10 @@ def parse_args(argv: list[str]) -> PrepareConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+  start = time.perf_counter()
   manifest = prepare(parse_args(sys.argv[1:] if argv is None else argv))
   print(json.dumps({"splits": {s: v["documents"] for s, v in manifest["splits"].items()},
-                    "totals": manifest["totals"], "seconds": manifest["seconds"]}, indent=1))
+                    "totals": manifest["totals"], "seconds": round(time.perf_counter() - start, 3)}, indent=1))
 
 
 if __name__ == "__main__":

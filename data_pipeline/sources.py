@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from typing import Iterator
 
 from albert_jax import storage
@@ -64,13 +65,16 @@ class Source:
   def splits_sentences(self) -> bool:
     return self.format != "lines"
 
-  def files(self) -> list[str]:
-    """The input files in a fixed (sorted per pattern) order; an error if a pattern matches no file (a directory
-    is no input file: its files are not read). For a TFDS source, the prepared dataset's files (so a rebuilt
-    dataset is told apart from the one already prepared)."""
+  def files(self, prog: str | None = None) -> list[str]:
+    """The input files in a fixed (sorted per pattern) order, each once: a file that several paths or overlapping
+    globs name (compared by real path; gs:// URLs as written) is read at its first place only, since a second
+    copy of its documents would be trained on twice and leak into the held-out split. An error if a pattern matches
+    no file (a directory is no input file: its files are not read). `prog`: the command, which says on stderr how
+    many repeats were dropped. For a TFDS source, the prepared dataset's files (so a rebuilt dataset is told apart
+    from the one already prepared)."""
     if self.format == "tfds":
       return storage.glob(os.path.join(_tfds_builder(self.input[len("tfds:"):], self.tfds_data_dir).data_dir, "*"))
-    files = []
+    matches = []
     for pattern in filter(None, self.input.split(",")):
       matched = storage.glob(pattern)
       found = [m for m in matched if storage.path(m).is_file()]
@@ -80,7 +84,14 @@ class Source:
                          f"--input='{matched[0].rstrip('/')}/*.txt'.")
       if not found:
         raise InputError(f"--input pattern {pattern!r} matches no file.")
-      files.extend(found)
+      matches.extend(found)
+    first = {}
+    for m in matches:
+      first.setdefault(m if storage.is_remote(m) else os.path.realpath(m), m)
+    files = list(first.values())
+    if prog and len(files) < len(matches):
+      print(f"{prog}: dropped {len(matches) - len(files)} repeated --input file(s), named by more than one path or "
+            "glob; each file is read once.", file=sys.stderr, flush=True)
     return files
 
   def total(self) -> tuple[int, str]:

@@ -2,8 +2,9 @@
 
 The README's recipe: unigram, <pad> 0, <unk> 1, control symbols [CLS] [SEP] [MASK] (ids 2-4), no BOS/EOS,
 character_coverage 0.99995, user symbols ( ) " - . – £ €, a random sample of `input_sentence_size` sentences.
-Text is streamed to the trainer (ALBERT's `preprocess_text` applied, so lower-cased like the model's input), and
-the trainer samples the sentences with a reservoir, so memory is bounded by the sample, not the corpus. A sentence
+Text is streamed (ALBERT's `preprocess_text` applied, so lower-cased like the model's input) through a reservoir
+sampler (`sample`), so memory is bounded by the sample, not the corpus; the sample is drawn here, seeded by
+--seed, because the trainer's own sampler gives another sample in every process whatever its seed. A sentence
 longer than the trainer's `max_sentence_length` (a paragraph per line, as in Wikipedia extracts) is fed in pieces
 cut at spaces: the trainer would skip it without a word.
 """
@@ -13,6 +14,7 @@ import argparse
 import io
 import itertools
 import os
+import random
 import re
 import sys
 from typing import Iterator
@@ -52,6 +54,26 @@ def sentences(source: Source, do_lower_case: bool = True, progress: Progress | N
       progress.update(count, doc.position)
 
 
+def sample(stream: Iterator[str], size: int, seed: int) -> list[str]:
+  """A uniform random sample of `size` sentences, a function of the sentences and `seed` alone (Algorithm R): the
+  first `size` fill it in order; then sentence i (counted from 0) takes the place of entry j, drawn by
+  random.Random(seed).randrange(i + 1), when j < size. With at most `size` sentences, all of them in their order."""
+  rng, kept = random.Random(seed), []
+  for i, sentence in enumerate(stream):
+    if i < size:
+      kept.append(sentence)
+    elif (j := rng.randrange(i + 1)) < size:
+      kept[j] = sentence
+  return kept
+
+
+def _handed_over(kept: list[str]) -> Iterator[str]:
+  """`kept` in order, each let go once yielded, so the trainer's copy and this list do not both hold the sample."""
+  kept.reverse()
+  while kept:
+    yield kept.pop()
+
+
 def train(source: Source, model_path: str, vocab_size: int = 30000, input_sentence_size: int = 10_000_000,
           seed: int = 0, num_threads: int = 1, do_lower_case: bool = True) -> str:
   """Train on the sentences of `source` and write `model_path` (a .model file); returns the path. The arguments and
@@ -64,8 +86,11 @@ def train(source: Source, model_path: str, vocab_size: int = 30000, input_senten
     raise InputError(f"--output={model_path} is a directory; pass the path of the .model file to write, e.g. "
                      f"--output={os.path.join(model_path, 'spm.model')}.")
   model = io.BytesIO()
+  source.files("data_pipeline.train_spm")   # says if --input names a file twice
   progress = Progress(f"data_pipeline.train_spm (vocab {vocab_size:,})", "sentences read", source.total())
   feed = sentences(source, do_lower_case, progress)
+  if input_sentence_size:   # the trainer gets no more than it keeps, so its own sampler never draws
+    feed = _handed_over(sample(feed, input_sentence_size, seed))
   first = next(feed, None)
   if first is None:
     raise InputError(f"No text in --input={source.input!r}; check --format (now {source.format!r}) and "
@@ -80,7 +105,7 @@ def train(source: Source, model_path: str, vocab_size: int = 30000, input_senten
       errors.append(e)
       raise
 
-  spm.set_random_generator_seed(seed)      # the sentence sample (and so the model) is reproducible
+  spm.set_random_generator_seed(seed)   # any other randomness of the trainer's
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=guarded(), model_writer=model, model_type="unigram", vocab_size=vocab_size, pad_id=0,
@@ -111,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--tfds_data_dir", default=None)
   parser.add_argument("--output", required=True, help="path of the .model file to write")
   parser.add_argument("--vocab_size", type=int, default=30000)
-  parser.add_argument("--input_sentence_size", type=int, default=10_000_000, help="sentences sampled for training")
+  parser.add_argument("--input_sentence_size", type=int, default=10_000_000,
+                      help="sentences sampled for training (0: all); the sample is fixed by --seed")
   parser.add_argument("--do_lower_case", type=lambda v: v.lower() in ("1", "true", "yes"), default=True)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--num_threads", type=int, default=os.cpu_count() or 1)

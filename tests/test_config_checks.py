@@ -27,6 +27,7 @@ def last_line(result) -> str:
     (["--config.train.max_micro_batch_size=-1", "--fit"], "train.max_micro_batch_size=-1 must be positive"),
     (["--config.train.num_train_steps=0"], "train.num_train_steps=0 must be positive"),
     (["--config.data.max_seq_length=0"], "data.max_seq_length=0 leaves no room for [CLS] A [SEP] B [SEP]"),
+    (["--config.data.ngram=0"], "data.ngram=0 must be at least 1"),
 ])
 def test_compile_refuses_what_train_refuses(args, message):
   result, _ = compile_cli("--topology=v3-8", *args)
