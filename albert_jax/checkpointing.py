@@ -5,15 +5,18 @@ process's loader state as JSON, through grain's orbax handler). Orbax writes eve
 and renames it once complete, so a kill -9 at any moment — mid-save included — leaves the last complete checkpoint
 intact; unfinished temporary directories are ignored on restore. On `gs://`, which has no rename, orbax marks a
 complete step with a `commit_success.txt` object written last instead (the kill -9 test covers both). Saves are
-asynchronous; preemption (SIGTERM, or orbax's multi-host preemption notice) forces a save at the next step
-boundary.
+asynchronous; preemption (SIGTERM; on several processes JAX's preemption sync, which agrees on the step) forces a
+save at the next step boundary. The loader states are read back whatever process count wrote them
+(`process_<i>-of-<n>.json`): the loop decides whether they fit this run.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import traceback
@@ -34,19 +37,13 @@ class SaveError(RuntimeError):
 
 
 class _DataState:
-  """What grain's CheckpointHandler needs: get_state() -> bytes at save, set_state(bytes) at restore."""
+  """What grain's CheckpointHandler saves: get_state() -> bytes (`read_data_states` reads them back)."""
 
-  def __init__(self, state: Any = None):
+  def __init__(self, state: Any):
     self.state = state
 
   def get_state(self) -> bytes:
     return json.dumps(self.state).encode()
-
-  def set_state(self, state: bytes) -> None:
-    self.state = json.loads(state)
-
-  def start_prefetch(self) -> None:
-    pass
 
 
 class _OrbaxErrors(logging.Filter):
@@ -106,6 +103,54 @@ if not getattr(sys.unraisablehook, "albert_jax_filtered", False):
   sys.unraisablehook = _without_closed_loop_reports(sys.unraisablehook)
 
 
+@dataclasses.dataclass
+class DataStates:
+  """The loader states of a checkpoint's `data` item: `states[i]` is process i's, of the `process_count` processes
+  that wrote it (only this process's is read when the count is unchanged)."""
+  process_count: int
+  states: dict[int, Any]
+
+
+_DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
+
+
+def read_data_states(directory: str) -> DataStates:
+  """The states in a step's `data` item, written by grain's handler as `process_<i>-of-<n>.json`. A missing or
+  garbled file raises (damage); files written by another process count are read, not refused: whether they fit
+  this run is the loop's decision."""
+  data = storage.path(directory)
+  index, count = jax.process_index(), jax.process_count()
+  own = data / f"process_{index}-of-{count}.json"
+  if own.exists():
+    return DataStates(count, {index: json.loads(own.read_text())})
+  found = [tuple(map(int, m.groups())) for m in (_DATA_FILE.fullmatch(p.name) for p in data.iterdir()) if m]
+  counts = {n for _, n in found}
+  if len(counts) != 1:
+    raise ValueError(f"{data} holds no loader state of process {index} of {count}"
+                     f"{' and states of several process counts' if counts else ''}.")
+  (written,) = counts
+  missing = sorted(set(range(written)) - {i for i, _ in found})
+  if missing:
+    raise ValueError(f"{data} lacks the loader state of process {missing[0]} of the {written} that wrote it.")
+  return DataStates(written, {i: json.loads((data / f"process_{i}-of-{written}.json").read_text())
+                              for i in range(written)})
+
+
+class _Manager(ocp.CheckpointManager):
+  """orbax's manager minus its own calls into JAX's preemption sync (from `save`, and on process 0 from the
+  background thread that finalizes a save, with that save's step): JAX's protocol reads the last count passed in
+  as the caller's position, so a stale one from that thread could set a sync point a process has already passed.
+  Only `Checkpointer.reached_preemption`, once a step, calls it; orbax sees its answer here."""
+
+  preemption_step: int | None = None
+
+  def reached_preemption(self, step: int) -> bool:
+    return step == self.preemption_step
+
+
+_SYNC_CALLS = [0]  # calls of JAX's preemption sync by this process: the count all processes advance alike
+
+
 class Checkpointer:
   def __init__(self, directory: str, every: int, keep: int, async_save: bool = True):
     self.directory = storage.absolute(directory)
@@ -115,7 +160,7 @@ class Checkpointer:
         preservation_policy=policies.LatestN(keep),
         enable_async_checkpointing=async_save,
         create=True)
-    self.manager = ocp.CheckpointManager(
+    self.manager = _Manager(
         self.directory, item_names=("state", "data"),
         item_handlers={"state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler()},
         options=options)
@@ -155,11 +200,13 @@ class Checkpointer:
     latest = self.latest_step()
     return f"step {latest} in {self.directory}" if latest is not None else "none (no checkpoint was completed)"
 
-  def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
-    """Restores into `abstract_state`'s shapes and shardings; returns (state, this process's data state)."""
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(_DataState())))
-    return restored["state"], restored["data"].state
+  def restore(self, step: int, abstract_state: Any) -> tuple[Any, DataStates]:
+    """Restores into `abstract_state`'s shapes and shardings (any mesh, any process count); returns (state, the
+    writer's data states). The loader states are read here, not by grain's handler, which looks for this process
+    count's file only and so called an intact checkpoint of another process count unreadable."""
+    data = read_data_states(os.path.join(self.directory, str(step), "data"))
+    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+    return restored["state"], data
 
   def restore_newest_intact(self, restore: Callable[[int], Any], move_aside: bool = False
                             ) -> tuple[int, Any] | None:
@@ -208,7 +255,18 @@ class Checkpointer:
     return restored["state"]["params"]
 
   def reached_preemption(self, step: int) -> bool:
-    return self.manager.reached_preemption(step)
+    """Whether every process stops at `step` (the loop asks once per step, on every process): JAX's preemption
+    sync, started by a SIGTERM on any process, agrees on the step after the furthest one any process had reached.
+    It is handed this process's count of calls, not the step, so a notice that arrives before the first step (during
+    a restore or compilation) still stops the run at its first step; False in a single-process run."""
+    _SYNC_CALLS[0] += 1
+    try:
+      reached = multihost_utils.reached_preemption_sync_point(_SYNC_CALLS[0])
+    except RuntimeError:  # the preemption service is off (jax_enable_preemption_service)
+      reached = False
+    if reached:
+      self.manager.preemption_step = step
+    return reached
 
   def wait(self) -> None:
     self._saving(self.manager.wait_until_finished)

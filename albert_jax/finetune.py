@@ -32,6 +32,8 @@ HEAD_FILE = "head.json"  # the workdir's `Task.identity()`: what its checkpoints
 class FeatureBatches:
   """Shuffled epochs over fixed-shape features, a pure function of (seed, step): the resume state is the step."""
 
+  position_is_global = True  # the same on every process: a resume on another process count is exact
+
   def __init__(self, features: dict[str, np.ndarray], split: engine.BatchSplit, seed: int):
     self.features, self.split, self.seed, self.step = features, split, seed, 0
     self.num_rows = len(next(iter(features.values())))

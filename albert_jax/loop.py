@@ -87,19 +87,46 @@ def write_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
 
 class _StopSignals:
   """SIGTERM (a TPU VM preemption notice) and a first Ctrl-C (SIGINT) set a flag: the loop saves at the next step
-  boundary and exits. A second Ctrl-C stops at once, without saving."""
+  boundary and exits. A second Ctrl-C stops at once, without saving.
+
+  With several processes a flag of one process cannot decide the stop: the others would go on into the next
+  step's collectives while it saves, and the job hangs; notices reach a pod's hosts at different steps. So SIGTERM
+  is left to JAX's preemption notifier (jax.distributed.initialize installs it; a Python handler would replace
+  it), whose sync agrees on one step for all processes (`Checkpointer.reached_preemption`), and a first Ctrl-C is
+  passed on to it as a SIGTERM of this process. A second Ctrl-C ends this process at once (exit 130); the others
+  fail when they miss it (at once if it was process 0, which holds the coordinator, else after JAX's heartbeat
+  timeout), as after a kill. With jax_enable_preemption_service off both signals keep their defaults."""
 
   def __init__(self):
     self.received: int | None = None
-    self._previous = {signum: signal.signal(signum, self._handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+    self.agreed = jax.process_count() > 1
+    if not self.agreed:
+      signums = (signal.SIGTERM, signal.SIGINT)
+    elif jax.config.jax_enable_preemption_service:
+      signums = (signal.SIGINT,)
+    else:  # no agreement to be had: SIGTERM and Ctrl-C keep their defaults and end this process, saving nothing
+      signums = ()
+    self._previous = {signum: signal.signal(signum, self._handle) for signum in signums}
 
   def _handle(self, signum, frame):
     del frame
     self.received = signum
     if signum == signal.SIGINT:
-      signal.signal(signal.SIGINT, signal.default_int_handler)
-      print("\nCtrl-C: saving a checkpoint at the end of this step (Ctrl-C again stops now, without saving).",
-            flush=True)
+      if not self.agreed:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nCtrl-C: saving a checkpoint at the end of this step (Ctrl-C again stops now, without saving).",
+              flush=True)
+        return
+      signal.signal(signal.SIGINT, _exit_now)
+      print("\nCtrl-C: every process saves a checkpoint at a step they agree on, then exits (Ctrl-C again stops "
+            "this process now, without saving).", flush=True)
+      signal.raise_signal(signal.SIGTERM)  # to JAX's notifier, which starts the preemption sync of all processes
+
+  def stop(self, ckpt: checkpointing.Checkpointer, done: int) -> bool:
+    """Whether to save at `done` and exit; with several processes, the same answer on every one."""
+    if self.agreed:
+      return ckpt.reached_preemption(done)
+    return self.received is not None or ckpt.reached_preemption(done)
 
   def exit_code(self) -> int:
     """0 after a preemption notice (the job ended cleanly and resumes), 130 after Ctrl-C (the shell's code)."""
@@ -108,6 +135,14 @@ class _StopSignals:
   def restore(self):
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
+
+
+def _exit_now(signum, frame) -> None:
+  """A second Ctrl-C of a multi-process run: ends this process at once. A KeyboardInterrupt would leave it waiting
+  minutes in JAX's shutdown barrier for processes that wait for it in a collective."""
+  del signum, frame
+  print("\nCtrl-C again: stopping this process now, without saving.", flush=True)
+  os._exit(128 + signal.SIGINT)
 
 
 def fetch(device_metrics: Any) -> Any:
@@ -173,9 +208,9 @@ def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.Trai
   ckpt = s.checkpointer
   if ckpt.latest_step() is not None:
     print(f"Restoring the newest checkpoint in {ckpt.directory}...", flush=True)
-    latest, (state, data_state) = ckpt.restore_newest_intact(lambda step: ckpt.restore(step, s.abstract_state),
-                                                               move_aside=True)
-    train_iter.set_state(data_state)
+    latest, (state, data) = ckpt.restore_newest_intact(lambda step: ckpt.restore(step, s.abstract_state),
+                                                         move_aside=True)
+    _resume_data(train_iter, data, f"Step {latest} in {ckpt.directory}", config)
     print(f"Resumed from step {latest} in {ckpt.directory}", flush=True)
     return state
   state = s.create_state(init_rng)
@@ -184,6 +219,41 @@ def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.Trai
     state = state.replace(params=jax.device_put(params, s.state_shardings.params))
     print(f"Warm start from {config.init_checkpoint}; freshly initialised: {fresh or 'none'}", flush=True)
   return state
+
+
+def _resume_data(train_iter, data: checkpointing.DataStates, where: str, config) -> None:
+  """Puts the loader at the checkpoint's position. Another process count than the writer's (like another mesh, a
+  legitimate change) continues exactly when the loader declares its position global (`position_is_global`: a
+  function of the step, the same on every process, as fine-tuning's and synthetic data's); a position kept per
+  process (pretraining data, each process reading its own share of the documents) is refused, or with
+  resume_with_changes left behind: the data is read from its start."""
+  count = jax.process_count()
+  if data.process_count == count:
+    train_iter.set_state(data.states[jax.process_index()])
+    return
+  written = f"{where} was written by {_processes(data.process_count)} and this run has {count}"
+  if getattr(train_iter, "position_is_global", False):
+    positions = list(data.states.values())
+    if any(position != positions[0] for position in positions):
+      raise ValueError(f"{written}, and its processes' data positions differ ({positions[0]} vs "
+                       f"{next(p for p in positions if p != positions[0])}), so none of them continues the run. "
+                       f"Resume with {_processes(data.process_count)}, or use a new --workdir.")
+    train_iter.set_state(positions[0])
+    if jax.process_index() == 0:
+      print(f"{written}; the data position is the same on every process, so the run continues exactly.", flush=True)
+    return
+  if not config.get("resume_with_changes", False):
+    raise ValueError(f"{written}: the data loader keeps a position per process, which means nothing on another "
+                     f"process count. Resume with {_processes(data.process_count)}, or pass "
+                     "--config.resume_with_changes=True to continue the model from there with the data read from "
+                     "its start.")
+  if jax.process_index() == 0:
+    print(f"{written}; the data loader keeps a position per process, so the data is read from its start "
+          "(resume_with_changes).", flush=True)
+
+
+def _processes(count: int) -> str:
+  return f"{count} process{'es' if count > 1 else ''}"
 
 
 def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
@@ -228,7 +298,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
         if config.log.profile_start >= 0 and done == config.log.profile_start + config.log.profile_steps:
           jax.profiler.stop_trace()
           profile.close()
-        stop = signals.received is not None or ckpt.reached_preemption(done)
+        stop = signals.stop(ckpt, done)
         last_step = done == total_steps
         if done % config.log.every == 0 or last_step or stop:
           last = window.report(s)

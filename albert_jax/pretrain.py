@@ -69,6 +69,8 @@ class SyntheticBatches:
   """Random pretraining batches, a pure function of (seed, step): for smoke tests and benchmarks. The global batch
   is the same whatever the process count; each process takes its own rows."""
 
+  position_is_global = True  # the same on every process: a resume on another process count is exact
+
   def __init__(self, data_config, split: engine.BatchSplit, vocab_size: int, seed: int):
     self.config, self.split, self.vocab_size, self.seed = data_config, split, vocab_size, seed
     self.position = 0
