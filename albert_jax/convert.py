@@ -34,9 +34,14 @@ FLAGS = flags.FLAGS
 
 
 def from_hf(src: str, dst: str) -> None:
+  """A fine-tuned head keeps what it was trained for (class names and order, problem type, class) in dst's
+  head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes them back."""
+  head = interop.read_head(src)
   model_config, params = interop.load_hf(src)
-  pretrained.save_pretrained(dst, model_config, params)
-  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
+  pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
+  labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
+  trained = f"; an {head.architecture} head{labels}" if head else ""
+  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}{trained}).", flush=True)
 
 
 def from_tf1(src: str, dst: str) -> None:
@@ -56,7 +61,7 @@ def to_hf(src: str, dst: str, encoder_only: bool = False) -> None:
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
   else:
-    head = interop.finetuned_head(src)  # WORKDIR/best/step_N: its task's HF class
+    head = interop.finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
   interop.save_hf(model_config, params, dst, head=head)
   print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
 
@@ -129,7 +134,7 @@ def main(argv):
   topology.quiet_libtpu_off_tpu_vms()
   try:
     convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only)
-  except (ValueError, FileNotFoundError, FileExistsError, storage.StorageError) as e:
+  except (ValueError, OSError) as e:  # each names the problem and the fix (a full disk: free space)
     sys.exit(f"convert: error: {e}")
 
 

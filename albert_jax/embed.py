@@ -38,9 +38,10 @@ def embed_fn(model: AlbertModel, pooling: str):
 def _weights(config, workdir: str):
   """Only the backbone is used, so a fine-tuning run's head (its task, its classes) does not matter here."""
   if pretrained.read_best(workdir) or storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
-    return pretrained.load_init_params(workdir, "--workdir"), f"--workdir {workdir}"
+    return pretrained.load_init_params(workdir, "--workdir", model=config.model), f"--workdir {workdir}"
   if config.init_checkpoint:
-    return pretrained.load_init_params(config.init_checkpoint), f"init_checkpoint {config.init_checkpoint}"
+    return (pretrained.load_init_params(config.init_checkpoint, model=config.model),
+            f"init_checkpoint {config.init_checkpoint}")
   raise ValueError(f"No weights to embed with: {workdir} has no checkpoints and config.init_checkpoint is empty; "
                    "pass --workdir of a training run or --config.init_checkpoint=DIR (an albert_jax.convert output).")
 

@@ -330,15 +330,29 @@ jax.monitoring.register_event_listener(_count_cache_hit)
 
 def use_compilation_cache(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   """Turns on JAX's persistent compilation cache (`compilation_cache_dir`, default `workdir/compilation_cache`),
-  so that a preempted or restarted job skips recompiling the step. "none" turns it off."""
+  so that a preempted or restarted job skips recompiling the step. "none" turns it off, and so does a local folder
+  that cannot be written (the read-only workdir of predict or embed), with one line saying so."""
   directory = config.get("compilation_cache_dir", "") or os.path.join(workdir, "compilation_cache")
   if directory == "none":
+    return None
+  if not storage.is_remote(directory) and not _can_write(directory):
+    if jax.process_index() == 0:
+      print(f"Compilation cache off: {directory} cannot be written; pass --config.compilation_cache_dir=DIR to "
+            "keep one elsewhere.", flush=True)
     return None
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   if not storage.is_remote(directory) and jax.process_index() == 0:  # only process 0 writes entries
     remove_unreadable_cache_entries(directory)
   return directory
+
+
+def _can_write(directory: str) -> bool:
+  """Whether `directory`, or the nearest folder above it that exists (where it would be made), is writable."""
+  existing = os.path.abspath(directory)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  return os.access(existing, os.W_OK | os.X_OK)
 
 
 CHECKED_CACHE_ENTRIES = "albert_jax_checked.json"

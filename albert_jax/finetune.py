@@ -21,12 +21,11 @@ import numpy as np
 
 from albert_jax import engine, loop, pretrained, storage
 from albert_jax.model_config import model_config_from
-from albert_jax.pretrained import BEST_DIR, BEST_FILE, read_best
+from albert_jax.pretrained import BEST_DIR, BEST_FILE, HEAD_FILE, read_best, recorded_identity
 from albert_jax.tasks import Split, get_task, make_tokenizer
+from albert_jax.tasks.heads import HFHead
 from albert_jax.workdir_lock import WorkdirLock
 from data_pipeline.progress import Progress
-
-HEAD_FILE = "head.json"  # the workdir's `Task.identity()`: what its checkpoints' head was trained for
 
 
 class FeatureBatches:
@@ -151,29 +150,55 @@ def _on_every_process(decision: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
 
 
-def recorded_identity(workdir: str, best: dict | None = None) -> dict | None:
-  """The head identity recorded with the weights eval/predict use: the best record's, else the workdir's (None
-  for runs older than the record)."""
-  if best and "head" in best:
-    return best["head"]
-  path = storage.path(workdir) / HEAD_FILE
-  return json.loads(path.read_text()) if path.exists() else None
+def _converted_head_fits(task, recorded: dict) -> bool:
+  """A converted transformers head (`HFHead.identity()`) names a class, not a task: it fits a task of that class
+  whose classes it names in the same order (HF's default LABEL_i names say nothing: the shapes decide)."""
+  head, ours = HFHead.from_identity(recorded), task.hf_head
+  return (head is not None and ours is not None and head.architecture == ours.architecture
+          and head.labels in (None, ours.labels))
+
+
+def _describe(identity: dict) -> str:
+  return ", ".join(f"{k}={'|'.join(v) if isinstance(v, list) else v}" for k, v in identity.items() if v)
 
 
 def check_identity(task, recorded: dict | None, where: str) -> None:
-  """Refuses weights whose head was trained for another task or class order, naming both and the fix."""
+  """Refuses weights whose head was trained for another task, class or class order, naming both and the fix."""
   now = task.identity()
-  if recorded is None or recorded == now:
+  if recorded is None or recorded == now or _converted_head_fits(task, recorded):
     return
-  def describe(identity):
-    return ", ".join(f"{k}={'|'.join(v) if isinstance(v, list) else v}" for k, v in identity.items() if v)
-  if all(recorded.get(k) == v for k, v in now.items() if k != "labels") and recorded.get("labels"):
-    fix = (f"pass labels={'|'.join(recorded['labels'])} (--config.data.labels) as at training"
-           if now["labels"] else "run with the training run's settings (its config.json)")
-  else:
-    fix = "run with the experiment config it was trained with (config.json there), or use another --workdir"
-  raise ValueError(f"{where} holds a head trained for {describe(recorded)}, not for this run's {describe(now)}; "
-                   f"its outputs would be read wrongly. To use it, {fix}.")
+  raise ValueError(f"{where} holds a head trained for {_describe(recorded)}, not for this run's {_describe(now)}; "
+                   f"its outputs would be read wrongly. To use it, {_identity_fix(task, recorded)}.")
+
+
+def _identity_fix(task, recorded: dict) -> str:
+  now, converted = task.identity(), HFHead.from_identity(recorded)
+  labels = "|".join(recorded.get("labels") or ())
+  if converted is None:
+    if all(recorded.get(k) == v for k, v in now.items() if k != "labels") and labels:
+      return (f"pass labels={labels} (--config.data.labels) as at training" if now["labels"]
+              else "run with the training run's settings (its config.json)")
+    return "run with the experiment config it was trained with (config.json there), or use another --workdir"
+  if task.hf_head is None or converted.architecture != task.hf_head.architecture:
+    return (f"use it with a task whose model is an {converted.architecture}, or fine-tune from it "
+            "(--config.init_checkpoint: a head for other classes starts afresh)")
+  if task.settings.labels:
+    return f"pass labels={labels} (--config.data.labels), the order of its transformers config.json (id2label)"
+  return ("as this task's class order is fixed, fine-tune from it (--config.init_checkpoint: its head then starts "
+          f"afresh) or use it with your own data's task (experiments/classification.py) and labels={labels}")
+
+
+def _head_trained_for(task, recorded: dict | None) -> bool:
+  """Whether weights recorded as `recorded` hold a head for the task's classes in the task's order: a converted
+  head that fits, or a fine-tuning run's head with the same labels, of any task (MNLI's head predicts AX)."""
+  if recorded is None or HFHead.from_identity(recorded) is None:
+    return not (recorded and recorded.get("labels")) or recorded["labels"] == task.identity()["labels"]
+  return _converted_head_fits(task, recorded)
+
+
+def _init_identity(config) -> dict | None:
+  """What init_checkpoint's head was trained for: a fine-tuning run's record, or a converted directory's."""
+  return recorded_identity(config.init_checkpoint, read_best(config.init_checkpoint))
 
 
 def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup):
@@ -189,8 +214,10 @@ def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Set
   return metrics, predictions
 
 
-def _warm_start(config):
-  """Pretrained weights are required unless random initialisation was asked for explicitly."""
+def _warm_start(config, task=None):
+  """Pretrained weights are required unless random initialisation was asked for explicitly. A head recorded as
+  trained for other classes or another order than `task`'s is not kept (it would start from swapped classes): it
+  starts afresh, said in one line."""
   if not config.init_checkpoint:
     if config.allow_random_init:
       print("WARNING: fine-tuning from RANDOM weights (allow_random_init=True).", flush=True)
@@ -198,32 +225,14 @@ def _warm_start(config):
     raise ValueError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
-  _check_init_function(config)
-  loaded = pretrained.load_init_params(config.init_checkpoint)
+  loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
+  recorded = _init_identity(config)
+  if task is not None and set(loaded) - {"albert"} and not _head_trained_for(task, recorded):
+    if jax.process_index() == 0:
+      print(f"init_checkpoint={config.init_checkpoint} holds a head trained for {_describe(recorded)}, not for "
+            f"this run's {_describe(task.identity())}: it starts afresh.", flush=True)
+    loaded = {"albert": loaded["albert"]}
   return lambda params: pretrained.merge_init_params(params, loaded)
-
-
-# Fields that change the function without changing any weight shape, so the shape check of the warm start misses
-# them: the head count (the xlarge v2 TF-Hub weights have 32, the `xlarge` size 16), shared-layer repetitions, etc.
-SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps")
-
-
-def _check_init_function(config) -> None:
-  """Refuses an init_checkpoint whose recorded model (model_config.json of a converted directory, config.json of
-  a pretraining workdir) differs from config.model in a field that no weight shape shows."""
-  path = config.init_checkpoint
-  saved = None
-  if storage.path(os.path.join(path, pretrained.CONFIG_FILE)).is_file():
-    saved = json.loads(storage.path(os.path.join(path, pretrained.CONFIG_FILE)).read_text())
-  elif storage.path(os.path.join(path, "config.json")).is_file():
-    saved = json.loads(storage.path(os.path.join(path, "config.json")).read_text()).get("model")
-  diffs = {k: (saved[k], config.model[k]) for k in SHAPELESS_FIELDS
-           if saved and k in saved and saved[k] != config.model[k]}
-  if diffs:
-    raise ValueError(f"init_checkpoint {path} was saved with " + ", ".join(
-        f"model.{k}={a!r} but this run has {b!r}" for k, (a, b) in diffs.items()) + "; no weight shape shows this, "
-        "so the weights would load and compute a different function. Pass " +
-        " ".join(f"--config.model.{k}={a}" for k, (a, _) in diffs.items()) + ".")
 
 
 def _rows(batch: dict[str, Any]) -> int:
@@ -253,13 +262,14 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
                     evaluate=evaluate, warm_start=warm_start)
 
 
-def _task_and_model(config, trained_in: str | None = None):
-  """`trained_in`: eval/predict with that workdir's weights. When the config names no class order, the one
-  recorded there is used: re-deriving it from the train file gives the sorted labels, perhaps not training's."""
+def _task_and_model(config, trained_in: str | None = None, warm_start: bool = False):
+  """`trained_in`: where the weights come from (eval/predict: the workdir; training: init_checkpoint, with
+  `warm_start`). When the config names no class order, the one recorded there is used (`pretrained.as_recorded`);
+  by a warm start only for the train file's classes: a head for other classes starts afresh (`_warm_start`)."""
   task = get_task(config)
   recorded = recorded_identity(trained_in, read_best(trained_in)) if trained_in else None
-  if recorded and recorded["labels"] and not task.settings.labels and not task.settings.regression:
-    task = get_task(dataclasses.replace(task.settings, labels=tuple(recorded["labels"])))
+  if not (warm_start and recorded and set(recorded.get("labels") or ()) != set(task.identity()["labels"] or ())):
+    task = pretrained.as_recorded(task, recorded)
   tokenizer = make_tokenizer(config)
   model_config = model_config_from(config)
   tokenizer.check_vocab(model_config.vocab_size)
@@ -285,14 +295,18 @@ def train(config, workdir: str, args=None) -> None:
     raise ValueError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
                      "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
                      "train.eval_every.")
-  task, tokenizer, model_config, model = _task_and_model(config)
-  if config.train.num_train_steps == 0:  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
+  predict_only = config.train.num_train_steps == 0  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
+  task, tokenizer, model_config, model = _task_and_model(config, config.init_checkpoint or None,
+                                                         warm_start=not predict_only)
+  if predict_only:
     if not config.init_checkpoint:
       raise ValueError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
                        "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
+    if not _head_trained_for(task, _init_identity(config)):  # refused, naming both and the fix
+      check_identity(task, _init_identity(config), f"init_checkpoint={config.init_checkpoint}")
     params = pretrained.merge_init_params(
         jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
-        pretrained.load_init_params(config.init_checkpoint), required_prefix="",
+        pretrained.load_init_params(config.init_checkpoint, model=config.model), required_prefix="",
         head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
                  "to that run's workdir (for AX, the MNLI run's).")[0]
     path = predict_split_file(config, workdir, task, model, params, task.load_split("test", tokenizer))
@@ -320,7 +334,7 @@ def train(config, workdir: str, args=None) -> None:
             f" (best: step {keeper.record['step']}, {keeper.record['metric']} {keeper.record['value']:.4f})",
             flush=True)
 
-  loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, _warm_start(config)))
+  loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, _warm_start(config, task)))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
@@ -332,13 +346,13 @@ def train(config, workdir: str, args=None) -> None:
   print(json.dumps(best), flush=True)
 
 
-def _trained_params(workdir: str, task, model):
+def _trained_params(config, workdir: str, task, model):
   """The workdir's best (else latest) weights, refused unless their head was trained for `task` as it is now
-  (a pretraining workdir has none)."""
+  (a pretraining workdir has none) and their model is config.model's."""
   best = read_best(workdir)
   check_identity(task, recorded_identity(workdir, best), f"--workdir={workdir}")
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
-  params = pretrained.load_init_params(workdir, "--workdir")
+  params = pretrained.load_init_params(workdir, "--workdir", model=config.model)
   pretrained.check_params(jax.eval_shape(lambda: nn.unbox(task.init_params(model, jax.random.key(0)))), params,
                           required_prefix="", name=f"--workdir={workdir}",
                           head_fix="Pass the --workdir of a run fine-tuned for this task; pretrained weights "
@@ -349,7 +363,7 @@ def _trained_params(workdir: str, task, model):
 def evaluate(config, workdir: str, args=None) -> None:
   """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions."""
   task, tokenizer, _, model = _task_and_model(config, workdir)
-  params, which = _trained_params(workdir, task, model)
+  params, which = _trained_params(config, workdir, task, model)
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
@@ -368,7 +382,7 @@ def predict(config, workdir: str, args) -> None:
     raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
                      "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
   task, tokenizer, _, model = _task_and_model(config, workdir)
-  params, which = _trained_params(workdir, task, model)
+  params, which = _trained_params(config, workdir, task, model)
   if args.split:
     path = predict_split_file(config, workdir, task, model, params, task.load_split(args.split, tokenizer),
                               output_path)

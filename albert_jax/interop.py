@@ -19,11 +19,11 @@ import numpy as np
 import safetensors.numpy
 
 from albert_jax import model as model_lib
-from albert_jax import storage
+from albert_jax import pretrained, storage
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks import get_task
-from albert_jax.tasks.heads import (ANSWER_CLASS_PARAMS, HF_HEAD_PARAMS, MULTIPLE_CHOICE, NO_POOLER, QUESTION_ANSWERING,
-                                    SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, HFHead)
+from albert_jax.tasks.heads import (ANSWER_CLASS_PARAMS, HF_HEAD_PARAMS, MASKED_LM, MULTIPLE_CHOICE, NO_POOLER,
+                                    QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, HFHead)
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -41,7 +41,7 @@ _HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gel
 # Non-persistent buffers that older transformers versions wrote into checkpoints.
 _HF_BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
 _HEADS = ("predictions", "sop_classifier")
-_POOLER = ("albert.pooler.weight", "albert.pooler.bias")  # absent from AlbertForQuestionAnswering
+_POOLER = ("albert.pooler.weight", "albert.pooler.bias")  # absent from the NO_POOLER classes
 
 Path = tuple[str, ...]
 
@@ -175,18 +175,14 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   Returns the heads the checkpoint has: an `AlbertForPreTraining` gives {"albert", "predictions",
   "sop_classifier"}, an `AlbertForMaskedLM` no "sop_classifier", and an `AlbertModel` the backbone only
   ({"albert": ...}); initialise missing heads before calling `AlbertForPreTraining`. The fine-tuned heads of
-  `AlbertFor{SequenceClassification,MultipleChoice}` give "classifier", of `AlbertForQuestionAnswering`
-  "qa_outputs" (the fine-tuning tasks' param names; a QA checkpoint has no pooler, which span heads never use: it
-  is loaded as zeros). Other heads (e.g. token classification) are skipped with a warning. Weights are upcast to
-  float32 (lossless). The head count is invisible in the weights: it comes from config.json alone.
+  `AlbertFor{SequenceClassification,MultipleChoice,TokenClassification}` give "classifier", of
+  `AlbertForQuestionAnswering` "qa_outputs" (the fine-tuning tasks' param names); what the head was trained for
+  (class names, problem type) is `read_head`'s. The classes in NO_POOLER (masked LM, QA, token classification)
+  have no pooler, which their heads never use: it is loaded as zeros. Weights are upcast to float32 (lossless).
+  The head count is invisible in the weights: it comes from config.json alone.
   """
   path = os.path.abspath(path)
-  config_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{config_path} not found; point to a directory written by transformers' "
-                            "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
-  with open(config_path) as f:
-    hf_config = json.load(f)
+  hf_config = _read_config(path)
   c = config_from_hf(hf_config)
   architecture = (hf_config.get("architectures") or [""])[0]
   tensors = _read_tensors(path)
@@ -229,15 +225,52 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   return c, traverse_util.unflatten_dict(params)
 
 
+def _read_config(path: str) -> dict[str, Any]:
+  config_path = os.path.join(path, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{config_path} not found; point to a directory written by transformers' "
+                            "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
+  with open(config_path) as f:
+    return json.load(f)
+
+
+def read_head(path: str) -> HFHead | None:
+  """What the fine-tuned head of a transformers directory was trained for, from its config.json (None for the
+  pretraining and backbone classes): the class names in id order (None when they are HF's default LABEL_i, which
+  say nothing), their count and problem_type. A multi-label classifier is refused: every albert_jax classifier
+  picks one class (softmax), so evaluation and prediction would read its outputs wrongly."""
+  hf_config = _read_config(os.path.abspath(path))
+  architecture = (hf_config.get("architectures") or [""])[0]
+  if architecture not in HF_HEAD_PARAMS:
+    return None
+  if architecture not in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
+    return HFHead(architecture)
+  problem_type = hf_config.get("problem_type")
+  if problem_type == "multi_label_classification":
+    raise ValueError(f"{path}: config.json has problem_type='multi_label_classification' (independent yes/no per "
+                     "class); albert_jax's classifiers pick one class, so this head would be read wrongly. Keep it "
+                     "in transformers, or save its encoder alone (`model.albert.save_pretrained(DIR)`, an "
+                     "AlbertModel) and convert that to fine-tune a head here.")
+  id2label = {int(i): name for i, name in (hf_config.get("id2label") or {}).items()}
+  if sorted(id2label) != list(range(len(id2label))):
+    raise ValueError(f"{path}: config.json's id2label has ids {sorted(id2label)}; expected 0 to "
+                     f"{len(id2label) - 1}, one per output of the classifier.")
+  names = tuple(id2label[i] for i in range(len(id2label)))
+  unnamed = names == tuple(f"LABEL_{i}" for i in range(len(names)))
+  return HFHead(architecture, None if unnamed else names, len(names), problem_type)
+
+
 def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | None = None) -> None:
   """Writes config.json + model.safetensors that transformers' `AlbertForPreTraining.from_pretrained` loads, or,
-  for fine-tuned params, the `AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice}` of `head`.
+  for fine-tuned params, the `AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice,
+  TokenClassification}` of `head`.
 
   `params` may be boxed (nn.Partitioned) and may lack heads (backbone only: the file is an `AlbertModel`, and
-  `AlbertForPreTraining.from_pretrained` initialises the missing heads). Without an E->H projection (E == H and
-  `embedding_projection` off) an identity projection is written, which HF requires and which changes nothing.
-  `head` (a task's `hf_head`) is needed only for a one-output `classifier`, which is a regression or a multiple
-  choice scorer; its labels become config.json's id2label.
+  `AlbertForPreTraining.from_pretrained` initialises the missing heads; the masked LM head alone: an
+  `AlbertForMaskedLM`, which has no pooler). Without an E->H projection (E == H and `embedding_projection` off) an
+  identity projection is written, which HF requires and which changes nothing. `head` (a task's `hf_head`, or a
+  converted directory's `read_head`) is needed only for a one-output `classifier`, which is a regression or a
+  multiple choice scorer, and for a token classifier; its labels become config.json's id2label.
   """
   c = model_config
   hf_config = config_to_hf(c)
@@ -268,15 +301,30 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
     raise ValueError(f"params have entries that the model config does not describe or that an HF ALBERT checkpoint "
                      f"has no place for: {sorted('/'.join(p) for p in flat)}.")
   if head is not None:
-    if head.architecture in NO_POOLER:  # HF's QA and token classification models have no pooler
-      tensors = {k: v for k, v in tensors.items() if k not in _POOLER}
     tensors.update(head_tensors)
   architecture = (head.architecture if head is not None else "AlbertForPreTraining" if "sop_classifier" in heads
-                  else "AlbertForMaskedLM" if "predictions" in heads else "AlbertModel")
-  os.makedirs(path, exist_ok=True)
-  safetensors.numpy.save_file(tensors, os.path.join(path, SAFETENSORS_FILE), metadata={"format": "pt"})
-  with open(os.path.join(path, CONFIG_FILE), "w") as f:
-    json.dump({"architectures": [architecture], **hf_config, **head_config, "dtype": dtype.name}, f, indent=2)
+                  else MASKED_LM if "predictions" in heads else "AlbertModel")
+  if architecture in NO_POOLER:  # HF's class has no pooler to load it into
+    tensors = {k: v for k, v in tensors.items() if k not in _POOLER}
+  _write_hf(path, tensors, {"architectures": [architecture], **hf_config, **head_config, "dtype": dtype.name})
+
+
+def _write_hf(path: str, tensors: dict[str, np.ndarray], hf_config: dict[str, Any]) -> None:
+  """Writes the weights, then config.json, each under a temporary name renamed when whole, after removing the
+  pair a previous export left: a failed write (a full disk) leaves no config.json, so nothing there loads as a
+  complete model. The failure is one OSError naming the folder and the fix."""
+  weights, config = os.path.join(path, SAFETENSORS_FILE), os.path.join(path, CONFIG_FILE)
+  try:
+    os.makedirs(path, exist_ok=True)
+    for name in (config, weights):
+      storage.remove(name)
+    safetensors.numpy.save_file(tensors, f"{weights}.tmp", metadata={"format": "pt"})
+    os.replace(f"{weights}.tmp", weights)
+    storage.write_atomic(config, json.dumps(hf_config, indent=2))
+  except (OSError, safetensors.SafetensorError) as e:
+    storage.remove(f"{weights}.tmp")
+    raise OSError(f"Writing the transformers model into {path} failed ({e}); nothing there is left as a complete "
+                  "model. Free space on that disk (or make it writable) and run again, or write elsewhere.") from e
 
 
 def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
@@ -313,13 +361,18 @@ def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
     labels = head.labels or [f"LABEL_{i}" for i in range(outputs)]
     config = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
   if head.architecture == SEQUENCE_CLASSIFICATION:
-    config["problem_type"] = "single_label_classification" if head.labels or outputs > 1 else "regression"
+    config["problem_type"] = head.problem_type or (
+        "single_label_classification" if head.labels or outputs > 1 else "regression")
   return head, tensors, config
 
 
 def finetuned_head(weights_dir: str) -> HFHead | None:
-  """The HF head of fine-tuned weights kept in a workdir (`WORKDIR/best/step_N`), from the task that the
-  workdir's config.json names; None for any other directory."""
+  """The HF head of fine-tuned weights: the one a converted directory recorded (`pretrained.HEAD_FILE`), or for
+  weights kept in a workdir (`WORKDIR/best/step_N`) its task's, named by the workdir's config.json, with the class
+  order the run recorded; None for any other directory."""
+  recorded = HFHead.from_identity(pretrained.recorded_identity(weights_dir))
+  if recorded is not None:
+    return recorded
   weights_dir = storage.absolute(weights_dir).rstrip("/")
   workdir = os.path.dirname(os.path.dirname(weights_dir))
   config_path = os.path.join(workdir, "config.json")
@@ -328,4 +381,5 @@ def finetuned_head(weights_dir: str) -> HFHead | None:
   config = ml_collections.ConfigDict(json.loads(storage.path(config_path).read_text()))
   if "task" not in config:
     return None
-  return get_task(config).hf_head
+  return pretrained.as_recorded(get_task(config), pretrained.recorded_identity(workdir, pretrained.read_best(workdir))
+                                ).hf_head

@@ -145,7 +145,12 @@ def raised_by_our_code(error: BaseException) -> bool:
   return bool(frames) and frames[-1].filename.startswith(OUR_PACKAGES)
 
 
-def check_workdir(workdir: str, mode_name: str) -> None:
+# Modes that only read the workdir when --output names where their result goes: a read-only workdir serves them
+# (eval writes the dev predictions into it, predict --split without --output its benchmark file).
+READ_ONLY_WITH_OUTPUT = ("predict", "embed")
+
+
+def check_workdir(workdir: str, mode_name: str, output: str | None = None) -> None:
   """A local workdir that cannot serve the mode is refused in one line; nothing is written (a config refused later
   leaves no folder behind)."""
   from albert_jax import storage
@@ -162,8 +167,9 @@ def check_workdir(workdir: str, mode_name: str) -> None:
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
     raise NotADirectoryError(f"--workdir={workdir} cannot be created: {existing} is a file; pass a directory path.")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise PermissionError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory.")
+  if not os.access(existing, os.W_OK | os.X_OK) and not (output and mode_name in READ_ONLY_WITH_OUTPUT):
+    hint = " (or pass --output: predict then writes nothing there)" if mode_name == "predict" else ""
+    raise PermissionError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory{hint}.")
 
 
 def main(argv) -> None:
@@ -190,7 +196,7 @@ def main(argv) -> None:
 def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
   mode = runner.MODES[mode_name]
   if mode.needs_workdir:
-    check_workdir(workdir, mode_name)
+    check_workdir(workdir, mode_name, FLAGS.output)
     _initialize_distributed()
     from albert_jax import engine
     engine.use_compilation_cache(config, workdir)

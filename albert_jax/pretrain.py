@@ -196,7 +196,7 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
       flops_per_token=flops.train_flops_per_token(model_config, seq_len, prediction_slots(config.data)),
       evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
       warm_start=(lambda params: pretrained.merge_init_params(params, pretrained.load_init_params(
-          config.init_checkpoint))) if config.init_checkpoint else None)
+          config.init_checkpoint, model=config.model))) if config.init_checkpoint else None)
 
 
 def _log_evaluation(step: int, metrics: dict[str, float], writer) -> None:
@@ -236,6 +236,7 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, also printed as one JSON line."""
+  pretrained.check_same_function(workdir, config.model, "--workdir")
   s = engine.setup(config, make_job(config, workdir), workdir)
   found = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
   if found is None:

@@ -1,15 +1,17 @@
 """Standalone parameter checkpoints: what `albert_jax.convert` writes and `init_checkpoint` reads.
 
-Layout of a directory: `model_config.json` (the ModelConfig fields) and `params/` (an orbax PyTree checkpoint,
-written to a temporary name and renamed when complete, so a crash never leaves a half-written `params/`).
+Layout of a directory: `model_config.json` (the ModelConfig fields), `params/` (an orbax PyTree checkpoint,
+written to a temporary name and renamed when complete, so a crash never leaves a half-written `params/`) and, for
+converted fine-tuned weights, `head.json` (what the head was trained for, as a fine-tuning workdir records it).
 A training workdir's step checkpoints are read too (see `checkpointing.py`), and `merge_init_params` fits what
 was read into a model's parameter tree (warm starts of pretraining and fine-tuning).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import flax
 import flax.linen as nn
@@ -20,20 +22,29 @@ import orbax.checkpoint as ocp
 from albert_jax import checkpointing, storage
 from albert_jax.checkpointing import local_restore_target
 from albert_jax.model_config import ModelConfig
+from albert_jax.tasks import get_task
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 BEST_DIR = "best"        # a fine-tuning workdir's best dev checkpoint: best/step_N/ (a pretrained-weights dir)
 BEST_FILE = "best.json"  # ... and the record naming it (finetune.BestKeeper)
+HEAD_FILE = "head.json"  # what the head was trained for: a fine-tuning workdir's `Task.identity()`, a converted
+                         # directory's `HFHead.identity()`
 
 
-def save_pretrained(directory: str, model_config: ModelConfig, params: Any) -> None:
+def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head: dict | None = None) -> None:
+  """`head`: the identity of the params' fine-tuned head (`HFHead.identity()` of converted weights), kept as
+  HEAD_FILE so that eval, predict, warm starts and export read its classes in their trained order."""
   directory = storage.absolute(directory)
   storage.path(directory).mkdir(parents=True, exist_ok=True)
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(os.path.join(directory, PARAMS_DIR), nn.unbox(params), force=True)
     checkpointer.wait_until_finished()
   if jax.process_index() == 0:
+    if head is None:  # an older conversion's record, left by --overwrite, would misdescribe these params
+      storage.remove(os.path.join(directory, HEAD_FILE))
+    else:
+      storage.write_atomic(os.path.join(directory, HEAD_FILE), json.dumps(head, indent=2))
     storage.write_atomic(os.path.join(directory, CONFIG_FILE), json.dumps(model_config.to_dict(), indent=2))
 
 
@@ -61,11 +72,55 @@ def read_best(workdir: str) -> dict | None:
   return json.loads(path.read_text()) if path.exists() else None
 
 
-def load_init_params(path: str, name: str = "init_checkpoint") -> Any:
+def recorded_identity(workdir: str, best: dict | None = None) -> dict | None:
+  """The head identity recorded with the weights eval/predict use: the best record's, else the workdir's or a
+  converted directory's HEAD_FILE (None for runs older than the record, and for weights without a head)."""
+  if best and "head" in best:
+    return best["head"]
+  path = storage.path(workdir) / HEAD_FILE
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def as_recorded(task, recorded: dict | None):
+  """`task` with the class order its weights recorded, when the config names none: re-deriving it from the train
+  file gives the sorted labels, perhaps not training's (nor a converted head's). A task whose classes are fixed
+  (GLUE's) stays as it is."""
+  if not (recorded and recorded.get("labels") and not task.settings.labels and not task.settings.regression):
+    return task
+  reordered = get_task(dataclasses.replace(task.settings, labels=tuple(recorded["labels"])))
+  return reordered if reordered.identity()["labels"] == recorded["labels"] else task
+
+
+# Fields that change the function without changing any weight shape, so the shape check of the warm start misses
+# them: the head count (the xlarge v2 TF-Hub weights have 32, the `xlarge` size 16), shared-layer repetitions, etc.
+SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps")
+
+
+def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_checkpoint") -> None:
+  """Refuses weights at `path` whose recorded model (model_config.json of a converted directory, config.json of a
+  training workdir) differs from `model` (the config.model they are about to be loaded into) in a field that no
+  weight shape shows: they would load and compute another function."""
+  saved = None
+  if storage.path(os.path.join(path, CONFIG_FILE)).is_file():
+    saved = json.loads(storage.path(os.path.join(path, CONFIG_FILE)).read_text())
+  elif storage.path(os.path.join(path, "config.json")).is_file():
+    saved = json.loads(storage.path(os.path.join(path, "config.json")).read_text()).get("model")
+  diffs = {k: (saved[k], model[k]) for k in SHAPELESS_FIELDS if saved and k in saved and saved[k] != model[k]}
+  if diffs:
+    raise ValueError(f"{name}={path} was saved with " + ", ".join(
+        f"model.{k}={a!r} but this run has {b!r}" for k, (a, b) in diffs.items()) + "; no weight shape shows this, "
+        "so the weights would load and compute a different function. Pass " +
+        " ".join(f"--config.model.{k}={a}" for k, (a, _) in diffs.items()) + ".")
+
+
+def load_init_params(path: str, name: str = "init_checkpoint", model: Mapping[str, Any] | None = None) -> Any:
   """Parameters to warm-start from, as host (numpy) arrays, which every process of a multi-host run can place on
   the mesh (`engine.Setup.replicate`): a `convert`/`save_pretrained` directory, or a training workdir: its best dev
   checkpoint when it is a fine-tuning run (the weights its scores were reported with), else its newest one.
-  `name`: what the user passed `path` as, for the messages."""
+  `name`: what the user passed `path` as, for the messages. `model`: the config.model the params go into, checked
+  first by `check_same_function` (every caller that builds the model from the current config passes it)."""
+  if model is not None:
+    check_same_function(path, model, name)
   return jax.device_get(_load_init_params(path, name))
 
 

@@ -5,6 +5,7 @@ and `race_utils.py`; logits are float32 whatever the compute dtype.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -19,17 +20,35 @@ class HFHead:
   """A head as transformers names it, so a fine-tuned model leaves as the class its users load (`interop.save_hf`).
   Our `classifier` is HF's `classifier` (sequence classification, regression, multiple choice: one score per
   option) and our `qa_outputs` HF's; the architecture tells regression [H, 1] from multiple choice [H, 1]."""
-  architecture: str                      # AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice}
-  labels: tuple[str, ...] | None = None  # class names (HF id2label) of a classifier; None for regression
+  architecture: str                      # AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice,...}
+  labels: tuple[str, ...] | None = None  # class names (HF id2label) of a classifier; None: regression, or unnamed
+  num_labels: int | None = None          # a converted classifier's classes, named or not (HF's LABEL_i)
+  problem_type: str | None = None        # HF config.json's; None: regression for one output, else single-label
+
+  def identity(self) -> dict[str, Any]:
+    """What a converted directory records of its head (`pretrained.HEAD_FILE`), in place of a fine-tuning run's
+    `Task.identity()`: eval, predict and warm starts then read the classes in the order they were trained in."""
+    return {HF_ARCHITECTURE: self.architecture, "labels": list(self.labels) if self.labels else None,
+            "num_labels": self.num_labels, "problem_type": self.problem_type}
+
+  @classmethod
+  def from_identity(cls, identity: dict[str, Any] | None) -> HFHead | None:
+    """The head a converted directory recorded; None for a fine-tuning run's record (a task, not a class)."""
+    if not identity or HF_ARCHITECTURE not in identity:
+      return None
+    return cls(identity[HF_ARCHITECTURE], tuple(identity["labels"]) if identity.get("labels") else None,
+               identity.get("num_labels"), identity.get("problem_type"))
 
 
+HF_ARCHITECTURE = "hf_architecture"  # the key that marks a converted head's record
 SEQUENCE_CLASSIFICATION = "AlbertForSequenceClassification"
 QUESTION_ANSWERING = "AlbertForQuestionAnswering"
 MULTIPLE_CHOICE = "AlbertForMultipleChoice"
 TOKEN_CLASSIFICATION = "AlbertForTokenClassification"
+MASKED_LM = "AlbertForMaskedLM"
 HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", MULTIPLE_CHOICE: "classifier",
                   QUESTION_ANSWERING: "qa_outputs", TOKEN_CLASSIFICATION: "classifier"}
-NO_POOLER = (QUESTION_ANSWERING, TOKEN_CLASSIFICATION)  # HF builds these without the pooler
+NO_POOLER = (QUESTION_ANSWERING, TOKEN_CLASSIFICATION, MASKED_LM)  # HF builds these without the pooler
 
 
 class PooledClassifier(nn.Module):
