@@ -36,6 +36,10 @@ class SaveError(RuntimeError):
   """A checkpoint could not be written; the message names the last good one."""
 
 
+class UnreadableCheckpoints(OSError):
+  """No step of a checkpoint directory reads back; the message names each one's failure."""
+
+
 class _DataState:
   """What grain's CheckpointHandler saves: get_state() -> bytes (`read_data_states` reads them back)."""
 
@@ -229,8 +233,8 @@ class Checkpointer:
       return step, restored
     if failures:
       listed = "; ".join(f"step {step}: {reason}" for step, reason in failures)
-      raise RuntimeError(f"No checkpoint in {self.directory} can be read ({listed}). Move the directory aside to "
-                         "start afresh, or restore it from a copy.")
+      raise UnreadableCheckpoints(f"No checkpoint in {self.directory} can be read ({listed}). Move the directory "
+                                  "aside to start afresh, or restore it from a copy.")
     return None
 
   def _move_aside(self, steps: list[int]) -> None:

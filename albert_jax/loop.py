@@ -24,10 +24,12 @@ SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layer
                 "type_vocab_size", "sharing", "embedding_projection")
 
 
-# Settings whose change breaks an exact resume (data order, dropout, what a step means): refused unless
+# Settings whose change breaks an exact resume (data order, dropout, the function the weights compute, what a step
+# means): refused unless
 # `resume_with_changes` is set. Every other change (schedule length, logging, checkpoints, mesh, micro batch) is
 # legitimate: said on the console and recorded.
-EXACT_RESUME_FIELDS = ("seed", "train.global_batch_size", "train.optimizer", "data.")
+EXACT_RESUME_FIELDS = ("seed", "train.global_batch_size", "train.optimizer", "data.", "model.hidden_act",
+                       "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

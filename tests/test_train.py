@@ -484,6 +484,14 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
     assert "Resumed from step 2" in resumed.stdout, name
     assert len(list((run / "checkpoints").glob("4.unreadable.*"))) == 1, name  # kept for inspection
     assert_trees_equal(final_params(tmp_path / "reference")[1], final_params(run)[1])
+  for step in (2, 4):  # nothing readable: one line naming each failure, and nothing moved aside
+    CHECKPOINT_FAULTS["deleted metadata"](tmp_path / "damaged" / "checkpoints" / str(step))
+  refused = cli(tmp_path / "damaged", *SMALL_RUN, *steps)
+  assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+  assert refused.stderr.strip().splitlines()[-1].startswith(
+      f"error: No checkpoint in {tmp_path / 'damaged' / 'checkpoints'} can be read (step 4: ")
+  kept = sorted(p.name for p in (tmp_path / "damaged" / "checkpoints").iterdir() if p.name[0].isdigit())
+  assert kept == ["2", "4"]
 
 
 @pytest.mark.slow
@@ -499,6 +507,8 @@ def test_resuming_with_changed_settings_is_said_recorded_or_refused(tmp_path):
   assert reseeded.returncode != 0
   assert "with changed seed would not continue the same run" in reseeded.stderr
   assert "--config.resume_with_changes=True" in reseeded.stderr
+  relu = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=3", "--config.model.hidden_act=relu")
+  assert relu.returncode == 1 and "with changed model.hidden_act would not continue the same run" in relu.stderr
   forced = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=4", "--config.seed=7",
                "--config.resume_with_changes=True")
   assert forced.returncode == 0, forced.stderr
