@@ -12,6 +12,7 @@ SHARING_MODES = ("all", "attention", "ffn", "none")
 ACTIVATIONS = ("gelu_new", "gelu", "relu")  # gelu_new = tanh approximation (the original's `gelu`)
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable",
                   "everything_saveable")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,10 @@ class ModelConfig:
   # ALBERT-base; compiled for TPU it costs memory (ALBERT-large on v4-128: 21.2 vs 20.1 GiB). None: on where the
   # step is compiled for the CPU backend, off elsewhere (`--mode=compile` compiles for a TPU: off).
   flat_matmuls: bool | None = None
+  # How jax.nn.dot_product_attention runs: "xla" (einsums and a softmax, any backend), "cudnn" (cuDNN's fused
+  # kernel: GPU, bfloat16/float16, no attention-probability dropout), "auto" (model.attention_implementation
+  # decides from the backend the step is traced for). Same function.
+  attention_implementation: str = "auto"
 
   def __post_init__(self):
     validate(self)
@@ -128,6 +133,16 @@ def validate(c: ModelConfig) -> None:
   for name in ("dtype", "param_dtype"):
     if getattr(c, name) not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"model.{name}={getattr(c, name)!r}; choose float32, bfloat16 or float16.")
+  if c.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f"model.attention_implementation={c.attention_implementation!r}; choose one of "
+                     f"{ATTENTION_IMPLEMENTATIONS}.")
+  if c.attention_implementation == "cudnn":
+    if c.dtype == "float32":
+      raise ValueError("model.attention_implementation='cudnn' runs in bfloat16 or float16 only; set "
+                       "model.dtype=bfloat16, or model.attention_implementation=xla.")
+    if c.attention_probs_dropout_prob > 0:
+      raise ValueError("model.attention_implementation='cudnn' has no attention-probability dropout; set "
+                       "model.attention_probs_dropout_prob=0 (ALBERT v2), or model.attention_implementation=xla.")
   for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
     if not 0.0 <= getattr(c, name) < 1.0:
       raise ValueError(f"model.{name} must be in [0, 1), got {getattr(c, name)}.")

@@ -223,6 +223,7 @@ class Ours:
     self.batches = [self.put(self.host_example), self.put(next(synthetic))]
     self.rng = jax.device_put(jax.random.key(config.seed + 1), s.replicated)
     self.count = 0
+    self.first_loss: float | None = None   # same seed, same batch: variants of one function agree on it
 
   def put(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """Host batch -> global device batch, cast to the dtypes the step was compiled for."""
@@ -234,11 +235,14 @@ class Ours:
       batch = self.batches[self.count % len(self.batches)]
     self.state, metrics = self.compiled(self.state, batch, self.rng)
     jax.block_until_ready((self.state, metrics))
+    if self.count == 0:
+      self.first_loss = float(metrics["loss"])
     self.count += 1
 
   def memory(self) -> dict[str, Any]:
     """XLA's static estimate (any backend) and the device allocator's peak (GPU/TPU only)."""
-    out: dict[str, Any] = {"compiled_memory_bytes": compiled_memory_bytes(self.compiled)}
+    out: dict[str, Any] = {"compiled_memory_bytes": compiled_memory_bytes(self.compiled),
+                           "first_step_loss": self.first_loss}
     stats = jax.devices()[0].memory_stats()
     out["peak_memory_bytes"] = stats.get("peak_bytes_in_use") if stats else None
     try:

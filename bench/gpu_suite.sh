@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements of issue #6 / ../shared/PERFORMANCE.md §4.1, §4.3, in parts that each end well inside a
 # 10-minute call on a lent machine; JSON into bench/results/ (or RESULTS_DIR).
-# NOT YET RUN ON A GPU. On CPU, tests/test_bench.py runs it with a stand-in interpreter and puts every command
-# through its own parser and model configs, so a flag or size typo fails there, not in lent device time.
+# First run on an H100 on 2026-11-26 (results: bench/results/*_gpu.json; findings: docs/profiling.md "GPU"). On
+# CPU, tests/test_bench.py runs it with a stand-in interpreter and puts every command through its own parser and
+# model configs, so a flag or size typo fails there, not in lent device time.
 #
 #   bash bench/gpu_suite.sh                  # every part, in order
 #   bash bench/gpu_suite.sh peer profile     # the named parts: peer profile remat capacity tables
@@ -16,30 +17,67 @@
 # XLA flags worth trying (append via XLA_EXTRA, compare with TAG to keep both JSONs):
 #   --xla_gpu_enable_latency_hiding_scheduler=true   overlap collectives/copies with compute (multi-GPU mostly)
 #   --xla_gpu_enable_triton_gemm=false               cuBLAS for every matmul (sometimes faster for H=768/1024)
-#   --xla_gpu_enable_cudnn_fmha=true                 older jaxlibs: cuDNN fused attention (jax.nn.dot_product_attention
-#                                                    picks it itself when implementation allows)
+#   (cuDNN fused attention needs no flag: model.attention_implementation=auto asks jax.nn.dot_product_attention
+#    for it in bf16 on a GPU; --variant xla:attention_implementation=xla times XLA's instead)
 #   --xla_gpu_autotune_level=4                       exhaustive GEMM autotuning (longer compile)
 #   --xla_gpu_enable_command_buffer=                 disable CUDA graphs, to see whether launches are the bottleneck
 # Also: XLA_PYTHON_CLIENT_MEM_FRACTION=.95 for the largest batches; nvidia-smi -q is recorded beside the JSON.
+#
+# A lent machine's minutes are few and its files come back only from $OUT, at most 8 of them: DEADLINE=S gives
+# the whole suite S seconds (each command gets what is left, and none starts with under 30 s), a failed or timed
+# out command is reported and the next one runs, and ARCHIVE=F rewrites the tarball F with RESULTS_DIR after every
+# command, so what finished comes back even when the call is cut off:
+#   RESULTS_DIR=/tmp/results ARCHIVE=$OUT/results.tgz DEADLINE=540 WHEELS=.whl bash bench/gpu_suite.sh peer profile
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 STEPS=${STEPS:-50}
 TAG=${TAG:-gpu}
 RESULTS_DIR=${RESULTS_DIR:-bench/results}
-export XLA_FLAGS="${XLA_FLAGS:-} ${XLA_EXTRA:-}"
+DEADLINE=${DEADLINE:-0}
+ARCHIVE=${ARCHIVE:-}
+# Joined without stray blanks: XLA reads a value that does not start with "--" as a file of flags.
+XLA_FLAGS=$(echo ${XLA_FLAGS:-} ${XLA_EXTRA:-})
+if [[ -n $XLA_FLAGS ]]; then export XLA_FLAGS; else unset XLA_FLAGS; fi
 COMMON=(--dtype bfloat16 --steps "$STEPS" --warmup 10 --block 10 --matmul-size 8192 --results-dir "$RESULTS_DIR")
 PARTS=(peer profile remat capacity tables)
+failed=()
 
-run() { echo "+ $*" >&2; "$PY" -m "$@"; }
+run() {
+  local limit=()
+  if (( DEADLINE > 0 )); then
+    local left=$(( DEADLINE - SECONDS ))
+    if (( left < 30 )); then
+      echo "skipped, ${left}s left of DEADLINE=$DEADLINE: $*" >&2
+      failed+=("skipped: $*")
+      return 0
+    fi
+    limit=(timeout --kill-after=10 "$left")
+  fi
+  echo "+ [$(( SECONDS ))s] $*" >&2
+  local rc=0
+  "${limit[@]}" "$PY" -m "$@" || rc=$?
+  if (( rc )); then
+    echo "failed with exit $rc: $*" >&2
+    failed+=("exit $rc: $*")
+  fi
+  if [[ -n $ARCHIVE ]]; then tar czf "$ARCHIVE.tmp" -C "$RESULTS_DIR" . && mv "$ARCHIVE.tmp" "$ARCHIVE"; fi
+}
 
 peer() {
-  # ALBERT-base, seq 128 (§4.1 floor 35% MFU): ours LAMB + AdamW vs the peer, eager and torch.compile.
-  run bench.train_step --size base --seq-len 128 --micro-batch 128 --peer --peer-compile both "${COMMON[@]}" \
-    --name "train_step_base_s128_${TAG}"
-  # ALBERT-large, seq 512 (§4.1 floor 40%; issue #15: >= 50% MFU and >= 1.5x the compiled peer).
+  # The peer shares the GPU with jax, which would otherwise take 75% of its memory at start (a fixed .45 share
+  # left ALBERT-large seq 512 out of memory on an H100): each takes what it uses.
+  local XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
+  export XLA_PYTHON_CLIENT_PREALLOCATE
+  # ALBERT-large, seq 512 (§4.1 floor 40%; issue #15: >= 50% MFU and >= 1.5x the compiled peer): ours LAMB and
+  # AdamW (cuDNN attention, model.attention_implementation=auto), against the peer eager and torch.compile'd.
   run bench.train_step --size large --seq-len 512 --micro-batch 32 --peer --peer-compile both "${COMMON[@]}" \
     --name "train_step_large_s512_${TAG}"
+  # ALBERT-base, seq 128 (§4.1 floor 35% MFU), with XLA's attention beside cuDNN's, and a trace of our step for
+  # `python -m bench.gpu_trace` (the one file a lent machine needs to send back to show where the time goes).
+  run bench.train_step --size base --seq-len 128 --micro-batch 128 --peer --peer-compile both "${COMMON[@]}" \
+    --variant xla:attention_implementation=xla --profile "$RESULTS_DIR/profile_base_s128_${TAG}" \
+    --name "train_step_base_s128_${TAG}"
 }
 
 profile() {
@@ -49,14 +87,15 @@ profile() {
   run bench.train_step --size base --seq-len 128 --micro-batch 128 --scan-unroll 0 "${COMMON[@]}" \
     --name "train_step_base_s128_unrolled_${TAG}"
   # ALBERT-base seq 512 (fused attention matters here).
-  run bench.train_step --size base --seq-len 512 --micro-batch 32 "${COMMON[@]}" --name "train_step_base_s512_${TAG}"
+  run bench.train_step --size base --seq-len 512 --micro-batch 32 "${COMMON[@]}" \
+    --variant xla:attention_implementation=xla --name "train_step_base_s512_${TAG}"
 }
 
 remat() {
-  # Remat policies at a batch that needs them (ALBERT-large seq 512, micro batch 64).
+  # Remat policies at a batch that needs them (ALBERT-large seq 512, micro batch 64); one may run out of memory.
   for policy in none dots_with_no_batch_dims_saveable dots_saveable full; do
     run bench.train_step --size large --seq-len 512 --micro-batch 64 --remat "$policy" "${COMMON[@]}" \
-      --name "train_step_large_s512_b64_remat_${policy}_${TAG}" || echo "remat=$policy failed (OOM?)" >&2
+      --name "train_step_large_s512_b64_remat_${policy}_${TAG}"
   done
 }
 
@@ -92,6 +131,12 @@ if [[ -n "${WHEELS:-}" ]]; then
 fi
 mkdir -p "$RESULTS_DIR"
 nvidia-smi -q > "$RESULTS_DIR/nvidia_smi_${TAG}.txt" || true
+SECONDS=0
 for part in "${selected[@]}"; do
   "$part"
 done
+if (( ${#failed[@]} )); then
+  printf 'gpu_suite.sh: %d command(s) did not finish:\n' "${#failed[@]}" >&2
+  printf '  %s\n' "${failed[@]}" >&2
+  exit 1
+fi

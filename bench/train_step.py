@@ -48,12 +48,17 @@ def parse_variant(spec: str) -> tuple[str, dict]:
   return name, changes
 
 
-def build_runners(args, config) -> list:
-  """Ours (configured optimizer); with --peer: ours with AdamW, the peer(s) and the torch matmul; the matmul(s)."""
+def build_runners(args, config, failed_variants: dict[str, str]) -> list:
+  """Ours (configured optimizer); with --peer: ours with AdamW, the peer(s) and the torch matmul; the matmul(s).
+  A --variant that fails to build is left out and recorded in `failed_variants` (spec -> error)."""
   runners = [common.Ours(config, f"ours_{config.train.optimizer}")]
   for spec in args.variant:
     name, changes = parse_variant(spec)
-    runners.append(common.Ours(common.bench_config(args, **changes), f"ours_{config.train.optimizer}_{name}"))
+    try:
+      runners.append(common.Ours(common.bench_config(args, **changes), f"ours_{config.train.optimizer}_{name}"))
+    except Exception as e:  # noqa: BLE001 - one variant that cannot compile here must not cost the other rows
+      print(f"variant {spec!r} left out: {type(e).__name__}: {str(e)[:500]}", flush=True)
+      failed_variants[spec] = f"{type(e).__name__}: {e}"
   if args.peer:
     if config.train.optimizer != "adamw":
       runners.append(common.Ours(common.with_optimizer(config, "adamw"), "ours_adamw"))
@@ -96,7 +101,8 @@ def main(argv=None) -> dict:
   args = p.parse_args(argv)
   config = common.bench_config(args)
   print(common.describe(config), flush=True)
-  runners = build_runners(args, config)
+  failed_variants: dict[str, str] = {}
+  runners = build_runners(args, config, failed_variants)
   rows, peak, source = common.measure(runners, args)
   common.print_table(common.table_rows(rows), common.STEP_COLUMNS,
                      f"train step, {args.steps} timed steps per runner, interleaved in blocks of {args.block}; "
@@ -107,11 +113,14 @@ def main(argv=None) -> dict:
   for row in rows:
     if row.get("fraction_of_matmul") is not None:
       print(f"{row['name']}: {row['fraction_of_matmul']:.1%} of the measured jnp.dot rate", flush=True)
+    if row.get("first_step_loss") is not None:
+      print(f"{row['name']}: loss {row['first_step_loss']:.6f} after the first step", flush=True)
   if args.profile:
     profile(runners[0], args.profile)
   payload = {"config": common.describe(config), "model": config.model.to_dict(), "seq_len": args.seq_len,
              "micro_batch": args.micro_batch, "accumulation": args.accumulation, "predictions": args.predictions,
              "peak_flops": peak, "peak_source": source, "rows": rows, "ratios": found,
+             "failed_variants": failed_variants,
              "notes": ["peer uses AdamW (torch has no LAMB); ours_adamw is the like-for-like comparison",
                        "peer's hidden_act is gelu_pytorch_tanh: the same tanh-GELU as our gelu_new, fused",
                        "FLOPs: one formula for both (sparse MLM head at M positions); the peer's all-position "

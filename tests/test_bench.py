@@ -1,17 +1,19 @@
 """Benchmarks: every script runs at tiny sizes, prints its table and writes JSON with the documented fields. No
 timing assertions (the machine is shared); subprocesses get one CPU device and XLA's -O0 so compiles stay short."""
 import argparse
+import gzip
 import importlib
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from albert_jax.model_config import model_config_from
-from bench import common, launches, machine, step_parts
+from bench import common, gpu_trace, launches, machine, step_parts
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--size", "tiny", "--layers", "2", "--seq-len", "32", "--micro-batch", "2", "--steps", "3", "--warmup", "1",
@@ -48,10 +50,17 @@ def test_train_step_with_peer(tmp_path):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
   out, record = bench("train_step", *TINY, "--peer", "--scan-unroll", "0", "--variant", "rolled:scan_unroll=1",
-                      results=tmp_path)
+                      "--variant", "cudnn:attention_implementation=cudnn", results=tmp_path)
   assert record["model"]["scan_unroll"] == 2   # 0 = every layer of the 2
   names = [r["name"] for r in record["rows"]]
   assert names == ["ours_lamb", "ours_lamb_rolled", "ours_adamw", "peer_adamw", "matmul_jax", "matmul_torch"]
+  # A variant that cannot be built here (cuDNN attention in float32) is left out, named, and costs no other row.
+  assert list(record["failed_variants"]) == ["cudnn:attention_implementation=cudnn"]
+  assert "bfloat16 or float16 only" in record["failed_variants"]["cudnn:attention_implementation=cudnn"]
+  assert "variant 'cudnn:attention_implementation=cudnn' left out: ValueError" in out
+  # Same seed, same batch, same function: the first step's loss agrees (it is computed before any update).
+  losses = [r["first_step_loss"] for r in record["rows"][:3]]
+  assert losses[0] > 0 and losses == pytest.approx([losses[0]] * 3, rel=1e-6)
   for row in record["rows"][:4]:
     assert ROW_FIELDS - {"compiled_memory_bytes"} <= set(row), row
     assert row["steps"] == 3 and row["mfu"] > 0
@@ -304,8 +313,14 @@ def run_gpu_suite(tmp_path: Path, *parts: str, **env: str) -> tuple[subprocess.C
   suite.write_text((REPO / "bench" / "gpu_suite.sh").read_text())
   log, interpreter = tmp_path / "calls.jsonl", tmp_path / "python"
   log.unlink(missing_ok=True)
+  # It logs its call, exits 3 when its arguments hold $FAIL_ON, and otherwise writes the JSON its --name names.
   interpreter.write_text(f"#!{sys.executable}\nimport json, os, sys\nopen({str(log)!r}, 'a').write(json.dumps("
-                         "{'argv': sys.argv[1:], 'pythonpath': os.environ.get('PYTHONPATH', '')}) + '\\n')\n")
+                         "{'argv': sys.argv[1:], 'pythonpath': os.environ.get('PYTHONPATH', ''), "
+                         "'xla_flags': os.environ.get('XLA_FLAGS')}) + '\\n')\n"
+                         "if os.environ.get('FAIL_ON') and os.environ['FAIL_ON'] in ' '.join(sys.argv): sys.exit(3)\n"
+                         "if '--name' in sys.argv:\n"
+                         "  name = sys.argv[sys.argv.index('--name') + 1]\n"
+                         "  open(os.path.join(os.environ['RESULTS_DIR'], name + '.json'), 'w').write('{}')\n")
   interpreter.chmod(0o755)
   proc = subprocess.run(["bash", str(suite), *parts], capture_output=True, text=True, timeout=60,
                         env={**os.environ, "PY": str(interpreter), "RESULTS_DIR": str(tmp_path / "results"), **env})
@@ -359,3 +374,68 @@ def test_gpu_suite_installs_the_carried_wheels_first_and_refuses_an_unknown_part
   proc, calls = run_gpu_suite(tmp_path, "peer", "speed")
   assert proc.returncode == 2 and calls == []
   assert "no part 'speed'; the parts: peer profile remat capacity tables" in proc.stderr
+
+
+def test_gpu_suite_goes_on_past_a_failed_command_and_archives_what_finished(tmp_path):
+  """On a lent machine one command running out of memory must not cost the others, and only $OUT comes back: the
+  failure is reported at the end (exit 1), and the archive holds every JSON written before and after it."""
+  archive = tmp_path / "out" / "results.tgz"
+  archive.parent.mkdir()
+  proc, calls = run_gpu_suite(tmp_path, "peer", "profile", FAIL_ON="step_parts", ARCHIVE=str(archive))
+  assert proc.returncode == 1 and len(calls) == 5
+  assert "failed with exit 3: bench.step_parts" in proc.stderr
+  assert "gpu_suite.sh: 1 command(s) did not finish:" in proc.stderr
+  with tarfile.open(archive) as tar:
+    names = sorted(Path(n).name for n in tar.getnames() if n.endswith(".json"))
+  assert names == ["train_step_base_s128_gpu.json", "train_step_base_s128_unrolled_gpu.json",
+                   "train_step_base_s512_gpu.json", "train_step_large_s512_gpu.json"]
+
+
+def test_gpu_suite_skips_what_its_deadline_leaves_no_time_for(tmp_path):
+  proc, calls = run_gpu_suite(tmp_path, "peer", DEADLINE="20")
+  assert proc.returncode == 1 and calls == []
+  assert proc.stderr.count("skipped, 20s left of DEADLINE=20: bench.train_step") == 2
+
+
+@pytest.mark.parametrize("flags, extra, expected", [(None, None, None), ("", "", None), (None, "--xla_b=1", "--xla_b=1"),
+                                                    ("--xla_a=1", "--xla_b=1", "--xla_a=1 --xla_b=1")])
+def test_gpu_suite_passes_xla_flags_without_stray_blanks(tmp_path, flags, extra, expected):
+  """XLA reads an XLA_FLAGS that does not start with "--" (a lone blank too) as a file of flags, and aborts."""
+  env = {key: value for key, value in (("XLA_FLAGS", flags), ("XLA_EXTRA", extra)) if value is not None}
+  with pytest.MonkeyPatch.context() as m:
+    m.delenv("XLA_FLAGS", raising=False)
+    m.delenv("XLA_EXTRA", raising=False)
+    proc, calls = run_gpu_suite(tmp_path, "peer", **env)
+  assert proc.returncode == 0, proc.stderr
+  assert [c["xla_flags"] for c in calls] == [expected, expected]
+
+
+def test_gpu_trace_sums_the_device_kernels_per_step(tmp_path, capsys):
+  """A hand-made trace of 2 steps: two kernels on the device (a scatter 30 µs a step, a gemm 2 x 5 µs), host events
+  that are not counted, and the device waiting 4 µs inside each step and 56 µs between the two."""
+  process = lambda pid, name: {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}
+  kernel = lambda name, ts, dur, op: {"ph": "X", "pid": 1, "tid": 7, "name": name, "ts": ts, "dur": dur,
+                                      "args": {"hlo_op": op}}
+  events = [process(1, "/device:GPU:0"), process(9, "/host:CPU")]
+  for step, start in enumerate((0, 100)):
+    events += [{"ph": "X", "pid": 9, "tid": 1, "name": "train", "ts": start, "dur": 60, "args": {"step_num": step}},
+               kernel("gemm", start, 5, "dot.1"), kernel("scatter", start + 5, 30, "scatter-add.12"),
+               kernel("gemm", start + 39, 5, "dot.1")]
+  trace = tmp_path / "plugins" / "profile" / "run" / "host.trace.json.gz"
+  trace.parent.mkdir(parents=True)
+  with gzip.open(trace, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  out = gpu_trace.main([str(tmp_path), "--output", str(tmp_path / "summary.json")])
+  assert out["steps"] == 2 and out["kernels_per_step"] == 3
+  assert out["busy_ms_per_step"] == pytest.approx(0.040) and out["idle_ms_per_step"] == pytest.approx(0.032)
+  assert [(r["kernel"], r["hlo_op"], r["calls_per_step"]) for r in out["rows"]] == [
+      ("scatter", "scatter-add.12", 1), ("gemm", "dot.1", 2)]
+  assert [r["ms_per_step"] for r in out["rows"]] == pytest.approx([0.030, 0.010])
+  assert [r["share"] for r in out["rows"]] == pytest.approx([0.75, 0.25])
+  assert json.loads((tmp_path / "summary.json").read_text())["rows"] == out["rows"]
+  assert "    0.030      1  75.0%  scatter (scatter-add.12)" in capsys.readouterr().out
+
+  with gzip.open(trace, "wt") as f:
+    json.dump({"traceEvents": [e for e in events if e["pid"] != 1]}, f)
+  with pytest.raises(SystemExit, match="no device kernels"):
+    gpu_trace.main([str(trace)])

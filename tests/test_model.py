@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from albert_jax import flops
-from albert_jax.model import (AlbertForPreTraining, AlbertModel, abstract_params, count_params, flat_dot_general,
-                              init_params, layers_per_group)
+from albert_jax.model import (AlbertForPreTraining, AlbertModel, Embeddings, abstract_params, count_params,
+                              flat_dot_general, init_params, layers_per_group)
 from albert_jax.model_config import MODEL_SIZES, ModelConfig, model_config_for
 
 # ../shared/REFERENCE.md b.4 (V=30000, P=512, T=2): (backbone, backbone + MLM + SOP heads).
@@ -209,6 +209,57 @@ def test_flat_matmuls_give_the_same_numbers_with_one_dimension_contracted():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
 
 
+def test_attention_auto_is_cudnn_on_a_gpu_in_half_precision_only(monkeypatch):
+  from albert_jax import model
+  for backend, dtype, expected in [("cpu", "bfloat16", "xla"), ("tpu", "bfloat16", "xla"), ("gpu", "float32", "xla"),
+                                   ("gpu", "bfloat16", "cudnn"), ("gpu", "float16", "cudnn")]:
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert model.attention_implementation(TINY.replace(dtype=dtype)) == expected, (backend, dtype)
+    assert model.attention_implementation(TINY.replace(dtype=dtype, attention_implementation="xla")) == "xla"
+
+
+def _scatter_add_shapes(jaxpr) -> list[tuple[int, ...]]:
+  """The output shape of every scatter-add in a (nested) jaxpr."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scatter-add":
+      found.append(tuple(eqn.outvars[0].aval.shape))
+    for sub in jax.core.jaxprs_in_params(eqn.params):
+      found += _scatter_add_shapes(sub)
+  return found
+
+
+def test_only_the_word_embeddings_gradient_is_a_scatter():
+  """Positions are a slice and token types a one-hot product: their gradients are a reduction and a matmul. As
+  gathers, every token's gradient was scatter-added into their few rows, which on an H100 took 146 ms of ALBERT-base's
+  196 ms step (atomics on 2 rows, in bfloat16)."""
+  model = AlbertModel(TINY)
+  params = nn.unbox(init_params(model, jax.random.key(1)))
+  grad = jax.grad(lambda p: model.apply({"params": p}, **batch())[0].std())
+  shapes = _scatter_add_shapes(jax.make_jaxpr(grad)(params).jaxpr)
+  assert shapes == [(TINY.vocab_size, TINY.embedding_size)], shapes
+
+
+def test_bfloat16_compute_sums_the_embedding_gradients_in_float32():
+  """8,192 tokens' gradients into the token-type, position and word tables: with bfloat16 compute, as close to the
+  float32 model's as the bfloat16 rounding of each token's gradient allows: 0.17% here. Accumulated in bfloat16
+  they were 6.6% off for the token types, 2.8% for the words and 0.8% for the positions."""
+  config = TINY.replace(vocab_size=16, max_position_embeddings=128)
+  rng = np.random.default_rng(0)
+  inputs = dict(input_ids=jnp.asarray(rng.integers(0, 16, (64, 128)), jnp.int32),
+                token_type_ids=jnp.asarray(rng.integers(0, 2, (64, 128)), jnp.int32))
+  weights = jnp.asarray(rng.normal(size=(64, 128, config.embedding_size)), jnp.float32)
+  params = nn.unbox(init_params(AlbertForPreTraining(config), jax.random.key(1)))["albert"]["embeddings"]
+  def embedding_grads(dtype):
+    embeddings = Embeddings(config.replace(dtype=dtype))
+    loss = lambda p: jnp.sum(embeddings.apply({"params": p}, **inputs, deterministic=True) * weights)
+    return jax.grad(loss)(params)
+  reference, half = embedding_grads("float32"), embedding_grads("bfloat16")
+  for table in ("token_type_embeddings", "position_embeddings", "word_embeddings"):
+    want, got = reference[table]["embedding"], half[table]["embedding"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 5e-3, table
+
+
 def test_flat_dot_general_refuses_products_other_than_dense():
   x, kernel = jnp.ones((2, 3, 4)), jnp.ones((4, 5))
   assert flat_dot_general(x, kernel, (((2,), (0,)), ((), ()))).shape == (2, 3, 5)
@@ -301,6 +352,10 @@ def test_every_parameter_has_logical_axis_names():
     ({"sharing": "some"}, "model.sharing"),
     ({"hidden_act": "swish"}, "model.hidden_act"),
     ({"num_hidden_groups": 20}, "num_hidden_groups"),
+    ({"attention_implementation": "flash"}, "model.attention_implementation='flash'; choose one of"),
+    ({"attention_implementation": "cudnn"}, "bfloat16 or float16 only; set model.dtype=bfloat16"),
+    ({"attention_implementation": "cudnn", "dtype": "bfloat16", "attention_probs_dropout_prob": 0.1},
+     "no attention-probability dropout; set model.attention_probs_dropout_prob=0"),
 ])
 def test_bad_configs_fail_with_clear_errors(overrides, message):
   with pytest.raises(ValueError, match=message):
