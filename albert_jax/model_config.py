@@ -55,8 +55,8 @@ class ModelConfig:
   # step is compiled for the CPU backend, off elsewhere (`--mode=compile` compiles for a TPU: off).
   flat_matmuls: bool | None = None
   # How jax.nn.dot_product_attention runs: "xla" (einsums and a softmax, any backend), "cudnn" (cuDNN's fused
-  # kernel: GPU, bfloat16/float16, no attention-probability dropout), "auto" (model.attention_implementation
-  # decides from the backend the step is traced for). Same function.
+  # kernel: GPU, bfloat16/float16, no attention-probability dropout), "auto" (cuDNN's where the step is traced for a
+  # GPU in half precision and cuDNN takes the shapes, else XLA's: model.attention_implementation). Same function.
   attention_implementation: str = "auto"
 
   def __post_init__(self):

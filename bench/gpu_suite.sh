@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of issue #6 / ../shared/PERFORMANCE.md §4.1, §4.3, in parts that each end well inside a
 # 10-minute call on a lent machine; JSON into bench/results/ (or RESULTS_DIR).
-# First run on an H100 on 2026-11-26 (results: bench/results/*_gpu.json; findings: docs/profiling.md "GPU"). On
+# First run on an H100 on 2026-11-26 (bench/results/*_h100_before_fix.json; docs/profiling.md "GPU"): there `peer`
+# took 3 minutes (its ALBERT-large command stopped at the first step, out of memory) and `profile` 4. On
 # CPU, tests/test_bench.py runs it with a stand-in interpreter and puts every command through its own parser and
 # model configs, so a flag or size typo fails there, not in lent device time.
 #
@@ -83,9 +84,12 @@ peer() {
 profile() {
   # Where that step's time goes, and the roof its own matmuls allow (each product alone, one at a time).
   run bench.step_parts --size large --seq-len 512 --micro-batch 32 "${COMMON[@]}" --name "step_parts_large_s512_${TAG}"
-  # The unrolled scan (straight-line layers; ~10% faster on CPU): does it pay on the GPU too?
-  run bench.train_step --size base --seq-len 128 --micro-batch 128 --scan-unroll 0 "${COMMON[@]}" \
-    --name "train_step_base_s128_unrolled_${TAG}"
+  # What the H100 trace left beyond the matmuls (docs/profiling.md "GPU"): the scan's stacked residuals, which the
+  # unrolled scan (8.0 instead of 13.3 GiB there) and a remat policy keeping only matmul outputs both cut, and the
+  # kernel-gradient layout.
+  run bench.train_step --size base --seq-len 128 --micro-batch 128 "${COMMON[@]}" --variant unrolled:scan_unroll=12 \
+    --variant dots:remat_policy=dots_saveable --variant flat:flat_matmuls=True \
+    --name "train_step_base_s128_variants_${TAG}"
   # ALBERT-base seq 512 (fused attention matters here).
   run bench.train_step --size base --seq-len 512 --micro-batch 32 "${COMMON[@]}" \
     --variant xla:attention_implementation=xla --name "train_step_base_s512_${TAG}"

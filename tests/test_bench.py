@@ -387,7 +387,7 @@ def test_gpu_suite_goes_on_past_a_failed_command_and_archives_what_finished(tmp_
   assert "gpu_suite.sh: 1 command(s) did not finish:" in proc.stderr
   with tarfile.open(archive) as tar:
     names = sorted(Path(n).name for n in tar.getnames() if n.endswith(".json"))
-  assert names == ["train_step_base_s128_gpu.json", "train_step_base_s128_unrolled_gpu.json",
+  assert names == ["train_step_base_s128_gpu.json", "train_step_base_s128_variants_gpu.json",
                    "train_step_base_s512_gpu.json", "train_step_large_s512_gpu.json"]
 
 

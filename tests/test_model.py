@@ -209,13 +209,17 @@ def test_flat_matmuls_give_the_same_numbers_with_one_dimension_contracted():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
 
 
-def test_attention_auto_is_cudnn_on_a_gpu_in_half_precision_only(monkeypatch):
+def test_attention_auto_is_cudnn_on_a_gpu_in_half_precision_where_cudnn_takes_the_shapes(monkeypatch):
   from albert_jax import model
-  for backend, dtype, expected in [("cpu", "bfloat16", "xla"), ("tpu", "bfloat16", "xla"), ("gpu", "float32", "xla"),
-                                   ("gpu", "bfloat16", "cudnn"), ("gpu", "float16", "cudnn")]:
+  odd_heads = dict(hidden_size=60, num_attention_heads=6)   # head size 10: cuDNN wants a multiple of 8
+  for backend, changes, length, expected in [
+      ("cpu", {}, 128, "xla"), ("tpu", {}, 128, "xla"), ("gpu", dict(dtype="float32"), 128, "xla"),
+      ("gpu", {}, 128, "cudnn"), ("gpu", dict(dtype="float16"), 128, "cudnn"), ("gpu", {}, 127, "xla"),
+      ("gpu", odd_heads, 128, "xla"), ("gpu", dict(hidden_size=1024, num_attention_heads=4), 128, "xla")]:
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    assert model.attention_implementation(TINY.replace(dtype=dtype)) == expected, (backend, dtype)
-    assert model.attention_implementation(TINY.replace(dtype=dtype, attention_implementation="xla")) == "xla"
+    config = TINY.replace(**{"dtype": "bfloat16", **changes})
+    assert model.attention_implementation(config, length) == expected, (backend, changes, length)
+    assert model.attention_implementation(config.replace(attention_implementation="xla"), length) == "xla"
 
 
 def _scatter_add_shapes(jaxpr) -> list[tuple[int, ...]]:
