@@ -157,7 +157,7 @@ class SelfAttention(nn.Module):
         out = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
       else:
         implementation = attention_implementation(c, length)
-        if implementation == "cudnn":  # its mask is an additive bias over whole [T, S] rows
+        if implementation == "cudnn":  # cuDNN takes the mask as an additive bias of whole [T, S] blocks
           mask = jnp.broadcast_to(mask, (batch, 1, length, mask.shape[-1]))
         out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
     out = dense(c, c.hidden_size, ("qkv", "embed"), "dense")(out.reshape(batch, length, c.hidden_size))

@@ -114,7 +114,7 @@ def main(argv=None) -> dict:
     if row.get("fraction_of_matmul") is not None:
       print(f"{row['name']}: {row['fraction_of_matmul']:.1%} of the measured jnp.dot rate", flush=True)
     if row.get("first_step_loss") is not None:
-      print(f"{row['name']}: loss {row['first_step_loss']:.6f} after the first step", flush=True)
+      print(f"{row['name']}: first step's loss {row['first_step_loss']:.6f}", flush=True)
   if args.profile:
     profile(runners[0], args.profile)
   payload = {"config": common.describe(config), "model": config.model.to_dict(), "seq_len": args.seq_len,

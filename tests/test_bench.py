@@ -122,10 +122,12 @@ def test_step_parts(tmp_path):
     assert flops[f"{part} fwd+bwd"] == pytest.approx(3 * flops[f"{part} forward"], rel=1e-6)
   assert flops["layer forward"] == pytest.approx(flops["attention forward"] + flops["ffn forward"], rel=1e-6)
   assert flops["train step"] == pytest.approx(flops["model fwd+bwd"], rel=1e-6)
-  # The traced step's dot_generals are the FLOP formula's matmuls (both layers of the scan) plus the pooler
-  # [2, 64] x [64, 64] and the SOP classifier [2, 64] x [64, 2], which the formula leaves out: 3 x (8,192 + 256).
-  assert flops["step's matmuls"] == pytest.approx(flops["train step"] + 3 * (2 * 2 * 64 * 64 + 2 * 2 * 64 * 2),
-                                                  rel=1e-9)
+  # The traced step's dot_generals are the FLOP formula's matmuls (both layers of the scan) plus what the formula
+  # leaves out: the pooler [2, 64] x [64, 64] and the SOP classifier [2, 64] x [64, 2], forward and backward,
+  # 3 x (8,192 + 256), and the token types' one-hot product [64 tokens, 2] x [2, E=32], forward and the table's
+  # gradient, 2 x 8,192.
+  assert flops["step's matmuls"] == pytest.approx(
+      flops["train step"] + 3 * (2 * 2 * 64 * 64 + 2 * 2 * 64 * 2) + 2 * (2 * 64 * 2 * 32), rel=1e-9)
   forms = record["matmul_forms"]
   # The FFN input kernel [64, 256], in its forward and its dx, and (flat_matmuls, on for CPU) the output gradient
   # [64 tokens, 256] in its kernel gradient: 3 products, in each of the scan's 2 layers.
