@@ -13,10 +13,11 @@ matmul kernels apart from the framework). `--profile DIR` then traces 5 of our s
 from __future__ import annotations
 
 import ast
+import os
 
 import jax
 
-from bench import common
+from bench import common, gpu_trace
 
 MODULE = "bench.train_step"
 
@@ -87,11 +88,15 @@ def ratios(rows) -> dict[str, float]:
 
 
 def profile(runner, directory: str, steps: int = 5) -> None:
+  """A trace of `steps` steps, and the compiled step's HLO beside it (`bench.gpu_trace` names kernels from it)."""
   with jax.profiler.trace(directory):
     for i in range(steps):
       with jax.profiler.StepTraceAnnotation("train", step_num=i):
         runner.step()
-  print(f"profile of {steps} steps written to {directory} (open with TensorBoard/XProf or Perfetto)", flush=True)
+  with open(os.path.join(directory, gpu_trace.HLO_FILE), "w") as f:
+    f.write(runner.compiled.as_text())
+  print(f"profile of {steps} steps written to {directory} (open with TensorBoard/XProf or Perfetto; on a GPU, "
+        f"`python -m bench.gpu_trace {directory}` sums its kernels)", flush=True)
 
 
 def main(argv=None) -> dict:

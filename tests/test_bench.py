@@ -412,32 +412,54 @@ def test_gpu_suite_passes_xla_flags_without_stray_blanks(tmp_path, flags, extra,
   assert [c["xla_flags"] for c in calls] == [expected, expected]
 
 
-def test_gpu_trace_sums_the_device_kernels_per_step(tmp_path, capsys):
-  """A hand-made trace of 2 steps: two kernels on the device (a scatter 30 µs a step, a gemm 2 x 5 µs), host events
-  that are not counted, and the device waiting 4 µs inside each step and 56 µs between the two."""
+def test_gpu_trace_sums_the_device_kernels_per_step_and_names_their_model_code(tmp_path, capsys):
+  """A hand-made trace of 2 steps: two kernels on the device (a scatter fusion 30 µs a step, a library gemm 2 x 5 µs),
+  host events that are not counted, and the device waiting 4 µs inside each step and 56 µs between the two. The
+  HLO beside it names the fusion's model code; the library kernel keeps the trace's own HLO op."""
   process = lambda pid, name: {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}
   kernel = lambda name, ts, dur, op: {"ph": "X", "pid": 1, "tid": 7, "name": name, "ts": ts, "dur": dur,
                                       "args": {"hlo_op": op}}
   events = [process(1, "/device:GPU:0"), process(9, "/host:CPU")]
   for step, start in enumerate((0, 100)):
     events += [{"ph": "X", "pid": 9, "tid": 1, "name": "train", "ts": start, "dur": 60, "args": {"step_num": step}},
-               kernel("gemm", start, 5, "dot.1"), kernel("scatter", start + 5, 30, "scatter-add.12"),
-               kernel("gemm", start + 39, 5, "dot.1")]
+               kernel("nvjet_gemm", start, 5, "custom-call.3"),
+               kernel("input_scatter_fusion_1", start + 5, 30, "command_buffer_2"),
+               kernel("nvjet_gemm", start + 39, 5, "custom-call.3")]
   trace = tmp_path / "plugins" / "profile" / "run" / "host.trace.json.gz"
   trace.parent.mkdir(parents=True)
   with gzip.open(trace, "wt") as f:
     json.dump({"traceEvents": events}, f)
+  op_name = "jit(train_step)/transpose(jvp(AlbertForPreTraining))/albert/embeddings/token_type_embeddings/scatter-add"
+  (tmp_path / gpu_trace.HLO_FILE).write_text(
+      "ENTRY %main.1 (p: f32[2,8]) -> f32[2,8] {\n"
+      f'  %input_scatter_fusion.1 = bf16[2,128]{{1,0}} fusion(%a, %b), kind=kInput, calls=%fused_scatter.1, '
+      f'metadata={{op_name="{op_name}" scheduling_name="input_scatter_fusion.1"}}\n'
+      '  ROOT %custom-call.3 = bf16[64,64]{1,0} custom-call(%c, %d), custom_call_target="__cublas$gemm"\n}\n')
   out = gpu_trace.main([str(tmp_path), "--output", str(tmp_path / "summary.json")])
-  assert out["steps"] == 2 and out["kernels_per_step"] == 3
+  assert out["steps"] == 2 and out["kernels_per_step"] == 3 and out["hlo"] == str(tmp_path / gpu_trace.HLO_FILE)
   assert out["busy_ms_per_step"] == pytest.approx(0.040) and out["idle_ms_per_step"] == pytest.approx(0.032)
-  assert [(r["kernel"], r["hlo_op"], r["calls_per_step"]) for r in out["rows"]] == [
-      ("scatter", "scatter-add.12", 1), ("gemm", "dot.1", 2)]
+  assert [(r["kernel"], r["op_name"], r["calls_per_step"]) for r in out["rows"]] == [
+      ("input_scatter_fusion_1", op_name, 1), ("nvjet_gemm", None, 2)]
   assert [r["ms_per_step"] for r in out["rows"]] == pytest.approx([0.030, 0.010])
   assert [r["share"] for r in out["rows"]] == pytest.approx([0.75, 0.25])
   assert json.loads((tmp_path / "summary.json").read_text())["rows"] == out["rows"]
-  assert "    0.030      1  75.0%  scatter (scatter-add.12)" in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert f"    0.030      1  75.0%  input_scatter_fusion_1: {op_name}" in printed
+  assert "    0.010      2  25.0%  nvjet_gemm: custom-call.3" in printed
 
+  with pytest.raises(SystemExit, match="--hlo nowhere.txt: no such file"):
+    gpu_trace.main([str(trace), "--hlo", "nowhere.txt"])
   with gzip.open(trace, "wt") as f:
     json.dump({"traceEvents": [e for e in events if e["pid"] != 1]}, f)
   with pytest.raises(SystemExit, match="no device kernels"):
     gpu_trace.main([str(trace)])
+
+
+def test_train_step_profile_writes_the_trace_and_the_compiled_step(tmp_path):
+  """On the CPU the trace has no device kernels to sum (bench.gpu_trace says so); the HLO is the step's."""
+  bench("train_step", *TINY, "--profile", str(tmp_path / "prof"), results=tmp_path)
+  assert list((tmp_path / "prof").glob("plugins/profile/*/*.trace.json.gz"))
+  hlo = (tmp_path / "prof" / gpu_trace.HLO_FILE).read_text()
+  assert hlo.startswith("HloModule jit_train_step") and "albert/embeddings" in hlo
+  with pytest.raises(SystemExit, match="no device kernels"):
+    gpu_trace.main([str(tmp_path / "prof")])
