@@ -13,6 +13,9 @@ ACTIVATIONS = ("gelu_new", "gelu", "relu")  # gelu_new = tanh approximation (the
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable",
                   "everything_saveable")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+# Keys of earlier versions that no longer change anything, ignored where a saved config.json still has them:
+# softmax_custom_jvp (the attention softmax now always differentiates from its output, albert_jax.ops).
+RETIRED_KEYS = ("softmax_custom_jvp",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,16 +48,12 @@ class ModelConfig:
   # the loop's saved-activation stacks, as fast as the Python loop: see bench.train_step --scan-unroll).
   scan_unroll: int = 1
   remat_policy: str = "none"
-  # The attention softmax's backward from its output alone, y * (g - sum(y * g)) (jax.softmax_custom_jvp), instead
-  # of differentiating exp / sum: fewer [B, heads, T, T] arrays saved and read (tiny256 on CPU: +6% step speed,
-  # 27% less memory at seq 512). False gives jax's default rule; the gradients are the same.
-  softmax_custom_jvp: bool = True
   # Dense layers and the tied decoder as products over all tokens at once ([B*T, K] x [K, N]): their kernel
   # gradients become plain matmuls (model.flat_dot_general). Same function. On CPU +10% step speed at tiny256, +6% at
   # ALBERT-base; compiled for TPU it costs memory (ALBERT-large on v4-128: 21.2 vs 20.1 GiB). None: on where the
   # step is compiled for the CPU backend, off elsewhere (`--mode=compile` compiles for a TPU: off).
   flat_matmuls: bool | None = None
-  # How jax.nn.dot_product_attention runs: "xla" (einsums and a softmax, any backend), "cudnn" (cuDNN's fused
+  # How attention runs: "xla" (einsums and albert_jax.ops.masked_softmax, any backend), "cudnn" (cuDNN's fused
   # kernel: GPU, bfloat16/float16, no attention-probability dropout), "auto" (cuDNN's where the step is traced for a
   # GPU in half precision and cuDNN takes the shapes, else XLA's: model.attention_implementation). Same function.
   attention_implementation: str = "auto"
@@ -98,7 +97,7 @@ class ModelConfig:
   @classmethod
   def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":
     """Builds from a dict or ConfigDict, rejecting unknown keys with the list of valid ones."""
-    values = dict(values)
+    values = {k: v for k, v in dict(values).items() if k not in RETIRED_KEYS}
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -37,6 +37,7 @@ class Result:
   required_bytes: int                 # per device: the compiled total, or what the compiler said it needed
   memory: compile_stats.MemoryBreakdown | None = None
   collectives: compile_stats.CollectiveStats | None = None
+  compiled: Any = dataclasses.field(default=None, repr=False, compare=False)  # with compile_for(keep_compiled=True)
 
   def overrides(self) -> list[str]:
     return [f"--config.train.micro_batch_size={self.micro_batch}", f"--config.model.remat_policy={self.remat_policy}"]
@@ -64,8 +65,9 @@ def with_settings(config: ml_collections.ConfigDict, micro_batch: int, remat_pol
   return changed
 
 
-def compile_for(config: ml_collections.ConfigDict, devices: list) -> Result:
-  """Compiles `config`'s train step for `devices` (a slice's, from `topology.tpu_devices`)."""
+def compile_for(config: ml_collections.ConfigDict, devices: list, keep_compiled: bool = False) -> Result:
+  """Compiles `config`'s train step for `devices` (a slice's, from `topology.tpu_devices`; any compile-only
+  devices, such as bench.gpu_compile's H100)."""
   processes = len({d.process_index for d in devices})
   s = engine.setup(config, job_for(config), devices=devices, process_count=processes, process_index=0)
   settings = dict(micro_batch=s.split.micro_batch, accumulation_steps=s.split.accumulation_steps,
@@ -85,7 +87,8 @@ def compile_for(config: ml_collections.ConfigDict, devices: list) -> Result:
   seconds = time.perf_counter() - start
   memory = compile_stats.memory_breakdown(compiled, {"state": s.abstract_state, "batch": s.abstract_batch()})
   return Result(fits=True, compile_seconds=seconds, required_bytes=max(memory.total, memory.peak), memory=memory,
-                collectives=compile_stats.collective_stats(compiled, list(s.mesh.devices.flat)), **settings)
+                collectives=compile_stats.collective_stats(compiled, list(s.mesh.devices.flat)),
+                compiled=compiled if keep_compiled else None, **settings)
 
 
 def micro_batch_candidates(config: ml_collections.ConfigDict, devices: list) -> list[int]:

@@ -74,6 +74,9 @@ peer() {
   # AdamW (cuDNN attention, model.attention_implementation=auto), against the peer eager and torch.compile'd.
   run bench.train_step --size large --seq-len 512 --micro-batch 32 --peer --peer-compile both "${COMMON[@]}" \
     --name "train_step_large_s512_${TAG}"
+  # The same at the largest micro batch that fits without remat (53.7 GiB by bench.gpu_compile), ours alone.
+  run bench.train_step --size large --seq-len 512 --micro-batch 128 "${COMMON[@]}" \
+    --name "train_step_large_s512_b128_${TAG}"
   # ALBERT-base, seq 128 (§4.1 floor 35% MFU), with XLA's attention beside cuDNN's, and a trace of our step for
   # `python -m bench.gpu_trace` (the one file a lent machine needs to send back to show where the time goes).
   run bench.train_step --size base --seq-len 128 --micro-batch 128 --peer --peer-compile both "${COMMON[@]}" \
@@ -84,12 +87,15 @@ peer() {
 profile() {
   # Where that step's time goes, and the roof its own matmuls allow (each product alone, one at a time).
   run bench.step_parts --size large --seq-len 512 --micro-batch 32 "${COMMON[@]}" --name "step_parts_large_s512_${TAG}"
-  # What the H100 trace left beyond the matmuls (docs/profiling.md "GPU"): the scan's stacked residuals, which the
-  # unrolled scan (8.0 instead of 13.3 GiB there) and a remat policy keeping only matmul outputs both cut, and the
-  # kernel-gradient layout.
+  # What the H100 trace left beyond the matmuls (docs/profiling.md "GPU"): the scan's stacked residuals (since cut
+  # by albert_jax/ops.py), which the unrolled scan (8.0 instead of 13.3 GiB there) and a remat policy keeping only
+  # matmul outputs cut further, and the kernel-gradient layout.
   run bench.train_step --size base --seq-len 128 --micro-batch 128 "${COMMON[@]}" --variant unrolled:scan_unroll=12 \
     --variant dots:remat_policy=dots_saveable --variant flat:flat_matmuls=True \
     --name "train_step_base_s128_variants_${TAG}"
+  # What a layer keeps for its backward, per token, compiled for this GPU (albert_jax/ops.py; CPU and jax's account
+  # beside it).
+  run bench.saved_activations --no-tpu --results-dir "$RESULTS_DIR" --name "saved_activations_${TAG}"
   # ALBERT-base seq 512 (fused attention matters here).
   run bench.train_step --size base --seq-len 512 --micro-batch 32 "${COMMON[@]}" \
     --variant xla:attention_implementation=xla --name "train_step_base_s512_${TAG}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from albert_jax.model_config import model_config_from
-from bench import common, gpu_trace, launches, machine, step_parts
+from bench import common, gpu_trace, launches, machine, saved_activations, step_parts
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--size", "tiny", "--layers", "2", "--seq-len", "32", "--micro-batch", "2", "--steps", "3", "--warmup", "1",
@@ -330,7 +330,7 @@ def run_gpu_suite(tmp_path: Path, *parts: str, **env: str) -> tuple[subprocess.C
   return proc, calls
 
 
-@pytest.mark.parametrize("parts, commands", [((), 14), (("peer", "profile"), 5), (("remat",), 4), (("capacity", "tables"), 5)])
+@pytest.mark.parametrize("parts, commands", [((), 16), (("peer", "profile"), 7), (("remat",), 4), (("capacity", "tables"), 5)])
 def test_every_gpu_suite_command_parses_and_builds_its_models(tmp_path, monkeypatch, parts, commands):
   """The suite has never run where it is meant to (a lent GPU, with minutes of device time): its commands are
   logged by a stand-in interpreter, then each one's flags go through its own parser and its model configs are
@@ -350,9 +350,13 @@ def test_every_gpu_suite_command_parses_and_builds_its_models(tmp_path, monkeypa
     with pytest.raises(_Parsed) as parsed:
       importlib.import_module(module).main(argv)
     args = parsed.value.args[0]
-    sizes = args.sizes.split(",") if module == "bench.speed_table" else [args.size]
-    for size in sizes:
-      model_config_from(common.bench_config(argparse.Namespace(**{**vars(args), "size": size})))
+    if module == "bench.saved_activations":
+      for spec in args.rows:
+        saved_activations.row_config(spec)
+    else:
+      sizes = args.sizes.split(",") if module == "bench.speed_table" else [args.size]
+      for size in sizes:
+        model_config_from(common.bench_config(argparse.Namespace(**{**vars(args), "size": size})))
     assert args.results_dir == str(tmp_path / "results")
     names.append(args.name)
   assert len(set(names)) == len(names) and all(name.endswith("_lhs") for name in names), names
@@ -371,7 +375,7 @@ def test_gpu_suite_installs_the_carried_wheels_first_and_refuses_an_unknown_part
   assert install["argv"][install["argv"].index("--target") + 1] == site
   assert sorted(Path(a).name for a in install["argv"] if a.endswith(".whl")) == [
       "flax-0.12.8-py3-none-any.whl", "optax-0.2.8-py3-none-any.whl"]
-  assert len(benchmarks) == 2 and all(c["pythonpath"] == f"{site}:/elsewhere" for c in benchmarks)
+  assert len(benchmarks) == 3 and all(c["pythonpath"] == f"{site}:/elsewhere" for c in benchmarks)
 
   proc, calls = run_gpu_suite(tmp_path, "peer", "speed")
   assert proc.returncode == 2 and calls == []
@@ -384,19 +388,20 @@ def test_gpu_suite_goes_on_past_a_failed_command_and_archives_what_finished(tmp_
   archive = tmp_path / "out" / "results.tgz"
   archive.parent.mkdir()
   proc, calls = run_gpu_suite(tmp_path, "peer", "profile", FAIL_ON="step_parts", ARCHIVE=str(archive))
-  assert proc.returncode == 1 and len(calls) == 5
+  assert proc.returncode == 1 and len(calls) == 7
   assert "failed with exit 3: bench.step_parts" in proc.stderr
   assert "gpu_suite.sh: 1 command(s) did not finish:" in proc.stderr
   with tarfile.open(archive) as tar:
     names = sorted(Path(n).name for n in tar.getnames() if n.endswith(".json"))
-  assert names == ["train_step_base_s128_gpu.json", "train_step_base_s128_variants_gpu.json",
-                   "train_step_base_s512_gpu.json", "train_step_large_s512_gpu.json"]
+  assert names == ["saved_activations_gpu.json", "train_step_base_s128_gpu.json",
+                   "train_step_base_s128_variants_gpu.json", "train_step_base_s512_gpu.json",
+                   "train_step_large_s512_b128_gpu.json", "train_step_large_s512_gpu.json"]
 
 
 def test_gpu_suite_skips_what_its_deadline_leaves_no_time_for(tmp_path):
   proc, calls = run_gpu_suite(tmp_path, "peer", DEADLINE="20")
   assert proc.returncode == 1 and calls == []
-  assert proc.stderr.count("skipped, 20s left of DEADLINE=20: bench.train_step") == 2
+  assert proc.stderr.count("skipped, 20s left of DEADLINE=20: bench.train_step") == 3
 
 
 @pytest.mark.parametrize("flags, extra, expected", [(None, None, None), ("", "", None), (None, "--xla_b=1", "--xla_b=1"),
@@ -409,7 +414,7 @@ def test_gpu_suite_passes_xla_flags_without_stray_blanks(tmp_path, flags, extra,
     m.delenv("XLA_EXTRA", raising=False)
     proc, calls = run_gpu_suite(tmp_path, "peer", **env)
   assert proc.returncode == 0, proc.stderr
-  assert [c["xla_flags"] for c in calls] == [expected, expected]
+  assert [c["xla_flags"] for c in calls] == [expected] * 3
 
 
 def test_gpu_trace_sums_the_device_kernels_per_step_and_names_their_model_code(tmp_path, capsys):
@@ -463,3 +468,13 @@ def test_train_step_profile_writes_the_trace_and_the_compiled_step(tmp_path):
   assert hlo.startswith("HloModule jit_train_step") and "albert/embeddings" in hlo
   with pytest.raises(SystemExit, match="no device kernels"):
     gpu_trace.main([str(tmp_path / "prof")])
+
+
+def test_saved_activations_reports_the_hand_count_and_the_compiled_layers(tmp_path):
+  payload = saved_activations.main(["--rows", "tiny:16:float32:none", "--no-tpu", "--results-dir", str(tmp_path)])
+  (row,) = payload["rows"]
+  H, I, N = 64, 256, 4  # tiny
+  assert row["jax_kib"] * 1024 == 4 * (7 * H + 2 * I + N * 16) + 16
+  assert row["cpu_kib"] > 0 and row["gpu_kib"] is None and row["tpu_kib"] is None
+  record = json.loads((tmp_path / "saved_activations.json").read_text())
+  assert record["rows"] == [row] and "loadavg" in record["environment"]["machine"]["start"]

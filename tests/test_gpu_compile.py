@@ -1,0 +1,49 @@
+"""bench.gpu_compile: the real train step compiled for an H100 on this CPU host (jax's CUDA plugin in an
+interpreter of its own, made by bench/gpu_compile_env.sh; .ci/run makes one and names it in
+ALBERT_GPU_COMPILE_PYTHON)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = os.environ.get("ALBERT_GPU_COMPILE_PYTHON")
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+  if not PYTHON:
+    if os.environ.get("CI"):
+      pytest.fail("ALBERT_GPU_COMPILE_PYTHON is unset: .ci/run makes it with bench/gpu_compile_env.sh")
+    pytest.skip("no GPU-compile interpreter here: bash bench/gpu_compile_env.sh DIR, then "
+                "ALBERT_GPU_COMPILE_PYTHON=DIR/bin/python")
+  return PYTHON
+
+
+def test_the_step_compiles_for_an_h100_with_cudnn_attention_and_without(interpreter, tmp_path):
+  out = subprocess.run([interpreter, "-m", "bench.gpu_compile", "--size", "tiny", "--seq-len", "32",
+                        "--micro-batch", "4", "--variant", "xla:attention_implementation=xla",
+                        "--results-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  record = json.loads((tmp_path / "gpu_compile.json").read_text())
+  assert record["device"] == "NVIDIA H100 80GB HBM3"
+  cudnn, xla = record["rows"]
+  assert (cudnn["name"], cudnn["attention"], xla["name"], xla["attention"]) == ("ours", "cudnn", "xla", "xla")
+  assert cudnn["fits"] and xla["fits"] and 0 < cudnn["required_gib"] < 1
+  # cuDNN's fused attention, forward and backward, in the cudnn row only; the word table's gradient is a scatter
+  # in both (the position and token-type tables' are not: tests/test_model.py).
+  assert {k for k in cudnn["kernels"] if "cudnn" in k} == {"__cudnn$fmhaScaleBiasSoftmax",
+                                                          "__cudnn$fmhaScaleBiasSoftmaxBackward"}
+  assert not any("cudnn" in k for k in xla["kernels"])
+  assert cudnn["kernels"]["scatter"] >= 1 and xla["kernels"]["scatter"] >= 1
+  assert "Compiled for an NVIDIA H100 80GB HBM3 without one" in out.stdout
+
+
+def test_without_the_cuda_plugin_it_says_how_to_get_it(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "bench.gpu_compile", "--size", "tiny", "--seq-len", "32",
+                        "--results-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert out.returncode != 0
+  assert "bash bench/gpu_compile_env.sh DIR" in out.stderr
