@@ -203,9 +203,11 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
 
 # Tokens per device in one micro step that each size fine-tunes within a device of 16 GiB (TPU v3; the original
 # fine-tuned on 8 cores, num_tpu_cores=8) in float32 without remat, with 10% of it to spare: measured with
-# `--mode=compile --topology=v3-8 --fit` (bench/tpu_recipes.py, rows finetune_*). A bigger device may take more:
-# --config.train.max_micro_batch_size=0 lifts the cap.
-FINETUNE_TOKENS_PER_DEVICE = {"base": 8192, "large": 2048, "xlarge": 1024, "xxlarge": 1024}
+# `--mode=compile --topology=v3-8 --fit` (bench/tpu_recipes.py, rows finetune_*). Large and xlarge doubled once
+# LayerNorm, GELU and the softmax kept one array each for the backward (albert_jax/ops.py); xxlarge's parameters and
+# optimizer state leave it no room to. A bigger device may take more: --config.train.max_micro_batch_size=0 lifts
+# the cap.
+FINETUNE_TOKENS_PER_DEVICE = {"base": 8192, "large": 4096, "xlarge": 2048, "xxlarge": 1024}
 
 
 def cap_micro_batch(c: ml_collections.ConfigDict, sequences_per_example: int) -> None:

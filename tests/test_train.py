@@ -441,10 +441,10 @@ def test_fine_tuning_recipes_cap_the_micro_batch_by_size():
   from experiments import glue, race, squad_v1
   settings = lambda c: (c.train.max_micro_batch_size, c.model.remat_policy)
   assert [settings(glue.get_config(f"task=mnli,size={size}")) for size in ("tiny", "base", "large", "xxlarge")] == [
-      (0, "none"), (16, "none"), (4, "none"), (2, "none")]
+      (0, "none"), (16, "none"), (8, "none"), (2, "none")]
   assert settings(squad_v1.get_config("size=xxlarge")) == (2, "none")   # 2 x 384 tokens
-  assert [settings(race.get_config(f"size={size}")) for size in ("base", "large", "xlarge")] == [
-      (4, "none"), (1, "none"), (1, "dots_saveable")]                    # 4 x 512 tokens an example
+  assert [settings(race.get_config(f"size={size}")) for size in ("base", "large", "xlarge", "xxlarge")] == [
+      (4, "none"), (2, "none"), (1, "none"), (1, "dots_saveable")]      # 4 x 512 tokens an example
 
 
 def test_impossible_batch_split_fails_clearly(tmp_path):
