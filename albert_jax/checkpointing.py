@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
@@ -38,6 +39,10 @@ class SaveError(RuntimeError):
 
 class UnreadableCheckpoints(OSError):
   """No step of a checkpoint directory reads back; the message names each one's failure."""
+
+
+class UnreadableElsewhere(OSError):
+  """Another process could not read a step that this one read (its own log says why)."""
 
 
 class _DataState:
@@ -87,24 +92,37 @@ _ORBAX_ERRORS = _OrbaxErrors()
 logging.getLogger("absl").addFilter(_ORBAX_ERRORS)  # absl.logging, which orbax logs through
 
 
-def _without_closed_loop_reports(hook: Callable) -> Callable:
-  """`hook` (sys.unraisablehook) minus one report: after a failed save orbax closes its event loop, and each of
-  the save's writes still pending then completes in tensorstore, whose callback finds the loop closed and reports
-  `RuntimeError: Event loop is closed` as unraisable: dozens of tracebacks that say nothing SaveError's line does
-  not. The same error raised anywhere else is still reported."""
-  def unraisablehook(unraisable):
+def _said_in_one_line(unraisable) -> bool:
+  """Unraisable reports of a failed save or restore, whose failure SaveError, or the restore's "cannot be read"
+  line, already states:
+  - after a failed save, orbax closes its event loop, and each of the save's writes still pending then completes in
+    tensorstore, whose callback finds the loop closed: `RuntimeError: Event loop is closed`, dozens of them;
+  - after one array of a restore fails to read, orbax drops the reads of the others, and every one of them that
+    fails too is reported as it is dropped: thousands of lines of tensorstore specs."""
+  if unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed":
     frames = [frame.f_code for frame, _ in traceback.walk_tb(unraisable.exc_traceback)][-2:]
-    if (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
-        and [f.co_name for f in frames] == ["call_soon_threadsafe", "_check_closed"]
-        and all(f.co_filename == asyncio.base_events.__file__ for f in frames)):
-      return
-    hook(unraisable)
+    return ([f.co_name for f in frames] == ["call_soon_threadsafe", "_check_closed"]
+            and all(f.co_filename == asyncio.base_events.__file__ for f in frames))
+  code = getattr(unraisable.object, "cr_code", None)
+  return (code is not None and code.co_name.startswith("_read")
+          and code.co_filename.endswith(_ORBAX_SERIALIZATION))
+
+
+_ORBAX_SERIALIZATION = os.path.join("orbax", "checkpoint", "_src", "serialization", "serialization.py")
+
+
+def _without_reports_said_in_one_line(hook: Callable) -> Callable:
+  """`hook` (sys.unraisablehook) minus `_said_in_one_line`'s reports; the same errors from anywhere else are
+  still reported."""
+  def unraisablehook(unraisable):
+    if not _said_in_one_line(unraisable):
+      hook(unraisable)
   unraisablehook.albert_jax_filtered = True
   return unraisablehook
 
 
 if not getattr(sys.unraisablehook, "albert_jax_filtered", False):
-  sys.unraisablehook = _without_closed_loop_reports(sys.unraisablehook)
+  sys.unraisablehook = _without_reports_said_in_one_line(sys.unraisablehook)
 
 
 @dataclasses.dataclass
@@ -140,6 +158,46 @@ def read_data_states(directory: str) -> DataStates:
                               for i in range(written)})
 
 
+class _Failed:
+  """A restore's error, returned rather than raised by `_state_handler`."""
+
+  def __init__(self, error: Exception):
+    self.error = error
+
+
+def _state_handler() -> ocp.StandardCheckpointHandler:
+  """orbax's handler, except that a failed restore returns its error instead of raising it. After the handler,
+  orbax's manager waits for every process at a barrier, which a process that raised skips: its next attempt (an
+  older step) then met the others' barrier, so processes went on from different steps, or the job hung. Returned,
+  the error reaches `Checkpointer`, which raises it on every process once they have compared. (The instance's
+  method is replaced, not the class, so the checkpoints name orbax's own handler and read without albert_jax.)"""
+  handler = ocp.StandardCheckpointHandler()
+  restore = handler.restore
+
+  def restore_returning_errors(*args, **kwargs):
+    try:
+      return restore(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - orbax and tensorstore each raise their own kinds
+      return _Failed(e)
+
+  handler.restore = restore_returning_errors
+  return handler
+
+
+def _on_every_process(error: Exception | None) -> None:
+  """Raises `error`, or UnreadableElsewhere where another process met one, so that every process drops the same
+  step (a collective of all processes: each must call it, the same number of times)."""
+  failed = [error is not None]
+  if jax.process_count() > 1:
+    failed = [bool(f) for f in multihost_utils.process_allgather(np.array(error is not None))]
+  if error is not None:
+    raise error
+  if any(failed):
+    processes = [i for i, f in enumerate(failed) if f]
+    raise UnreadableElsewhere(f"process{'es' if len(processes) > 1 else ''} {', '.join(map(str, processes))} of "
+                              f"{len(failed)} cannot read it (their logs say why)")
+
+
 class _Manager(ocp.CheckpointManager):
   """orbax's manager minus its own calls into JAX's preemption sync (from `save`, and on process 0 from the
   background thread that finalizes a save, with that save's step): JAX's protocol reads the last count passed in
@@ -166,7 +224,7 @@ class Checkpointer:
         create=True)
     self.manager = _Manager(
         self.directory, item_names=("state", "data"),
-        item_handlers={"state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler()},
+        item_handlers={"state": _state_handler(), "data": grain.checkpoint.CheckpointHandler()},
         options=options)
     self.failed = False
 
@@ -207,10 +265,19 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, DataStates]:
     """Restores into `abstract_state`'s shapes and shardings (any mesh, any process count); returns (state, the
     writer's data states). The loader states are read here, not by grain's handler, which looks for this process
-    count's file only and so called an intact checkpoint of another process count unreadable."""
-    data = read_data_states(os.path.join(self.directory, str(step), "data"))
-    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-    return restored["state"], data
+    count's file only and so called an intact checkpoint of another process count unreadable. Raises on every
+    process if any process fails to read its part."""
+    try:
+      data, error = read_data_states(os.path.join(self.directory, str(step), "data")), None
+    except Exception as e:  # noqa: BLE001 - a missing or garbled file: damage
+      error = e
+    _on_every_process(error)
+    return self._restore_state(step, abstract_state), data
+
+  def _restore_state(self, step: int, target: Any) -> Any:
+    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+    _on_every_process(restored.error if isinstance(restored, _Failed) else None)
+    return restored
 
   def restore_newest_intact(self, restore: Callable[[int], Any], move_aside: bool = False
                             ) -> tuple[int, Any] | None:
@@ -254,9 +321,7 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"No complete checkpoint in {self.directory}.")
-    target = local_restore_target(self.manager.item_metadata(step)["state"])
-    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-    return restored["state"]["params"]
+    return self._restore_state(step, local_restore_target(self.manager.item_metadata(step)["state"]))["params"]
 
   def reached_preemption(self, step: int) -> bool:
     """Whether every process stops at `step` (the loop asks once per step, on every process): JAX's preemption

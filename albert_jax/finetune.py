@@ -214,10 +214,10 @@ def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Set
   return metrics, predictions
 
 
-def _warm_start(config, task=None):
+def _warm_start(config, task, model):
   """Pretrained weights are required unless random initialisation was asked for explicitly. A head recorded as
   trained for other classes or another order than `task`'s is not kept (it would start from swapped classes): it
-  starts afresh, said in one line."""
+  starts afresh, said in one line. Weights that do not fit `model` are refused here (`pretrained.warm_start`)."""
   if not config.init_checkpoint:
     if config.allow_random_init:
       print("WARNING: fine-tuning from RANDOM weights (allow_random_init=True).", flush=True)
@@ -227,12 +227,12 @@ def _warm_start(config, task=None):
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
   loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
   recorded = _init_identity(config)
-  if task is not None and set(loaded) - {"albert"} and not _head_trained_for(task, recorded):
+  if set(loaded) - {"albert"} and not _head_trained_for(task, recorded):
     if jax.process_index() == 0:
       print(f"init_checkpoint={config.init_checkpoint} holds a head trained for {_describe(recorded)}, not for "
             f"this run's {_describe(task.identity())}: it starts afresh.", flush=True)
     loaded = {"albert": loaded["albert"]}
-  return lambda params: pretrained.merge_init_params(params, loaded)
+  return pretrained.warm_start(loaded, lambda rng: task.init_params(model, rng))
 
 
 def _rows(batch: dict[str, Any]) -> int:
@@ -317,6 +317,7 @@ def train(config, workdir: str, args=None) -> None:
   # Read now, so that a bad test file stops the run before training rather than after it.
   test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
                  if storage.path(task.split_path(name)).exists()]
+  warm_start = _warm_start(config, task, model)  # weights refused before the workdir is written
   with WorkdirLock(workdir, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
     start = loop.latest_step(workdir) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
@@ -334,7 +335,7 @@ def train(config, workdir: str, args=None) -> None:
             f" (best: step {keeper.record['step']}, {keeper.record['metric']} {keeper.record['value']:.4f})",
             flush=True)
 
-  loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, _warm_start(config, task)))
+  loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, warm_start))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return

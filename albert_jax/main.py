@@ -146,13 +146,15 @@ def raised_by_our_code(error: BaseException) -> bool:
 
 
 # Modes that only read the workdir when --output names where their result goes: a read-only workdir serves them
-# (eval writes the dev predictions into it, predict --split without --output its benchmark file).
+# (fine-tuning's eval writes the dev predictions into it, predict --split without --output its benchmark file).
 READ_ONLY_WITH_OUTPUT = ("predict", "embed")
+# Modes that only read a pretraining run's workdir whatever the flags (eval prints its held-out metrics).
+READ_ONLY_PRETRAINING = ("eval",)
 
 
-def check_workdir(workdir: str, mode_name: str, output: str | None = None) -> None:
+def check_workdir(workdir: str, mode_name: str, output: str | None = None, pretraining: bool = False) -> None:
   """A local workdir that cannot serve the mode is refused in one line; nothing is written (a config refused later
-  leaves no folder behind)."""
+  leaves no folder behind). `pretraining`: the config is a pretraining one, whose eval only reads the workdir."""
   from albert_jax import storage
   if storage.is_remote(workdir):
     return  # a bucket is checked by the storage layer on first use
@@ -167,7 +169,8 @@ def check_workdir(workdir: str, mode_name: str, output: str | None = None) -> No
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
     raise NotADirectoryError(f"--workdir={workdir} cannot be created: {existing} is a file; pass a directory path.")
-  if not os.access(existing, os.W_OK | os.X_OK) and not (output and mode_name in READ_ONLY_WITH_OUTPUT):
+  reads_only = (output and mode_name in READ_ONLY_WITH_OUTPUT) or (pretraining and mode_name in READ_ONLY_PRETRAINING)
+  if not os.access(existing, os.W_OK | os.X_OK) and not reads_only:
     hint = " (or pass --output: predict then writes nothing there)" if mode_name == "predict" else ""
     raise PermissionError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory{hint}.")
 
@@ -196,7 +199,7 @@ def main(argv) -> None:
 def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
   mode = runner.MODES[mode_name]
   if mode.needs_workdir:
-    check_workdir(workdir, mode_name, FLAGS.output)
+    check_workdir(workdir, mode_name, FLAGS.output, pretraining=config.task == "pretrain")
     _initialize_distributed()
     from albert_jax import engine
     engine.use_compilation_cache(config, workdir)

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -15,7 +16,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import engine, flops, loop, pretrained, storage
+from albert_jax import checkpointing, engine, flops, loop, pretrained, storage
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
 from data_pipeline.masking import num_prediction_slots
@@ -194,9 +195,7 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
       example_batch=lambda rows: synthetic_batch(config.data, rows, config.model.vocab_size, 0),
       tokens_per_example=seq_len,
       flops_per_token=flops.train_flops_per_token(model_config, seq_len, prediction_slots(config.data)),
-      evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
-      warm_start=(lambda params: pretrained.merge_init_params(params, pretrained.load_init_params(
-          config.init_checkpoint, model=config.model))) if config.init_checkpoint else None)
+      evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer))
 
 
 def _log_evaluation(step: int, metrics: dict[str, float], writer) -> None:
@@ -219,9 +218,14 @@ def check_held_out_documents(config: ml_collections.ConfigDict) -> None:
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
-  """Pretrains from scratch, a warm start, or the workdir's latest checkpoint. Returns the last logged metrics."""
+  """Pretrains from scratch, a warm start, or the workdir's latest checkpoint. Returns the last logged metrics.
+  A warm start's weights are loaded and checked first: refused, they leave the workdir as it was."""
   check_held_out_documents(config)
-  return loop.fit(config, workdir, make_job(config, workdir))
+  job = make_job(config, workdir)
+  if config.init_checkpoint and loop.latest_step(workdir) is None:  # a resume goes on from its own weights
+    loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
+    job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
+  return loop.fit(config, workdir, job)
 
 
 def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
@@ -237,11 +241,11 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, also printed as one JSON line."""
   pretrained.check_same_function(workdir, config.model, "--workdir")
+  if loop.latest_step(workdir) is None:  # asked before `setup` opens checkpoints/, which would create it
+    raise FileNotFoundError(f"No checkpoint in {storage.absolute(checkpointing.checkpoint_dir(workdir))}; train "
+                            "first (--mode=train).")
   s = engine.setup(config, make_job(config, workdir), workdir)
-  found = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
-  if found is None:
-    raise FileNotFoundError(f"No checkpoint in {s.checkpointer.directory}; train first (--mode=train).")
-  step, params = found
+  step, params = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
   with s.context():
     params = s.replicate(params)
     result = {"step": step, **evaluate(config, s, params)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import flax
 import flax.linen as nn
@@ -173,6 +173,14 @@ def check_params(target: Any, loaded: Any, required_prefix: str = BACKBONE, name
                      "model_config.json (a training workdir's: config.json).")
   if head:
     raise ValueError(f"{name} holds no head trained for this task:\n  " + "\n  ".join(head) + f"\n{head_fix}")
+
+
+def warm_start(loaded: Any, init_params: Callable) -> Callable:
+  """`loaded` as an `engine.Job.warm_start` (merged into a fresh run's parameters by `merge_init_params`), checked
+  now against the shapes of `init_params(rng)`, traced (nothing is computed): weights that misfit are refused at
+  start-up, before the run writes anything into its workdir."""
+  check_params(jax.eval_shape(lambda: nn.unbox(init_params(jax.random.key(0)))), loaded)
+  return lambda params: merge_init_params(params, loaded)
 
 
 def merge_init_params(target: Any, loaded: Any, required_prefix: str = BACKBONE, head_fix: str = ""

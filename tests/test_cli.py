@@ -1,5 +1,7 @@
 """The command line's handling of bad input: our own errors in one line and exit 1, a library's with its
-traceback; workdirs that cannot serve a mode refused before anything is written; experiment arguments typed."""
+traceback; workdirs that cannot serve a mode refused before anything is written, a read-only one served by a mode
+that writes nothing there; experiment arguments typed."""
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +58,49 @@ def test_eval_of_a_missing_workdir_names_it_and_creates_nothing(tmp_path):
       f"error: --workdir={workdir} does not exist; --mode=eval reads the weights of a training run: pass that run's "
       "--workdir.")
   assert not workdir.exists()
+
+
+def test_eval_of_a_workdir_without_checkpoints_writes_nothing_there(tmp_path):
+  """The refusal came after the checkpoints were opened, which made checkpoints/ (and compilation_cache/) there."""
+  result = cli(tmp_path, *SMALL_RUN, "--mode=eval")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: No checkpoint in {tmp_path / 'checkpoints'}; train first (--mode=train).")
+  assert os.listdir(tmp_path) == []
+
+
+# `python -m albert_jax.main` in a process that sees the workdir (its first argument) as not writable, as a user
+# without write permission does: tests may run as root, whom `chmod a-w` does not stop.
+READ_ONLY = ("import os, runpy, sys; workdir = sys.argv.pop(1); access = os.access; os.access = lambda path, mode: "
+             "access(path, mode) and not (mode & os.W_OK and str(path).startswith(workdir)); "
+             "runpy.run_module('albert_jax.main', run_name='__main__')")
+
+
+def files(directory):
+  """Every path under `directory` with its size and modification time."""
+  return sorted((str(p), p.lstat().st_size, p.lstat().st_mtime_ns) for p in directory.rglob("*"))
+
+
+def test_pretraining_eval_reads_a_read_only_workdir(tmp_path):
+  """It was refused as fine-tuning's eval is (which writes dev predictions there); it writes nothing there, its
+  compilation cache off, and prints the metrics that a writable workdir gives."""
+  workdir = tmp_path / "run"
+  assert cli(workdir, *SMALL_RUN, "--config.train.num_train_steps=2").returncode == 0
+  writable = cli(workdir, *SMALL_RUN, "--mode=eval")
+  assert writable.returncode == 0, writable.stderr
+  subprocess.run(["chmod", "-R", "a-w", workdir], check=True)
+  before = files(workdir)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  try:
+    result = subprocess.run([sys.executable, "-c", READ_ONLY, str(workdir), "--config=experiments/pretrain_tiny.py:"
+                             "synthetic", f"--workdir={workdir}", *SMALL_RUN, "--mode=eval"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  finally:
+    subprocess.run(["chmod", "-R", "u+w", workdir], check=True)
+  assert result.returncode == 0, result.stderr
+  assert f"Compilation cache off: {workdir}/compilation_cache cannot be written" in result.stdout
+  assert json.loads(result.stdout.splitlines()[-1]) == json.loads(writable.stdout.splitlines()[-1])
+  assert files(workdir) == before
 
 
 @pytest.mark.parametrize("experiment, argument, message", [

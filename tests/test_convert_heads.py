@@ -152,10 +152,11 @@ def test_glue_reads_a_converted_head_in_its_fixed_order_or_refuses_it(hf, shared
     finetune.train(config, str(tmp_path / "predicted"))  # num_train_steps=0: predicts with the head as it is
 
   task = finetune.get_task(config)
-  fresh = jax.device_get(nn.unbox(task.init_params(task.build_model(model_config_from(config)), jax.random.key(0))))
+  model = task.build_model(model_config_from(config))
+  fresh = jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0))))
   for weights, kept in ((same, True), (swapped, False)):
     config.init_checkpoint = weights
-    start, printed = printing(finetune._warm_start, config, task)
+    start, printed = printing(finetune._warm_start, config, task, model)
     params, left_fresh = start(fresh)
     assert ("classifier/kernel" not in left_fresh) == kept
     assert ("starts afresh" in printed) == (not kept)
@@ -174,10 +175,10 @@ def test_a_warm_start_takes_a_converted_heads_order_for_the_train_files_classes(
   assert finetune._task_and_model(config, config.init_checkpoint, warm_start=True)[0].labels == ("pos", "neg")
   config.init_checkpoint = converted(hf, tmp_path, "AlbertForSequenceClassification", "other",
                                      **labelled(["yes", "no"]))
-  task = finetune._task_and_model(config, config.init_checkpoint, warm_start=True)[0]
+  task, _, _, model = finetune._task_and_model(config, config.init_checkpoint, warm_start=True)
   assert task.labels == ("neg", "pos")
   assert "labels=yes|no, num_labels=2, not for this run's task=classification, labels=neg|pos: it starts afresh" in (
-      quietly(finetune._warm_start, config, task))
+      quietly(finetune._warm_start, config, task, model))
 
 
 @pytest.mark.hf
@@ -255,7 +256,8 @@ def test_a_pretraining_warm_start_refuses_another_head_count(tmp_path):
   config = pretrain_tiny.get_config("synthetic")
   config.init_checkpoint = saved_with_heads(tmp_path / "init", model_config_from(config), 8)
   with pytest.raises(ValueError, match=refused("init_checkpoint", config.init_checkpoint)):
-    pretrain.make_job(config).warm_start(None)
+    pretrain.train(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
 
 
 def test_pretraining_eval_refuses_a_workdir_saved_with_another_head_count(tmp_path):

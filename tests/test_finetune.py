@@ -277,5 +277,24 @@ def test_warm_start_refuses_a_head_count_that_no_weight_shape_shows(tmp_path):
   backbone = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))
   pretrained.save_pretrained(str(tmp_path / "init"), model_config.replace(num_attention_heads=8), {"albert": backbone})
   config.init_checkpoint = str(tmp_path / "init")
+  config.data.max_seq_length = 64  # the recipe's 512 exceeds the tiny model's positions
+  task = finetune.get_task(config)
   with pytest.raises(ValueError, match="num_attention_heads=8 but this run has 4.*--config.model.num_attention_heads=8"):
-    finetune._warm_start(config)
+    finetune._warm_start(config, task, task.build_model(model_config))
+
+
+def test_weights_refused_at_start_up_leave_no_workdir(shared_data, tmp_path):
+  """Weights of another shape were refused only once the run had written head.json, checkpoints/ and
+  compilation_cache/ into its new workdir; a missing init_checkpoint once it had written head.json."""
+  root = glue_data(shared_data, "rte", tmp_path / "glue")
+  config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}"
+  model_config = model_config_from(glue_experiment.get_config("task=rte,size=tiny")).replace(vocab_size=300)
+  backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
+  pretrained.save_pretrained(str(tmp_path / "init"), model_config,
+                             {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))})
+  for init, message in ((tmp_path / "init", "init_checkpoint does not match the model's backbone"),
+                        (tmp_path / "missing", "is neither a pretrained-weights directory")):
+    result = cli(config, tmp_path / "run", "--config.train.num_train_steps=1", "--config.data.max_seq_length=64",
+                 f"--config.init_checkpoint={init}")
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()

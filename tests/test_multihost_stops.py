@@ -3,7 +3,11 @@ stops every process at one agreed step, saved (it used to hang the job with noth
 another process count, exactly where the loader's position allows it, else is refused in one line (it used to be
 called unreadable and moved aside)."""
 import json
+import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -12,7 +16,7 @@ import pytest
 from albert_jax import checkpointing
 from data_pipeline.tiny import ensure_tiny_dataset
 from tests.processes import communicate_all, free_port
-from tests.test_train import SMALL_RUN, assert_trees_equal, cli, final_params, logged
+from tests.test_train import REPO, SMALL_RUN, assert_trees_equal, cli, final_params, logged
 
 # A constant learning rate after warm-up (poly_power 0): the schedule does not depend on num_train_steps, so a run
 # stopped on the way and resumed with another step count can be compared with one run straight to that count.
@@ -149,3 +153,91 @@ def test_loader_states_of_another_process_count_are_read_and_a_missing_one_is_da
   (tmp_path / "process_1-of-2.json").unlink()
   with pytest.raises(ValueError, match="lacks the loader state of process 1 of the 2 that wrote it"):
     checkpointing.read_data_states(str(tmp_path))
+
+
+# Two processes, each with its own half of every weight (fsdp over the processes), so each reads its own shards.
+SHARDED = [*RUN, "--config.mesh.shape=(('data', 1), ('fsdp', -1), ('tensor', 1))", "--config.checkpoint.every=2",
+           "--config.checkpoint.keep=10"]
+
+
+def _truncate_largest_file(directory) -> None:
+  largest = max(directory.iterdir(), key=lambda p: p.stat().st_size)
+  largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_a_process_cannot_read_is_skipped_by_every_process_in_one_line_each(tmp_path, launched):
+  """A loader state that one process cannot read made that process alone restore an older step while the others
+  waited for it in the newest one's restore: the job hung. Array data that fails to read printed thousands of lines
+  of dropped reads. Now every process resumes the same older step, saying so in a line, and the run ends exactly
+  as one never damaged."""
+  reference, damaged = tmp_path / "reference", tmp_path / "damaged"
+  for workdir, steps in ((reference, 6), (damaged, 4)):
+    procs = launch(launched, workdir, *SHARDED, f"--config.train.num_train_steps={steps}")
+    outputs = communicate_all(procs, timeout=300)
+    assert all(p.returncode == 0 for p in procs), outputs
+  faults = {"process 1's loader state": lambda step: (step / "data" / "process_1-of-2.json").write_text("{garbage"),
+            "array data": lambda step: _truncate_largest_file(step / "state" / "ocdbt.process_1" / "d")}
+  for name, damage in faults.items():
+    run = tmp_path / name.replace(" ", "_").replace("'", "")
+    shutil.copytree(damaged, run)
+    damage(run / "checkpoints" / "4")
+    procs = launch(launched, run, *SHARDED, "--config.train.num_train_steps=6")
+    outputs = communicate_all(procs, timeout=300)
+    assert all(p.returncode == 0 for p in procs), (name, outputs)
+    for output in outputs:
+      assert f"Checkpoint step 4 in {run / 'checkpoints'} cannot be read (" in output, (name, output)
+      assert f"Resumed from step 2 in {run / 'checkpoints'}" in output, (name, output)
+      assert "Exception ignored" not in output and "Traceback" not in output and len(output.splitlines()) < 40, (
+          name, output)
+    assert len(list((run / "checkpoints").glob("4.unreadable.*"))) == 1, name
+    assert_trees_equal(final_params(reference)[1], final_params(run)[1])
+
+
+ONE_PROCESS_FAILS = """
+import json, sys
+import jax, numpy as np
+import orbax.checkpoint as ocp
+jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+from albert_jax import checkpointing
+mesh = jax.make_mesh((2,), ("fsdp",))
+sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+make = lambda step: jax.make_array_from_callback((4,), sharding, lambda index: np.arange(4.0)[index] + step)
+saver = checkpointing.Checkpointer(sys.argv[3], every=1, keep=5, async_save=False)
+for step in (1, 2):
+  saver.save(step, {"w": make(step)}, {"step": step})
+saver.close()
+if jax.process_index() == 0:  # this process alone cannot read step 2's arrays
+  restore = ocp.StandardCheckpointHandler.restore
+  def failing(self, directory, *args, **kwargs):
+    if directory.parent.name == "2":
+      raise OSError("injected read failure")
+    return restore(self, directory, *args, **kwargs)
+  ocp.StandardCheckpointHandler.restore = failing
+ckpt = checkpointing.Checkpointer(sys.argv[3], every=1, keep=5, async_save=False)
+target = {"w": jax.ShapeDtypeStruct((4,), np.float64 if jax.config.jax_enable_x64 else np.float32, sharding=sharding)}
+step, (state, data) = ckpt.restore_newest_intact(lambda s: ckpt.restore(s, target), move_aside=True)
+local = [np.asarray(shard.data).tolist() for shard in state["w"].addressable_shards]
+print("RESULT", json.dumps([step, data.states, local]), flush=True)
+ckpt.close()
+"""
+
+
+def test_arrays_that_one_process_alone_cannot_read_are_skipped_by_every_process(tmp_path, launched):
+  """The agreement at the level of the arrays: process 0 alone fails to read step 2's. Before, process 1 restored
+  step 2 while process 0 restored step 1 (each holding half of the weights, of two different steps), or the job
+  hung; now both restore step 1."""
+  script = tmp_path / "one_process_fails.py"
+  script.write_text(ONE_PROCESS_FAILS)
+  port = free_port()
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+             PYTHONPATH=str(REPO))
+  procs = [subprocess.Popen([sys.executable, str(script), f"localhost:{port}", str(i), str(tmp_path / "ckpt")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  launched.extend(procs)
+  outputs = communicate_all(procs, timeout=120)
+  assert all(p.returncode == 0 for p in procs), outputs
+  results = [json.loads(next(line for line in o.splitlines() if line.startswith("RESULT "))[7:]) for o in outputs]
+  assert results == [[1, {"0": {"step": 1}}, [[1.0, 2.0]]], [1, {"1": {"step": 1}}, [[3.0, 4.0]]]], outputs
+  assert "cannot be read (OSError: injected read failure); skipping it." in outputs[0]
+  assert "cannot be read (UnreadableElsewhere: process 0 of 2 cannot read it (their logs say why))" in outputs[1]

@@ -618,16 +618,32 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(tmp_path):
   assert "is not finite" in result.stderr and "last good checkpoint" in result.stderr
 
 
-def test_warm_start_from_a_pretrained_directory(tmp_path):
+def saved_small_run_weights(path) -> dict:
+  """Weights of SMALL_RUN's model, saved at `path` as a pretrained-weights directory; returns them."""
   from albert_jax import pretrained
   config = model_config_from(ml_collections.ConfigDict(
       {"model": {**common.model_config("tiny").to_dict(), "vocab_size": 300, "max_position_embeddings": 32}}))
   params = nn.unbox(AlbertForPreTraining(config).init(jax.random.key(7), jnp.ones((1, 4), jnp.int32))["params"])
-  pretrained.save_pretrained(str(tmp_path / "init"), config, params)
+  pretrained.save_pretrained(str(path), config, params)
+  return params
+
+
+def test_warm_start_from_a_pretrained_directory(tmp_path):
+  params = saved_small_run_weights(tmp_path / "init")
   result = cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=1",
                f"--config.init_checkpoint={tmp_path / 'init'}", "--config.train.learning_rate=0")
   assert result.returncode == 0, result.stderr
   assert_trees_equal(jax.tree.map(np.asarray, params), final_params(tmp_path / "run")[1])
+
+
+def test_a_warm_start_of_another_shape_is_refused_before_anything_is_written(tmp_path):
+  """It used to be refused only once the run had made checkpoints/ and compilation_cache/ in its new workdir."""
+  saved_small_run_weights(tmp_path / "init")
+  result = cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=1", "--config.model.embedding_size=16",
+               f"--config.init_checkpoint={tmp_path / 'init'}")
+  assert result.returncode == 1 and "init_checkpoint does not match the model's backbone" in result.stderr, (
+      result.stderr)
+  assert not (tmp_path / "run").exists()
 
 
 def test_a_restarted_run_takes_the_step_from_the_compilation_cache(tmp_path):
@@ -697,7 +713,7 @@ def test_closed_event_loop_reports_of_a_failed_save_are_not_printed():
   loop = asyncio.new_event_loop()
   loop.close()
   passed_on = []
-  hook = checkpointing._without_closed_loop_reports(passed_on.append)
+  hook = checkpointing._without_reports_said_in_one_line(passed_on.append)
   for raise_it in (lambda: loop.call_soon_threadsafe(print), lambda: exec("raise RuntimeError('Event loop is closed')"),
                    lambda: loop.run_until_complete(None)):
     try:
