@@ -73,9 +73,12 @@ def answer_cudnn_checks_for_the_h100() -> None:
 
 
 def kernel_counts(hlo: str) -> dict[str, int]:
-  """Library calls and scatters in a compiled module's text: what a GPU trace would show as their own kernels."""
+  """Library calls, scatters and fusions (by kind: kInput a reduction, kLoop elementwise, kCustom a Triton GEMM)
+  in a compiled module's text: what a GPU trace would show as their own kernels, once per program (a scan's body
+  once, whatever its trip count)."""
   counts = collections.Counter(re.findall(r'custom_call_target="([^"]+)"', hlo))
   counts["scatter"] = len(re.findall(r"\bscatter\(", hlo))
+  counts.update(f"fusion {kind}" for kind in re.findall(r"\bfusion\([^\n]*\bkind=(k\w+)", hlo))
   return dict(sorted(counts.items()))
 
 

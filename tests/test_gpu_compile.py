@@ -47,3 +47,17 @@ def test_without_the_cuda_plugin_it_says_how_to_get_it(tmp_path):
                         "--results-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
   assert out.returncode != 0
   assert "bash bench/gpu_compile_env.sh DIR" in out.stderr
+
+
+def test_kernel_counts_name_library_calls_scatters_and_fusions_by_kind():
+  from bench import gpu_compile
+  hlo = """
+  %a = f32[4]{0} fusion(f32[4]{0} %p), kind=kLoop, calls=%fused_add
+  %b = f32[] fusion(f32[4]{0} %a), kind=kInput, calls=%fused_reduce
+  %c = f32[] fusion(f32[4]{0} %p), kind=kInput, calls=%fused_reduce.1
+  %d = bf16[4,4]{1,0} fusion(bf16[4,4]{1,0} %x, bf16[4,4]{1,0} %y), kind=kCustom, calls=%gemm_fusion
+  %e = (bf16[2,4]{1,0}, u8[0]{0}) custom-call(bf16[2,4]{1,0} %q), custom_call_target="__cudnn$fmhaScaleBiasSoftmax"
+  %f = f32[8,4]{1,0} scatter(f32[8,4]{1,0} %t, s32[3,1]{1,0} %i, f32[3,4]{1,0} %u), update_window_dims={1}
+  """
+  assert gpu_compile.kernel_counts(hlo) == {"__cudnn$fmhaScaleBiasSoftmax": 1, "fusion kCustom": 1,
+                                            "fusion kInput": 2, "fusion kLoop": 1, "scatter": 1}
