@@ -204,13 +204,21 @@ def _log_evaluation(step: int, metrics: dict[str, float], writer) -> None:
     print(f"held-out eval at step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), flush=True)
 
 
-def check_held_out_documents(config: ml_collections.ConfigDict) -> None:
-  """A run that evaluates (train.eval_every > 0) on prepared data needs held-out documents: refused at start-up,
-  not at the first evaluation, steps (on a pod, hours) after the last checkpoint."""
-  if config.data.kind != "prepared" or not config.train.eval_every:
+def check_data(config: ml_collections.ConfigDict) -> None:
+  """Data that cannot feed the run is refused at start-up, before anything is written into the workdir or built:
+  another vocabulary than the model's (the bundled corpus's is fixed; a preparation's is in its manifest), and
+  for a run that evaluates (train.eval_every > 0), a preparation without held-out documents, which would otherwise
+  stop it at the first evaluation, steps (on a pod, hours) after the last checkpoint."""
+  from data_pipeline import loader, tiny
+  kind, vocab_size = config.data.kind, config.model.vocab_size
+  if kind == "tiny" and vocab_size != tiny.VOCAB_SIZE:
+    raise ValueError(f"The bundled tiny corpus has a {tiny.VOCAB_SIZE}-piece vocabulary but the model has "
+                     f"vocab_size={vocab_size}; set --config.model.vocab_size={tiny.VOCAB_SIZE}, or train on "
+                     "data.kind=synthetic or prepared data of that vocabulary.")
+  if kind != "prepared":
     return
-  from data_pipeline import records
-  if not records.read_manifest(config.data.path)["splits"].get("eval", {}).get("documents"):
+  manifest = loader.check_preparation(config.data.path, vocab_size, config.data.get("spm_model"))
+  if config.train.eval_every and not manifest["splits"].get("eval", {}).get("documents"):
     raise ValueError(f"The preparation at {config.data.path} has no held-out ('eval') documents, and "
                      f"train.eval_every={config.train.eval_every} evaluates on them. Prepare the data with a larger "
                      "--eval_fraction (or more documents), or pass --config.train.eval_every=0 to train without "
@@ -220,7 +228,7 @@ def check_held_out_documents(config: ml_collections.ConfigDict) -> None:
 def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the workdir's latest checkpoint. Returns the last logged metrics.
   A warm start's weights are loaded and checked first: refused, they leave the workdir as it was."""
-  check_held_out_documents(config)
+  check_data(config)
   job = make_job(config, workdir)
   if config.init_checkpoint and loop.latest_step(workdir) is None:  # a resume goes on from its own weights
     loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)

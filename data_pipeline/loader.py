@@ -222,10 +222,9 @@ class _BatchIterator(grain.DatasetIterator):
     self._position = state["position"]
 
 
-def _open_split(path: str, split: str, vocab_size: int, spm_model: str | None = None,
-                in_memory_bytes: int = DocumentSource.IN_MEMORY_BYTES) -> tuple[dict, DocumentSource, Tokenizer]:
-  """The split's documents and tokenizer, refused unless the shards were written with `spm_model` (when given:
-  the tokenizer the model is trained with) and with the manifest's own copy of the tokenizer."""
+def check_preparation(path: str, vocab_size: int, spm_model: str | None = None) -> dict:
+  """The manifest of the preparation at `path`, refused unless it was tokenized for a model of `vocab_size` pieces
+  and, when given, with `spm_model` (the tokenizer the model is trained with)."""
   manifest = records.read_manifest(path)
   if spm_model and Tokenizer(spm_model).sha256 != manifest["tokenizer"]["sha256"]:
     raise ValueError(f"The shards in {path} were tokenized with {os.path.join(path, manifest['tokenizer']['model'])}, "
@@ -235,6 +234,14 @@ def _open_split(path: str, split: str, vocab_size: int, spm_model: str | None = 
     raise ValueError(f"The data at {path!r} was tokenized with a {manifest['tokenizer']['vocab_size']}-piece "
                      f"vocabulary but the model has vocab_size={vocab_size}; set --config.model.vocab_size="
                      f"{manifest['tokenizer']['vocab_size']} or prepare the data with the model's tokenizer.")
+  return manifest
+
+
+def _open_split(path: str, split: str, vocab_size: int, spm_model: str | None = None,
+                in_memory_bytes: int = DocumentSource.IN_MEMORY_BYTES) -> tuple[dict, DocumentSource, Tokenizer]:
+  """The split's documents and tokenizer, refused unless the shards fit the model (`check_preparation`) and were
+  written with the manifest's own copy of the tokenizer."""
+  manifest = check_preparation(path, vocab_size, spm_model)
   tokenizer = Tokenizer(os.path.join(path, manifest["tokenizer"]["model"]), manifest["tokenizer"]["do_lower_case"])
   if tokenizer.sha256 != manifest["tokenizer"]["sha256"]:
     raise ValueError(f"{tokenizer.model_path} does not match the sha256 in {path}/manifest.json; the directory was "

@@ -320,9 +320,10 @@ def prepared_run(path) -> list[str]:
 
 
 @pytest.mark.shared_data
-def test_prepared_data_without_held_out_documents_is_refused_at_start_up(shared_data, tmp_path):
+def test_prepared_data_without_held_out_documents_or_of_another_vocabulary_is_refused_at_start_up(shared_data,
+                                                                                                    tmp_path):
   """The first evaluation used to fail at train.eval_every steps, before that step's checkpoint was written, and
-  again at the same step on every rerun."""
+  again at the same step on every rerun; another vocabulary was refused once the workdir had been written."""
   prepare_book(shared_data, tmp_path / "prepared", 100_000, "--eval_fraction=0")
   data = [*prepared_run(tmp_path / "prepared"), "--config.train.num_train_steps=2"]
   refused = cli(tmp_path / "run", *data, "--config.train.eval_every=1", config="experiments/pretrain_tiny.py")
@@ -332,8 +333,26 @@ def test_prepared_data_without_held_out_documents_is_refused_at_start_up(shared_
       "train.eval_every=1 evaluates on them. Prepare the data with a larger --eval_fraction (or more documents), "
       "or pass --config.train.eval_every=0 to train without held-out evaluation.")
   assert not (tmp_path / "run").exists()
+  other_vocabulary = cli(tmp_path / "run", *data, "--config.train.eval_every=0", "--config.model.vocab_size=300",
+                         config="experiments/pretrain_tiny.py")
+  assert other_vocabulary.returncode == 1, other_vocabulary.stderr
+  assert other_vocabulary.stderr.strip().splitlines()[-1] == (
+      f"error: The data at {str(tmp_path / 'prepared')!r} was tokenized with a 30000-piece vocabulary but the model "
+      "has vocab_size=300; set --config.model.vocab_size=30000 or prepare the data with the model's tokenizer.")
+  assert not (tmp_path / "run").exists()
   trained = cli(tmp_path / "run", *data, "--config.train.eval_every=0", config="experiments/pretrain_tiny.py")
   assert trained.returncode == 0, trained.stderr
+
+
+def test_the_bundled_corpus_with_another_vocabulary_is_refused_before_anything_is_built(tmp_path):
+  """It was refused by the loader, once the run had made checkpoints/ and compilation_cache/ in its workdir and
+  built the corpus into it."""
+  refused = cli(tmp_path / "run", "--config.model.vocab_size=300", config="experiments/pretrain_tiny.py")
+  assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+  assert refused.stderr.strip().splitlines()[-1] == (
+      "error: The bundled tiny corpus has a 4000-piece vocabulary but the model has vocab_size=300; set "
+      "--config.model.vocab_size=4000, or train on data.kind=synthetic or prepared data of that vocabulary.")
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.shared_data
