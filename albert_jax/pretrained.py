@@ -3,6 +3,8 @@
 Layout of a directory: `model_config.json` (the ModelConfig fields), `params/` (an orbax PyTree checkpoint,
 written to a temporary name and renamed when complete, so a crash never leaves a half-written `params/`) and, for
 converted fine-tuned weights, `head.json` (what the head was trained for, as a fine-tuning workdir records it).
+`model_config.json` is removed first and written last, so a directory whose writing was cut short (kill -9 of a
+`convert --overwrite`) is refused, never read as new params under the old config.
 A training workdir's step checkpoints are read too (see `checkpointing.py`), and `merge_init_params` fits what
 was read into a model's parameter tree (warm starts of pretraining and fine-tuning).
 """
@@ -37,6 +39,8 @@ def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head
   HEAD_FILE so that eval, predict, warm starts and export read its classes in their trained order."""
   directory = storage.absolute(directory)
   storage.path(directory).mkdir(parents=True, exist_ok=True)
+  if jax.process_index() == 0:
+    storage.remove(os.path.join(directory, CONFIG_FILE))   # the completion mark (module docstring)
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(os.path.join(directory, PARAMS_DIR), nn.unbox(params), force=True)
     checkpointer.wait_until_finished()

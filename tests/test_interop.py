@@ -1,6 +1,7 @@
 """Hugging Face interop: logits parity with transformers' PyTorch ALBERT, bit-exact round trips, the convert CLI."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -227,6 +228,41 @@ def test_convert_cli_round_trip(tmp_path, hf_dir):
   assert_same_tensors(read(hf_dir), read(back))
   result = run("--to=hf", f"--src={ours}", f"--dst={back}")
   assert result.returncode == 1 and "--dst" in result.stderr and "--overwrite" in result.stderr
+
+
+# `convert` killed (SIGKILL) as it is about to write model_config.json, params/ already written.
+KILLED_BEFORE_MODEL_CONFIG = """
+import os, signal
+from absl import app
+from albert_jax import convert, pretrained, storage
+write_atomic = storage.write_atomic
+def killed_at_model_config(path, data):
+  if os.path.basename(path) == pretrained.CONFIG_FILE:
+    os.kill(os.getpid(), signal.SIGKILL)
+  write_atomic(path, data)
+storage.write_atomic = killed_at_model_config
+app.run(convert.main)
+"""
+
+
+def test_a_convert_overwrite_killed_before_its_model_config_leaves_nothing_that_loads(tmp_path, hf_dir):
+  """kill -9 of `convert --overwrite` between params/ and model_config.json used to leave the new params under the
+  old conversion's model_config.json: they loaded silently as that model (here: another head count, which no
+  weight shape shows)."""
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  ours = tmp_path / "ours"
+  other = saved(hf_model(num_hidden_layers=4, num_hidden_groups=2, num_attention_heads=2), tmp_path / "other")
+  convert.convert("hf", None, other, str(ours))
+  args = ["--from=hf", f"--src={hf_dir}", f"--dst={ours}", "--overwrite"]
+  killed = subprocess.run([sys.executable, "-c", KILLED_BEFORE_MODEL_CONFIG, *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+  assert killed.returncode == -signal.SIGKILL and (ours / "params").is_dir(), killed.stderr
+  with pytest.raises(FileNotFoundError, match="not a pretrained-weights directory"):
+    pretrained.load_pretrained(ours)
+  rerun = subprocess.run([sys.executable, "-m", "albert_jax.convert", *args], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+  assert rerun.returncode == 0, rerun.stderr
+  assert pretrained.load_pretrained(ours)[0] == interop.load_hf(hf_dir)[0]
 
 
 def test_convert_cli_exports_a_pretraining_workdir(tmp_path):
