@@ -35,11 +35,12 @@ REMOVED_ENTRY = "Removed the compilation cache entry"
 
 
 class Launch:
-  """One launch of the victim run, its output (stdout and stderr) read line by line as it comes."""
+  """One launch of a victim run (a `cli(..., wait=False)` process), its output (stdout and stderr) read line by
+  line as it comes."""
 
-  def __init__(self, workdir, *overrides):
+  def __init__(self, proc):
     self.start, self.start_ns = time.monotonic(), time.time_ns()
-    self.proc = cli(workdir, *KILL_RUN, *overrides, wait=False)
+    self.proc = proc
     self.lines: list[tuple[float, str]] = []
     self.steps = 0  # progress lines seen
     self._reader = threading.Thread(target=self._read, daemon=True)
@@ -190,7 +191,7 @@ def test_a_run_killed_at_random_moments_ends_like_an_uninterrupted_one(tmp_path,
         if entry == step_entry or rng.random() < 0.3:
           entry.unlink(missing_ok=True)
     was_cut = cut_stamp is not None and stamp(step_entry) == cut_stamp
-    launch = Launch(victim, *shared)
+    launch = Launch(cli(victim, *KILL_RUN, *shared, wait=False))
     launches.append(launch)
     where = kill_at_a_moment(launch, kind, rng, victim / "checkpoints", step_entry, context)
     check_cut_entry_removed(launch, was_cut, context)
@@ -209,7 +210,7 @@ def test_a_run_killed_at_random_moments_ends_like_an_uninterrupted_one(tmp_path,
   print(context, flush=True)
 
   was_cut = cut_stamp is not None and stamp(step_entry) == cut_stamp
-  final = Launch(victim, *shared)
+  final = Launch(cli(victim, *KILL_RUN, *shared, wait=False))
   launches.append(final)
   assert final.finish() == 0, f"{context}\nthe last launch failed:\n{final.output()}"
   check_cut_entry_removed(final, was_cut, context)
