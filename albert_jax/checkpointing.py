@@ -194,8 +194,9 @@ def _on_every_process(error: Exception | None) -> None:
     raise error
   if any(failed):
     processes = [i for i, f in enumerate(failed) if f]
-    raise UnreadableElsewhere(f"process{'es' if len(processes) > 1 else ''} {', '.join(map(str, processes))} of "
-                              f"{len(failed)} cannot read it (their logs say why)")
+    several = len(processes) > 1
+    raise UnreadableElsewhere(f"process{'es' if several else ''} {', '.join(map(str, processes))} of {len(failed)} "
+                              f"cannot read it ({'their logs say' if several else 'its log says'} why)")
 
 
 class _Manager(ocp.CheckpointManager):

@@ -240,4 +240,4 @@ def test_arrays_that_one_process_alone_cannot_read_are_skipped_by_every_process(
   results = [json.loads(next(line for line in o.splitlines() if line.startswith("RESULT "))[7:]) for o in outputs]
   assert results == [[1, {"0": {"step": 1}}, [[1.0, 2.0]]], [1, {"1": {"step": 1}}, [[3.0, 4.0]]]], outputs
   assert "cannot be read (OSError: injected read failure); skipping it." in outputs[0]
-  assert "cannot be read (UnreadableElsewhere: process 0 of 2 cannot read it (their logs say why))" in outputs[1]
+  assert "cannot be read (UnreadableElsewhere: process 0 of 2 cannot read it (its log says why))" in outputs[1]
