@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import sys
 import threading
 import traceback
 import time
@@ -31,17 +30,18 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from albert_jax import storage
+from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError, UserError
 
 
-class SaveError(RuntimeError):
+class SaveError(UserError, RuntimeError):
   """A checkpoint could not be written; the message names the last good one."""
 
 
-class UnreadableCheckpoints(OSError):
+class UnreadableCheckpoints(EnvironmentUserError):
   """No step of a checkpoint directory reads back; the message names each one's failure."""
 
 
-class UnreadableElsewhere(OSError):
+class UnreadableElsewhere(EnvironmentUserError):
   """Another process could not read a step that this one read (its own log says why)."""
 
 
@@ -88,8 +88,7 @@ class _OrbaxErrors(logging.Filter):
       logging.getLogger(record.name).handle(record)
 
 
-_ORBAX_ERRORS = _OrbaxErrors()
-logging.getLogger("absl").addFilter(_ORBAX_ERRORS)  # absl.logging, which orbax logs through
+ORBAX_ERRORS = _OrbaxErrors()  # installed on absl's logger, which orbax logs through, by `console.install`
 
 
 def _said_in_one_line(unraisable) -> bool:
@@ -111,18 +110,14 @@ def _said_in_one_line(unraisable) -> bool:
 _ORBAX_SERIALIZATION = os.path.join("orbax", "checkpoint", "_src", "serialization", "serialization.py")
 
 
-def _without_reports_said_in_one_line(hook: Callable) -> Callable:
+def without_reports_said_in_one_line(hook: Callable) -> Callable:
   """`hook` (sys.unraisablehook) minus `_said_in_one_line`'s reports; the same errors from anywhere else are
   still reported."""
   def unraisablehook(unraisable):
     if not _said_in_one_line(unraisable):
       hook(unraisable)
-  unraisablehook.albert_jax_filtered = True
   return unraisablehook
 
-
-if not getattr(sys.unraisablehook, "albert_jax_filtered", False):
-  sys.unraisablehook = _without_reports_said_in_one_line(sys.unraisablehook)
 
 
 @dataclasses.dataclass
@@ -148,12 +143,12 @@ def read_data_states(directory: str) -> DataStates:
   found = [tuple(map(int, m.groups())) for m in (_DATA_FILE.fullmatch(p.name) for p in data.iterdir()) if m]
   counts = {n for _, n in found}
   if len(counts) != 1:
-    raise ValueError(f"{data} holds no loader state of process {index} of {count}"
+    raise InputError(f"{data} holds no loader state of process {index} of {count}"
                      f"{' and states of several process counts' if counts else ''}.")
   (written,) = counts
   missing = sorted(set(range(written)) - {i for i, _ in found})
   if missing:
-    raise ValueError(f"{data} lacks the loader state of process {missing[0]} of the {written} that wrote it.")
+    raise InputError(f"{data} lacks the loader state of process {missing[0]} of the {written} that wrote it.")
   return DataStates(written, {i: json.loads((data / f"process_{i}-of-{written}.json").read_text())
                               for i in range(written)})
 
@@ -243,15 +238,15 @@ class Checkpointer:
   def check(self) -> None:
     """Raises SaveError as soon as a background save has failed (the loop calls it every step)."""
     self._saving(self.manager.check_for_errors)
-    if _ORBAX_ERRORS.held and not self.manager.is_saving_in_progress():
-      _ORBAX_ERRORS.release()
+    if ORBAX_ERRORS.held and not self.manager.is_saving_in_progress():
+      ORBAX_ERRORS.release()
 
   def _saving(self, action: Callable[[], Any]) -> Any:
     try:
       return action()
     except Exception as e:  # noqa: BLE001 - a full disk, permissions or storage: orbax re-raises what it met
       self.failed = True
-      _ORBAX_ERRORS.drop()  # their tracebacks say at length what the line below says
+      ORBAX_ERRORS.drop()  # their tracebacks say at length what the line below says
       reason = str(e).strip().splitlines()[0][:1000] if str(e).strip() else type(e).__name__
       raise SaveError(f"Saving a checkpoint failed ({type(e).__name__}: {reason}). The last good checkpoint is "
                       f"{self.last_good()}; free space (or fix the storage) and rerun: the run resumes from it."
@@ -321,7 +316,7 @@ class Checkpointer:
     that wrote them: for warm starts and evaluation."""
     step = self.latest_step() if step is None else step
     if step is None:
-      raise FileNotFoundError(f"No complete checkpoint in {self.directory}.")
+      raise MissingFileError(f"No complete checkpoint in {self.directory}.")
     return self._restore_state(step, local_restore_target(self.manager.item_metadata(step)["state"]))["params"]
 
   def reached_preemption(self, step: int) -> bool:
@@ -340,7 +335,7 @@ class Checkpointer:
 
   def wait(self) -> None:
     self._saving(self.manager.wait_until_finished)
-    _ORBAX_ERRORS.release()
+    ORBAX_ERRORS.release()
 
   def close(self) -> None:
     """Closes the manager; after a failed save its background machinery may be broken, so closing then cannot
@@ -351,7 +346,7 @@ class Checkpointer:
       if not self.failed:
         raise
     finally:
-      _ORBAX_ERRORS.release()
+      ORBAX_ERRORS.release()
 
 
 def local_restore_target(metadata: Any) -> Any:

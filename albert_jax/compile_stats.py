@@ -23,6 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from albert_jax.errors import InputError
+
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _BITS = {"pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16,
          "bf16": 16, "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
@@ -183,7 +185,7 @@ def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], str, dict[str, in
           name=m[1], opcode=m[3], arrays=_arrays(m[2]), operands=re.findall(r"%([\w.\-]+)", operands),
           rest=m[4], root=line.lstrip().startswith("ROOT")))
   if not entry:
-    raise ValueError("No ENTRY computation in the HLO text; pass `compiled.as_text()` of a compiled executable.")
+    raise InputError("No ENTRY computation in the HLO text; pass `compiled.as_text()` of a compiled executable.")
   return computations, entry, header
 
 
@@ -342,7 +344,7 @@ def collective_stats(compiled_or_text, devices: Sequence | None = None) -> Colle
                               across_slices=across))
   for name, t in megascale.items():
     if t["kind"] not in KINDS:
-      raise ValueError(f"Unknown cross-slice transfer type {t['kind']!r} in the HLO; extend compile_stats.KINDS.")
+      raise InputError(f"Unknown cross-slice transfer type {t['kind']!r} in the HLO; extend compile_stats.KINDS.")
     found.append(Collective(kind=t["kind"], name=name, computation=t["computation"], bytes=t["bytes"],
                             executions=t["executions"], group_size=None, across_slices=True))
   return CollectiveStats(collectives=tuple(found), unknown_trip_counts=tuple(unknown))

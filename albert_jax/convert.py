@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 
-from albert_jax import checkpointing, interop, pretrained, storage, tf1, topology
+from albert_jax import checkpointing, console, head_identity, interop, pretrained, storage, tf1
+from albert_jax.errors import ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
 
 FORMATS = ["hf"]
@@ -46,7 +46,7 @@ def from_hf(src: str, dst: str) -> None:
 
 def from_tf1(src: str, dst: str) -> None:
   if storage.is_remote(src):
-    raise ValueError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
+    raise InputError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
                      "`gcloud storage cp -r` first (--dst may be gs://).")
   model_config, params = tf1.load_tf1(src)
   pretrained.save_pretrained(dst, model_config, params)
@@ -54,9 +54,9 @@ def from_tf1(src: str, dst: str) -> None:
 
 
 def to_hf(src: str, dst: str, encoder_only: bool = False) -> None:
-  best = None if pretrained.is_pretrained_dir(src) else pretrained.read_best(src)
+  best = None if pretrained.is_pretrained_dir(src) else head_identity.read_best(src)
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
-    src = os.path.join(src, pretrained.BEST_DIR, os.path.basename(os.path.normpath(best["weights"])))
+    src = head_identity.best_weights(src, best)
   model_config, params = _our_weights(src)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
@@ -73,8 +73,8 @@ def _our_weights(src: str):
     return pretrained.load_pretrained(src)
   run_config_file = storage.path(src) / "config.json"
   if not run_config_file.is_file():
-    raise FileNotFoundError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: pass a "
-                            "training workdir as albert_jax.main wrote it (config.json next to checkpoints/).")
+    raise MissingFileError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: pass a "
+                           "training workdir as albert_jax.main wrote it (config.json next to checkpoints/).")
   run_config = json.loads(run_config_file.read_text())
   return ModelConfig.from_mapping(run_config["model"]), pretrained.load_init_params(src, name="--src")
 
@@ -85,17 +85,17 @@ def _check_dst_apart(src: str, dst: str) -> None:
   resolve = lambda p: storage.absolute(p) if storage.is_remote(p) else os.path.realpath(p)
   source, target = resolve(src), resolve(dst)
   if source == target:
-    raise ValueError(f"--dst={dst} is --src; write the conversion to a new directory.")
+    raise InputError(f"--dst={dst} is --src; write the conversion to a new directory.")
   for inner, outer, where in ((target, source, "is inside"), (source, target, "holds")):
     if inner.startswith(outer.rstrip("/") + "/"):
-      raise ValueError(f"--dst={dst} {where} --src={src}; write the conversion to a directory apart from it.")
+      raise InputError(f"--dst={dst} {where} --src={src}; write the conversion to a directory apart from it.")
   folders = [target]  # --dst and the folders above it (in its bucket for a URL)
   while (parent := os.path.dirname(folders[-1])) != folders[-1] and storage.is_remote(parent) == storage.is_remote(dst):
     folders.append(parent)
   for folder in folders:
     if storage.path(checkpointing.checkpoint_dir(folder)).is_dir():
       where = "is" if folder == target else "is inside"
-      raise ValueError(f"--dst={dst} {where} the training workdir {folder} (it has checkpoints/); writing there would "
+      raise InputError(f"--dst={dst} {where} the training workdir {folder} (it has checkpoints/); writing there would "
                        "overwrite the run's files: choose a directory outside it.")
 
 
@@ -103,23 +103,23 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
             encoder_only: bool = False):
   """Checks the arguments (ValueError/FileNotFoundError/FileExistsError naming the fix), then converts."""
   if (source is None) == (target is None):
-    raise ValueError(f"Pass exactly one of {', '.join(f'--from={f}' for f in SOURCES)} (into ours) or "
+    raise InputError(f"Pass exactly one of {', '.join(f'--from={f}' for f in SOURCES)} (into ours) or "
                      f"{', '.join(f'--to={f}' for f in FORMATS)} (ours -> HF).")
   if encoder_only and source:
-    raise ValueError("--encoder_only applies to --to=hf; drop it for --from.")
+    raise InputError("--encoder_only applies to --to=hf; drop it for --from.")
   if not src or not dst:
-    raise ValueError("Pass both --src (directory to read) and --dst (directory to write).")
+    raise InputError("Pass both --src (directory to read) and --dst (directory to write).")
   hf_side = src if source == "hf" else dst
   if storage.is_remote(hf_side):
-    raise ValueError(f"{hf_side}: Hugging Face directories are read and written by transformers, which needs a "
+    raise InputError(f"{hf_side}: Hugging Face directories are read and written by transformers, which needs a "
                      "local folder; copy it with `gcloud storage cp -r` (our side, --src/--dst, may be gs://).")
   if not storage.path(src).is_dir():
-    raise FileNotFoundError(f"--src={src} is not a directory.")
+    raise MissingFileError(f"--src={src} is not a directory.")
   if storage.path(dst).exists() and not storage.path(dst).is_dir():
-    raise FileExistsError(f"--dst={dst} is a file; pass a directory (it is created if missing).")
+    raise ExistsError(f"--dst={dst} is a file; pass a directory (it is created if missing).")
   _check_dst_apart(src, dst)
   if storage.path(dst).is_dir() and any(storage.path(dst).iterdir()) and not overwrite:
-    raise FileExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
+    raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
   if source:
     {"hf": from_hf, "tf1": from_tf1}[source](src, dst)
   else:
@@ -129,13 +129,9 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; use --from/--to, --src, --dst.")
-  if not FLAGS["verbosity"].present:  # orbax's INFO lines about every file it opens, unless asked for
-    logging.set_verbosity(logging.WARNING)
-  topology.quiet_libtpu_off_tpu_vms()
-  try:
+  console.install()
+  with one_line_user_errors("convert: error: "):
     convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only)
-  except (ValueError, OSError) as e:  # each names the problem and the fix (a full disk: free space)
-    sys.exit(f"convert: error: {e}")
 
 
 if __name__ == "__main__":

@@ -70,10 +70,10 @@ def print_description(model_config: ModelConfig, seq_len: int, num_predictions: 
 
 def describe_config(config, workdir=None, args=None) -> None:
   """`--mode=describe` of an experiment config: the pretraining model, or the fine-tuning task's model."""
-  from albert_jax.model_config import model_config_from
+  from albert_jax.model_config import is_pretraining, model_config_from
   model_config = model_config_from(config)
   params = num_predictions = None
-  if config.task == "pretrain":  # a fine-tuning task checks its own (get_task)
+  if is_pretraining(config):  # a fine-tuning task checks its own (get_task)
     from albert_jax.pretrain import prediction_slots
     model_config.check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
     num_predictions = prediction_slots(config.data)

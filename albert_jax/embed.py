@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import checkpointing, engine, finetune, pretrain, pretrained, storage
+from albert_jax.head_identity import read_best
+from albert_jax.errors import InputError
 from albert_jax.model import AlbertModel, init_params
-from albert_jax.model_config import model_config_from
+from albert_jax.model_config import is_pretraining, model_config_from
 from albert_jax.tasks import get_task, make_tokenizer
 from albert_jax.tasks.base import model_inputs, read_text, stack_packed
 from albert_jax.tasks.sequence import pack_text
@@ -37,12 +39,12 @@ def embed_fn(model: AlbertModel, pooling: str):
 
 def _weights(config, workdir: str):
   """Only the backbone is used, so a fine-tuning run's head (its task, its classes) does not matter here."""
-  if pretrained.read_best(workdir) or storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
+  if read_best(workdir) or storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
     return pretrained.load_init_params(workdir, "--workdir", model=config.model), f"--workdir {workdir}"
   if config.init_checkpoint:
     return (pretrained.load_init_params(config.init_checkpoint, model=config.model),
             f"init_checkpoint {config.init_checkpoint}")
-  raise ValueError(f"No weights to embed with: {workdir} has no checkpoints and config.init_checkpoint is empty; "
+  raise InputError(f"No weights to embed with: {workdir} has no checkpoints and config.init_checkpoint is empty; "
                    "pass --workdir of a training run or --config.init_checkpoint=DIR (an albert_jax.convert output).")
 
 
@@ -50,7 +52,7 @@ def _job(config, backbone: AlbertModel) -> engine.Job:
   """The config's own job: `engine.setup` takes mesh, batch split and shardings from it as training does. A
   fine-tuning task's job is built around the backbone alone: its head plays no part here, and building it could
   need the class set of a train file that embedding does not read."""
-  if config.task == "pretrain":
+  if is_pretraining(config):
     return pretrain.make_job(config)
   job = finetune.make_job(config, get_task(config), backbone)
   return dataclasses.replace(job, init_params=lambda rng: init_params(backbone, rng))
@@ -58,9 +60,9 @@ def _job(config, backbone: AlbertModel) -> engine.Job:
 
 def embed(config, workdir: str, args) -> None:
   if not args.input or not args.output:
-    raise ValueError("--mode=embed needs --input=FILE (one text per line) and --output=PATH.npy.")
+    raise InputError("--mode=embed needs --input=FILE (one text per line) and --output=PATH.npy.")
   if args.pooling not in POOLINGS:
-    raise ValueError(f"--pooling={args.pooling!r}; choose one of {POOLINGS}.")
+    raise InputError(f"--pooling={args.pooling!r}; choose one of {POOLINGS}.")
   tokenizer = make_tokenizer(config)
   model_config = model_config_from(config)
   tokenizer.check_vocab(model_config.vocab_size)
@@ -68,12 +70,12 @@ def embed(config, workdir: str, args) -> None:
   model_config.check_seq_length(max_len)
   params, which = _weights(config, workdir)
   if "albert" not in params:
-    raise ValueError(f"The weights ({which}) have no backbone 'albert' (found {sorted(params)}).")
+    raise InputError(f"The weights ({which}) have no backbone 'albert' (found {sorted(params)}).")
   texts = read_text(args.input).split("\n")
   if texts[-1] == "":  # the newline that ends the last line starts no text
     texts.pop()
   if not texts:
-    raise ValueError(f"{args.input} has no lines to embed.")
+    raise InputError(f"{args.input} has no lines to embed.")
   features = stack_packed([pack_text(tokenizer, text, None, max_len) for text in texts], (len(texts),))
   backbone = AlbertModel(model_config)
   s = engine.setup(config, _job(config, backbone))

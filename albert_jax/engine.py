@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -25,7 +23,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from albert_jax import checkpointing, optim, sharding, storage
+from albert_jax import checkpointing, compilation_cache, optim, sharding
+from albert_jax.errors import InputError
 
 
 @flax.struct.dataclass
@@ -95,7 +94,7 @@ def _refuse(checks: list[tuple[bool, str]]) -> None:
   """One line naming every (ok, message) check that failed and the fix."""
   problems = [message for ok, message in checks if not ok]
   if problems:
-    raise ValueError("; ".join(problems) + ". Fix the value(s) with --config.<field>=...")
+    raise InputError("; ".join(problems) + ". Fix the value(s) with --config.<field>=...")
 
 
 def batch_split(train_config, mesh, process_count: int | None = None, process_index: int | None = None
@@ -107,15 +106,15 @@ def batch_split(train_config, mesh, process_count: int | None = None, process_in
   dp = sharding.data_parallel_size(mesh)
   global_batch = int(train_config.global_batch_size)
   if global_batch % process_count:
-    raise ValueError(f"train.global_batch_size={global_batch} is not divisible by the {process_count} "
+    raise InputError(f"train.global_batch_size={global_batch} is not divisible by the {process_count} "
                      "processes; every host must feed the same number of examples.")
   if global_batch % dp:
-    raise ValueError(f"train.global_batch_size={global_batch} is not divisible by the {dp} data-parallel "
+    raise InputError(f"train.global_batch_size={global_batch} is not divisible by the {dp} data-parallel "
                      f"devices; use a multiple of {dp}.")
   micro = int(train_config.micro_batch_size) or largest_divisor_at_most(
       global_batch // dp, int(train_config.get("max_micro_batch_size", 0)) or global_batch // dp)
   if global_batch % (micro * dp):
-    raise ValueError(f"train.global_batch_size={global_batch} must equal micro_batch_size={micro} × {dp} "
+    raise InputError(f"train.global_batch_size={global_batch} must equal micro_batch_size={micro} × {dp} "
                      "data-parallel devices × an integer number of accumulation steps; pick a micro batch that "
                      f"divides {global_batch // dp}.")
   return BatchSplit(global_batch, micro, dp, global_batch // (micro * dp), process_count, process_index)
@@ -136,11 +135,6 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
       (log.every > 0, f"log.every={log.every} must be positive (steps between log lines)"),
   ]
   _refuse(checks)
-  if config.task == "pretrain":  # before train or compile writes or compiles anything
-    from albert_jax.model_config import model_config_from
-    from data_pipeline.examples import ExampleConfig
-    model_config_from(config).check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
-    ExampleConfig.from_config(config.data)  # the masking and sentence settings, refused by name
   if t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
     print(f"WARNING: train.warmup_steps={t.warmup_steps} > train.num_train_steps={t.num_train_steps}: the learning "
           f"rate never reaches train.learning_rate={t.learning_rate}.", flush=True)
@@ -277,31 +271,38 @@ class Setup:
     backends refuse; from host (numpy) arrays every process places its own copy."""
     return jax.device_put(jax.device_get(params), self.replicated)
 
-  def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
-    """The global batch as shapes with its sharding: what `--mode=compile` lowers the step with."""
+  def abstract_batch(self, example: dict[str, Any] | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+    """The global batch as shapes with its sharding: a global batch of rows shaped like `example`'s (any number
+    of rows; default: the job's `example_batch`, its longest shape). What the train step is lowered with."""
+    example = self.job.example_batch(1) if example is None else example
     return {k: jax.ShapeDtypeStruct((self.split.global_batch, *v.shape[1:]), v.dtype, sharding=self.batch_sharding)
-            for k, v in self.job.example_batch(1).items()}
+            for k, v in example.items()}
 
   def abstract_rng(self) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((), jax.eval_shape(jax.random.key, 0).dtype, sharding=self.replicated)
 
-  def lower_train_step(self):
-    """The train step lowered from shapes only: nothing is allocated, any device kind (TPU topologies too)."""
+  def lower_train_step(self, example: dict[str, Any] | None = None):
+    """The train step lowered from shapes only (a batch shaped like `example`, see `abstract_batch`): nothing is
+    allocated, any device kind (TPU topologies too)."""
     with self.context():
-      return self.train_step.lower(self.abstract_state, self.abstract_batch(), self.abstract_rng())
+      return self.train_step.lower(self.abstract_state, self.abstract_batch(example), self.abstract_rng())
 
-  def compile_train_step(self) -> Callable:
-    """The train step compiled ahead of time, saying on the console for how many devices and how long it took
-    (a start that hits the persistent compilation cache shows it)."""
-    hits_before = _cache_hits
+  def compile_train_step(self, example: dict[str, Any] | None = None) -> Callable:
+    """The train step compiled ahead of time for batches shaped like `example` (default: the job's longest),
+    saying on the console for how many devices and how long it took (a start that hits the persistent compilation
+    cache shows it)."""
+    hits_before = compilation_cache.hits()
     log = print if jax.process_index() == 0 else lambda *a, **k: None
     devices = f"{self.mesh.size} device{'s' if self.mesh.size > 1 else ''}"
+    shapes = {k: v.shape for k, v in self.abstract_batch(example).items()}
+    longest = {k: v.shape for k, v in self.abstract_batch().items()}
+    shape = "" if shapes == longest else f"; inputs {'x'.join(map(str, max(shapes.values(), key=len)))}"
     log(f"Compiling the train step for {devices} (micro batch {self.split.micro_batch} x "
-        f"{self.split.accumulation_steps} accumulation step(s))...", flush=True)
+        f"{self.split.accumulation_steps} accumulation step(s){shape})...", flush=True)
     start = time.perf_counter()
-    compiled = self.lower_train_step().compile()
+    compiled = self.lower_train_step(example).compile()
     log(f"Compiled the train step in {time.perf_counter() - start:.1f} s"
-        f"{' (from the compilation cache)' if _cache_hits > hits_before else ''}.", flush=True)
+        f"{' (from the compilation cache)' if compilation_cache.hits() > hits_before else ''}.", flush=True)
     return compiled
 
   def create_state(self, rng: jax.Array) -> TrainState:
@@ -314,89 +315,6 @@ class Setup:
 
   def global_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return sharding.make_global_batch(host_batch, self.batch_sharding)
-
-
-_cache_hits = 0
-
-
-def _count_cache_hit(event: str, **kwargs) -> None:
-  global _cache_hits
-  if event == "/jax/compilation_cache/cache_hits":
-    _cache_hits += 1
-
-
-jax.monitoring.register_event_listener(_count_cache_hit)
-
-
-def use_compilation_cache(config: ml_collections.ConfigDict, workdir: str) -> str | None:
-  """Turns on JAX's persistent compilation cache (`compilation_cache_dir`, default `workdir/compilation_cache`),
-  so that a preempted or restarted job skips recompiling the step. "none" turns it off, and so does a local folder
-  that cannot be written (the read-only workdir of predict or embed), with one line saying so."""
-  directory = config.get("compilation_cache_dir", "") or os.path.join(workdir, "compilation_cache")
-  if directory == "none":
-    return None
-  if not storage.is_remote(directory) and not _can_write(directory):
-    if jax.process_index() == 0:
-      print(f"Compilation cache off: {directory} cannot be written; pass --config.compilation_cache_dir=DIR to "
-            "keep one elsewhere.", flush=True)
-    return None
-  jax.config.update("jax_compilation_cache_dir", directory)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  if not storage.is_remote(directory) and jax.process_index() == 0:  # only process 0 writes entries
-    remove_unreadable_cache_entries(directory)
-  return directory
-
-
-def _can_write(directory: str) -> bool:
-  """Whether `directory`, or the nearest folder above it that exists (where it would be made), is writable."""
-  existing = os.path.abspath(directory)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  return os.access(existing, os.W_OK | os.X_OK)
-
-
-CHECKED_CACHE_ENTRIES = "albert_jax_checked.json"
-
-
-def remove_unreadable_cache_entries(directory: str) -> list[str]:
-  """JAX writes a compilation-cache entry in place and never replaces one that exists, so an entry cut short by a
-  kill -9 during its write would fail to read at every later start (a warning, then the full compile, each time).
-  Entries not seen before are decompressed once here (`albert_jax_checked.json` remembers size and mtime of
-  those that read whole); unreadable ones are removed, and the next compile writes them again. Returns their
-  names. A local cache only: an object store shows an upload only once complete."""
-  from jax._src import compilation_cache  # the decompression jax applies when it reads an entry
-  memo = os.path.join(directory, CHECKED_CACHE_ENTRIES)
-  try:
-    checked = json.loads(storage.path(memo).read_text())
-  except (FileNotFoundError, ValueError):  # none yet, or cut short itself
-    checked = {}
-  readable, removed = {}, []
-  for entry in storage.glob(os.path.join(directory, "*-cache")):
-    name = os.path.basename(entry)
-    try:
-      stamp = list(storage.size_and_mtime_ns(entry))
-      data = None if checked.get(name) == stamp else storage.path(entry).read_bytes()
-    except OSError:  # evicted meanwhile, or not readable by us: left to jax
-      continue
-    if data is not None:
-      try:
-        compilation_cache.decompress_executable(data)
-      except Exception:  # noqa: BLE001 - zlib and zstd each raise their own error for a truncated stream
-        try:
-          storage.remove(entry)
-        except OSError:
-          continue
-        removed.append(name)
-        print(f"Removed the compilation cache entry {entry}: it does not read back whole (a run was killed while "
-              "writing it); it is compiled and written again.", flush=True)
-        continue
-    readable[name] = stamp
-  if readable != checked:
-    try:
-      storage.write_atomic(memo, json.dumps(readable))
-    except OSError:  # another process sharing the cache wrote it at the same moment: checked again next time
-      pass
-  return removed
 
 
 def setup(config: ml_collections.ConfigDict, job: Job, workdir: str | None = None,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from albert_jax import storage
+from albert_jax.errors import InputError, MissingFileError, one_line_user_errors
 from albert_jax.tasks import TaskSettings, get_task
 from albert_jax.tasks.glue import SPECS
 
@@ -23,7 +23,7 @@ def task_settings(task: str, null_threshold: float = 0.0) -> TaskSettings:
     return TaskSettings(task="glue", task_name=task)
   if task in ("squad_v1", "squad_v2", "race"):
     return TaskSettings(task=task, null_score_diff_threshold=null_threshold)
-  raise ValueError(f"Unknown task {task!r}; choose a GLUE task ({', '.join(SCORED_GLUE)}), squad_v1, squad_v2 or "
+  raise InputError(f"Unknown task {task!r}; choose a GLUE task ({', '.join(SCORED_GLUE)}), squad_v1, squad_v2 or "
                    "race.")
 
 
@@ -32,10 +32,10 @@ def check_paths(task: str, data: str, predictions: str) -> None:
   for flag, path, folder in (("--data", data, task.lower() == "race"), ("--predictions", predictions, False)):
     found = storage.path(path)
     if not found.exists():
-      raise FileNotFoundError(f"{flag}={path} does not exist.")
+      raise MissingFileError(f"{flag}={path} does not exist.")
     if found.is_dir() != folder:
       wanted = "a RACE split folder (with middle/ and high/)" if folder else "a file"
-      raise ValueError(f"{flag}={path} is a {'folder' if found.is_dir() else 'file'}; pass {wanted}.")
+      raise InputError(f"{flag}={path} is a {'folder' if found.is_dir() else 'file'}; pass {wanted}.")
 
 
 def evaluate(task_name: str, gold_path: str, predictions_path: str, null_threshold: float = 0.0) -> dict:
@@ -54,10 +54,8 @@ def main(argv=None) -> None:
   parser.add_argument("--null_threshold", type=float, default=0.0,
                       help="SQuAD v2: predict no answer when null odds exceed this")
   args = parser.parse_args(argv)
-  try:
+  with one_line_user_errors("evaluate: error: "):
     print(json.dumps(evaluate(args.task, args.data, args.predictions, args.null_threshold)), flush=True)
-  except (ValueError, OSError) as e:  # the messages name the file and the fix
-    sys.exit(f"evaluate: error: {e}")
 
 
 if __name__ == "__main__":

@@ -20,10 +20,12 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from albert_jax import engine, loop, pretrained, storage
+from albert_jax.errors import InputError
+from albert_jax.head_identity import (BEST_DIR, BEST_FILE, HEAD_FILE, check_head_trained_for, check_identity, describe,
+                                      head_trained_for, read_best, recorded_identity, task_for_weights,
+                                      weights_identity)
 from albert_jax.model_config import model_config_from
-from albert_jax.pretrained import BEST_DIR, BEST_FILE, HEAD_FILE, read_best, recorded_identity
 from albert_jax.tasks import Split, get_task, make_tokenizer
-from albert_jax.tasks.heads import HFHead
 from albert_jax.workdir_lock import WorkdirLock
 from data_pipeline.progress import Progress
 
@@ -37,7 +39,7 @@ class FeatureBatches:
     self.features, self.split, self.seed, self.step = features, split, seed, 0
     self.num_rows = len(next(iter(features.values())))
     if self.num_rows < split.global_batch:
-      raise ValueError(f"The train split has {self.num_rows} features, fewer than train.global_batch_size="
+      raise InputError(f"The train split has {self.num_rows} features, fewer than train.global_batch_size="
                        f"{split.global_batch}; lower the batch size.")
     self.steps_per_epoch = self.num_rows // split.global_batch
 
@@ -63,7 +65,7 @@ def prediction_split(split: engine.BatchSplit) -> engine.BatchSplit:
   one accumulation step of training), not the whole global batch at once."""
   rows = split.micro_batch * split.data_parallel
   if rows % split.process_count:
-    raise ValueError(f"train.micro_batch_size={split.micro_batch} x {split.data_parallel} data-parallel devices = "
+    raise InputError(f"train.micro_batch_size={split.micro_batch} x {split.data_parallel} data-parallel devices = "
                      f"{rows} rows per prediction call do not divide over {split.process_count} processes; pick a "
                      "micro batch that makes them divide.")
   return dataclasses.replace(split, global_batch=rows, accumulation_steps=1)
@@ -150,57 +152,6 @@ def _on_every_process(decision: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
 
 
-def _converted_head_fits(task, recorded: dict) -> bool:
-  """A converted transformers head (`HFHead.identity()`) names a class, not a task: it fits a task of that class
-  whose classes it names in the same order (HF's default LABEL_i names say nothing: the shapes decide)."""
-  head, ours = HFHead.from_identity(recorded), task.hf_head
-  return (head is not None and ours is not None and head.architecture == ours.architecture
-          and head.labels in (None, ours.labels))
-
-
-def _describe(identity: dict) -> str:
-  return ", ".join(f"{k}={'|'.join(v) if isinstance(v, list) else v}" for k, v in identity.items() if v)
-
-
-def check_identity(task, recorded: dict | None, where: str) -> None:
-  """Refuses weights whose head was trained for another task, class or class order, naming both and the fix."""
-  now = task.identity()
-  if recorded is None or recorded == now or _converted_head_fits(task, recorded):
-    return
-  raise ValueError(f"{where} holds a head trained for {_describe(recorded)}, not for this run's {_describe(now)}; "
-                   f"its outputs would be read wrongly. To use it, {_identity_fix(task, recorded)}.")
-
-
-def _identity_fix(task, recorded: dict) -> str:
-  now, converted = task.identity(), HFHead.from_identity(recorded)
-  labels = "|".join(recorded.get("labels") or ())
-  if converted is None:
-    if all(recorded.get(k) == v for k, v in now.items() if k != "labels") and labels:
-      return (f"pass labels={labels} (--config.data.labels) as at training" if now["labels"]
-              else "run with the training run's settings (its config.json)")
-    return "run with the experiment config it was trained with (config.json there), or use another --workdir"
-  if task.hf_head is None or converted.architecture != task.hf_head.architecture:
-    return (f"use it with a task whose model is an {converted.architecture}, or fine-tune from it "
-            "(--config.init_checkpoint: a head for other classes starts afresh)")
-  if task.settings.labels:
-    return f"pass labels={labels} (--config.data.labels), the order of its transformers config.json (id2label)"
-  return ("as this task's class order is fixed, fine-tune from it (--config.init_checkpoint: its head then starts "
-          f"afresh) or use it with your own data's task (experiments/classification.py) and labels={labels}")
-
-
-def _head_trained_for(task, recorded: dict | None) -> bool:
-  """Whether weights recorded as `recorded` hold a head for the task's classes in the task's order: a converted
-  head that fits, or a fine-tuning run's head with the same labels, of any task (MNLI's head predicts AX)."""
-  if recorded is None or HFHead.from_identity(recorded) is None:
-    return not (recorded and recorded.get("labels")) or recorded["labels"] == task.identity()["labels"]
-  return _converted_head_fits(task, recorded)
-
-
-def _init_identity(config) -> dict | None:
-  """What init_checkpoint's head was trained for: a fine-tuning run's record, or a converted directory's."""
-  return recorded_identity(config.init_checkpoint, read_best(config.init_checkpoint))
-
-
 def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup):
   """Scores every eval split; returns (flat metrics, {split: (split, predictions)})."""
   metrics, predictions = {}, {}
@@ -222,15 +173,15 @@ def _warm_start(config, task, model):
     if config.allow_random_init:
       print("WARNING: fine-tuning from RANDOM weights (allow_random_init=True).", flush=True)
       return None
-    raise ValueError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
+    raise InputError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
   loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
-  recorded = _init_identity(config)
-  if set(loaded) - {"albert"} and not _head_trained_for(task, recorded):
+  recorded = weights_identity(config.init_checkpoint)
+  if set(loaded) - {"albert"} and not head_trained_for(task, recorded):
     if jax.process_index() == 0:
-      print(f"init_checkpoint={config.init_checkpoint} holds a head trained for {_describe(recorded)}, not for "
-            f"this run's {_describe(task.identity())}: it starts afresh.", flush=True)
+      print(f"init_checkpoint={config.init_checkpoint} holds a head trained for {describe(recorded)}, not for "
+            f"this run's {describe(task.identity())}: it starts afresh.", flush=True)
     loaded = {"albert": loaded["albert"]}
   return pretrained.warm_start(loaded, lambda rng: task.init_params(model, rng))
 
@@ -251,7 +202,7 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
 
   def batches(split_name, split):
     if train_split is None:
-      raise ValueError(f"No {split_name} data: this fine-tuning job was built for evaluation or prediction only.")
+      raise InputError(f"No {split_name} data: this fine-tuning job was built for evaluation or prediction only.")
     return FeatureBatches(train_split().features, split, config.seed)
 
   example = task.dummy_batch(1)
@@ -264,12 +215,10 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
 
 def _task_and_model(config, trained_in: str | None = None, warm_start: bool = False):
   """`trained_in`: where the weights come from (eval/predict: the workdir; training: init_checkpoint, with
-  `warm_start`). When the config names no class order, the one recorded there is used (`pretrained.as_recorded`);
-  by a warm start only for the train file's classes: a head for other classes starts afresh (`_warm_start`)."""
-  task = get_task(config)
-  recorded = recorded_identity(trained_in, read_best(trained_in)) if trained_in else None
-  if not (warm_start and recorded and set(recorded.get("labels") or ()) != set(task.identity()["labels"] or ())):
-    task = pretrained.as_recorded(task, recorded)
+  `warm_start`). When the config names no class order, the one recorded there is used
+  (`head_identity.task_for_weights`); by a warm start only for the train file's classes: a head for other classes
+  starts afresh (`_warm_start`)."""
+  task = task_for_weights(get_task(config), weights_identity(trained_in) if trained_in else None, warm_start)
   tokenizer = make_tokenizer(config)
   model_config = model_config_from(config)
   tokenizer.check_vocab(model_config.vocab_size)
@@ -292,7 +241,7 @@ def predict_split_file(config, workdir, task, model, params, split: Split, outpu
 def train(config, workdir: str, args=None) -> None:
   """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
-    raise ValueError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
+    raise InputError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
                      "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
                      "train.eval_every.")
   predict_only = config.train.num_train_steps == 0  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
@@ -300,10 +249,10 @@ def train(config, workdir: str, args=None) -> None:
                                                          warm_start=not predict_only)
   if predict_only:
     if not config.init_checkpoint:
-      raise ValueError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
+      raise InputError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
                        "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
-    if not _head_trained_for(task, _init_identity(config)):  # refused, naming both and the fix
-      check_identity(task, _init_identity(config), f"init_checkpoint={config.init_checkpoint}")
+    check_head_trained_for(task, weights_identity(config.init_checkpoint),
+                           f"init_checkpoint={config.init_checkpoint}")  # refused, naming both and the fix
     params = pretrained.merge_init_params(
         jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
         pretrained.load_init_params(config.init_checkpoint, model=config.model), required_prefix="",
@@ -380,7 +329,7 @@ def predict(config, workdir: str, args) -> None:
   or on a named split of the task (`--split`), written to `--output` or the workdir under the benchmark's name."""
   input_path, output_path = args.input, args.output
   if bool(args.split) == bool(input_path) or (input_path and not output_path):
-    raise ValueError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
+    raise InputError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
                      "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
   task, tokenizer, _, model = _task_and_model(config, workdir)
   params, which = _trained_params(config, workdir, task, model)

@@ -13,12 +13,11 @@ import argparse
 import json
 import math
 import os
-import sys
 
 from albert_jax import storage
-from albert_jax.main import INPUT_ERRORS, raised_by_our_code
+from albert_jax.errors import InputError, MissingFileError, one_line_user_errors
 from albert_jax.tasks import TaskSettings
-from albert_jax.tasks.base import InputError
+from albert_jax.tasks.base import DataFileError
 from albert_jax.tasks.glue import SPECS, GlueTask
 from albert_jax.tasks.records import tsv_rows
 
@@ -31,27 +30,27 @@ FILE_TASKS = {file: name for name, spec in SPECS.items() for file in spec.submis
 
 def check_file(path: str, check_count: bool) -> int:
   """The number of prediction rows, after checking the header, every index (an integer, once) and every label;
-  raises InputError naming the row."""
+  raises DataFileError naming the row."""
   task = GlueTask(TaskSettings(task="glue", task_name=FILE_TASKS[os.path.basename(path)]))
   rows = tsv_rows(path)
   number, header = next(rows, (1, []))
   if header != ["index", "prediction"]:
-    raise InputError(path, number, f"the header must be 'index<TAB>prediction', got {header}")
+    raise DataFileError(path, number, f"the header must be 'index<TAB>prediction', got {header}")
   count, seen = 0, {}
   for number, fields in rows:
     if len(fields) != 2:
-      raise InputError(path, number, f"{len(fields)} tab-separated fields, expected 2 (index, prediction)")
+      raise DataFileError(path, number, f"{len(fields)} tab-separated fields, expected 2 (index, prediction)")
     if not fields[0].isdigit():
-      raise InputError(path, number, f"index {fields[0]!r} is not the test file's row index (0, 1, ...)")
+      raise DataFileError(path, number, f"index {fields[0]!r} is not the test file's row index (0, 1, ...)")
     if fields[0] in seen:
-      raise InputError(path, number, f"index {fields[0]} again (first on line {seen[fields[0]]}); each test row is "
+      raise DataFileError(path, number, f"index {fields[0]} again (first on line {seen[fields[0]]}); each test row is "
                                      "predicted once")
     seen[fields[0]] = number
     task._label(fields[1], path, number)
     count += 1
   expected = TEST_ROWS[os.path.basename(path)]
   if check_count and count != expected:
-    raise InputError(path, None, f"{count} predictions but the GLUE test set has {expected}; predict the full "
+    raise DataFileError(path, None, f"{count} predictions but the GLUE test set has {expected}; predict the full "
                                  "official test file (or pass --no_check_counts for a trial folder).")
   return count
 
@@ -70,17 +69,17 @@ def assemble(runs: list[str], out: str, allow_partial: bool = False, check_count
   for run in runs:
     config_path = os.path.join(run, "config.json")
     if not storage.path(config_path).exists():
-      raise FileNotFoundError(f"{config_path} not found; --runs takes fine-tuning workdirs of experiments/glue.py.")
+      raise MissingFileError(f"{config_path} not found; --runs takes fine-tuning workdirs of experiments/glue.py.")
     task = json.loads(storage.path(config_path).read_text()).get("task")
     if task != "glue":
-      raise ValueError(f"{run} is a {task!r} run, not a GLUE one; leave it out of --runs.")
+      raise InputError(f"{run} is a {task!r} run, not a GLUE one; leave it out of --runs.")
     score = dev_score(run)
     for name in TEST_ROWS:
       if storage.path(os.path.join(run, name)).exists() and (name not in chosen or score > chosen[name][0]):
         chosen[name] = (score, run)  # ties: the run listed first
   missing = [name for name in TEST_ROWS if name not in chosen]
   if missing and not allow_partial:
-    raise ValueError(f"No run has {', '.join(missing)}; the GLUE server needs all {len(TEST_ROWS)} files. Add the "
+    raise InputError(f"No run has {', '.join(missing)}; the GLUE server needs all {len(TEST_ROWS)} files. Add the "
                      "runs that wrote them (AX: an MNLI run with DATA/glue/diagnostic/, or experiments/glue.py:task=ax "
                      "with init_checkpoint = the MNLI model), or pass --allow_partial.")
   for name, (_, run) in chosen.items():
@@ -98,12 +97,8 @@ def main(argv=None) -> None:
   parser.add_argument("--no_check_counts", action="store_true", help="accept files with other than the official "
                       "number of test rows (trial folders)")
   args = parser.parse_args(argv)
-  try:
+  with one_line_user_errors("glue_submission: error: "):
     sources = assemble(args.runs, args.out, args.allow_partial, not args.no_check_counts)
-  except INPUT_ERRORS as e:  # ours name the file and the fix: one line, as albert_jax.main reports them
-    if not raised_by_our_code(e):
-      raise
-    sys.exit(f"glue_submission: error: {e}")
   for name, run in sources.items():
     print(f"{name}\t{run}", flush=True)
   print(f"Wrote {len(sources)} file(s) to {args.out}", flush=True)

@@ -18,12 +18,13 @@ import ml_collections
 import numpy as np
 import safetensors.numpy
 
+from albert_jax import head_identity, storage
 from albert_jax import model as model_lib
-from albert_jax import pretrained, storage
+from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
+from albert_jax.head_identity import (HF_HEAD_PARAMS, MASKED_LM, QUESTION_ANSWERING, TOKEN_CLASSIFICATION,
+                                      HFHead)
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks import get_task
-from albert_jax.tasks.heads import (ANSWER_CLASS_PARAMS, HF_HEAD_PARAMS, MASKED_LM, MULTIPLE_CHOICE, NO_POOLER,
-                                    QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, HFHead)
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -42,6 +43,7 @@ _HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gel
 _HF_BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
 _HEADS = ("predictions", "sop_classifier")
 _POOLER = ("albert.pooler.weight", "albert.pooler.bias")  # absent from the NO_POOLER classes
+NO_POOLER = (QUESTION_ANSWERING, TOKEN_CLASSIFICATION, MASKED_LM)  # HF builds these without the pooler
 
 Path = tuple[str, ...]
 
@@ -88,7 +90,7 @@ def _check_groups(c: ModelConfig) -> None:
   """HF picks layer l's group as int(l / (L / G)); refuse the (L, G) where its float rounding differs from ours."""
   L, G = c.num_hidden_layers, c.num_hidden_groups
   if any(int(layer / (L / G)) != layer * G // L for layer in range(L)):
-    raise ValueError(f"num_hidden_layers={L} with num_hidden_groups={G}: transformers assigns layers to groups as "
+    raise InputError(f"num_hidden_layers={L} with num_hidden_groups={G}: transformers assigns layers to groups as "
                      f"int(l / (L / G)), whose float rounding differs from the exact floor(l * G / L) used here, so "
                      "the two would compute different functions; use a num_hidden_groups that divides "
                      "num_hidden_layers.")
@@ -98,15 +100,15 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
   """ModelConfig from a transformers AlbertConfig dict; raises on what our model cannot represent."""
   hf = {**_HF_DEFAULTS, **hf}
   if hf.get("model_type", "albert") != "albert":
-    raise ValueError(f"config.json has model_type={hf['model_type']!r}; only 'albert' checkpoints can be loaded.")
+    raise InputError(f"config.json has model_type={hf['model_type']!r}; only 'albert' checkpoints can be loaded.")
   if hf.get("position_embedding_type", "absolute") != "absolute":
-    raise ValueError(f"config.json has position_embedding_type={hf['position_embedding_type']!r}; albert_jax only "
+    raise InputError(f"config.json has position_embedding_type={hf['position_embedding_type']!r}; albert_jax only "
                      "implements absolute position embeddings (the original ALBERT's).")
   if not hf.get("tie_word_embeddings", True):
-    raise ValueError("config.json has tie_word_embeddings=false; albert_jax's MLM decoder is always tied to the "
+    raise InputError("config.json has tie_word_embeddings=false; albert_jax's MLM decoder is always tied to the "
                      "word embeddings (as in the original ALBERT).")
   if hf["hidden_act"] not in _HF_ACTIVATIONS:
-    raise ValueError(f"config.json has hidden_act={hf['hidden_act']!r}; supported: {sorted(_HF_ACTIVATIONS)}.")
+    raise InputError(f"config.json has hidden_act={hf['hidden_act']!r}; supported: {sorted(_HF_ACTIVATIONS)}.")
   fields = {k: hf[k] for k in _HF_DEFAULTS}
   fields["hidden_act"] = _HF_ACTIVATIONS[hf["hidden_act"]]
   # HF always has the E->H projection, even when E == H.
@@ -118,7 +120,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
 def _hf_layout(c: ModelConfig) -> ModelConfig:
   """Our config as HF lays it out: E->H projection always present, `sharing="none"` (BERT) as one group per layer."""
   if c.sharing not in ("all", "none"):
-    raise ValueError(f"model.sharing={c.sharing!r} has no transformers equivalent (HF ALBERT only shares whole "
+    raise InputError(f"model.sharing={c.sharing!r} has no transformers equivalent (HF ALBERT only shares whole "
                      "layers); export a model with sharing 'all' or 'none'.")
   groups = c.num_hidden_layers if c.sharing == "none" else c.num_hidden_groups
   layout = c.replace(embedding_projection=True, sharing="all", num_hidden_groups=groups)
@@ -158,13 +160,13 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
                         "enough), or re-save the checkpoint as safetensors.") from e
     state = torch.load(os.path.join(path, TORCH_FILE), map_location="cpu", weights_only=True)
     return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
-  raise FileNotFoundError(f"No weights in {path!r}: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "
-                          f"{TORCH_FILE} (as written by transformers' save_pretrained).")
+  raise MissingFileError(f"No weights in {path!r}: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "
+                         f"{TORCH_FILE} (as written by transformers' save_pretrained).")
 
 
 def _check_shape(key: str, path: Path, found: tuple[int, ...], expected: tuple[int, ...], where: str) -> None:
   if tuple(found) != tuple(expected):
-    raise ValueError(f"{where}: parameter {key} (ours {'/'.join(path)}) has shape {list(found)}, but the config "
+    raise InputError(f"{where}: parameter {key} (ours {'/'.join(path)}) has shape {list(found)}, but the config "
                      f"expects {list(expected)}; the config does not describe these weights (check vocab_size, "
                      "embedding_size, hidden_size, intermediate_size, num_hidden_groups, inner_group_num).")
 
@@ -198,14 +200,14 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
       params[ours] = np.zeros(shapes[ours], np.float32)
       continue
     if key not in tensors:
-      raise ValueError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint.")
+      raise InputError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint.")
     value = tensors.pop(key)
     _check_shape(key, ours, value.shape, shapes[ours][::-1] if transpose else shapes[ours], path)
     params[ours] = np.ascontiguousarray(value.T if transpose else value, dtype=np.float32)
   word, bias = params[("albert", "embeddings", "word_embeddings", "embedding")], params.get(("predictions", "bias"))
   for key, tied_to in (("predictions.decoder.weight", word), ("predictions.decoder.bias", bias)):
     if key in tensors and not np.array_equal(tensors.pop(key), tied_to):
-      raise ValueError(f"{path}: {key} differs from the tensor it should be tied to; albert_jax ties the MLM "
+      raise InputError(f"{path}: {key} differs from the tensor it should be tied to; albert_jax ties the MLM "
                        "decoder to the word embeddings and predictions.bias, so untied weights cannot be loaded.")
   if architecture in HF_HEAD_PARAMS and f"{HF_HEAD_PARAMS[architecture]}.weight" in tensors:
     name = HF_HEAD_PARAMS[architecture]
@@ -217,7 +219,7 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
     tensors.pop(key, None)
   ours_left = sorted(k for k in tensors if k.split(".")[0] in ("albert",) + _HEADS)
   if ours_left:
-    raise ValueError(f"{path}: unexpected parameters {ours_left} for the architecture in config.json "
+    raise InputError(f"{path}: unexpected parameters {ours_left} for the architecture in config.json "
                      f"(num_hidden_groups={c.num_hidden_groups}, inner_group_num={c.inner_group_num}); the config "
                      "does not describe these weights.")
   if tensors:
@@ -228,36 +230,16 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
 def _read_config(path: str) -> dict[str, Any]:
   config_path = os.path.join(path, CONFIG_FILE)
   if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{config_path} not found; point to a directory written by transformers' "
-                            "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
+    raise MissingFileError(f"{config_path} not found; point to a directory written by transformers' "
+                           "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
   with open(config_path) as f:
     return json.load(f)
 
 
 def read_head(path: str) -> HFHead | None:
-  """What the fine-tuned head of a transformers directory was trained for, from its config.json (None for the
-  pretraining and backbone classes): the class names in id order (None when they are HF's default LABEL_i, which
-  say nothing), their count and problem_type. A multi-label classifier is refused: every albert_jax classifier
-  picks one class (softmax), so evaluation and prediction would read its outputs wrongly."""
-  hf_config = _read_config(os.path.abspath(path))
-  architecture = (hf_config.get("architectures") or [""])[0]
-  if architecture not in HF_HEAD_PARAMS:
-    return None
-  if architecture not in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
-    return HFHead(architecture)
-  problem_type = hf_config.get("problem_type")
-  if problem_type == "multi_label_classification":
-    raise ValueError(f"{path}: config.json has problem_type='multi_label_classification' (independent yes/no per "
-                     "class); albert_jax's classifiers pick one class, so this head would be read wrongly. Keep it "
-                     "in transformers, or save its encoder alone (`model.albert.save_pretrained(DIR)`, an "
-                     "AlbertModel) and convert that to fine-tune a head here.")
-  id2label = {int(i): name for i, name in (hf_config.get("id2label") or {}).items()}
-  if sorted(id2label) != list(range(len(id2label))):
-    raise ValueError(f"{path}: config.json's id2label has ids {sorted(id2label)}; expected 0 to "
-                     f"{len(id2label) - 1}, one per output of the classifier.")
-  names = tuple(id2label[i] for i in range(len(id2label)))
-  unnamed = names == tuple(f"LABEL_{i}" for i in range(len(names)))
-  return HFHead(architecture, None if unnamed else names, len(names), problem_type)
+  """What the fine-tuned head of a transformers directory was trained for (`head_identity.hf_head_from_config`
+  of its config.json; None for the pretraining and backbone classes)."""
+  return head_identity.hf_head_from_config(_read_config(os.path.abspath(path)), path)
 
 
 def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | None = None) -> None:
@@ -276,10 +258,7 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
   hf_config = config_to_hf(c)
   layout = _hf_layout(c)
   flat = {p: np.asarray(x) for p, x in traverse_util.flatten_dict(nn.unbox(params)).items()}
-  if {p[0] for p in flat} & set(ANSWER_CLASS_PARAMS):
-    raise ValueError(f"params hold SQuAD v2's answer-class head ({', '.join(ANSWER_CLASS_PARAMS)}), which no "
-                     "transformers class has: export the encoder only (convert --encoder_only; in Python pass "
-                     "{'albert': params['albert']}) or fine-tune with --config.data.v2_head=null_score.")
+  head_identity.check_hf_exportable({p[0] for p in flat})
   mapping = ("albert", "encoder", "embedding_hidden_mapping_in")
   dtype = np.result_type(*flat.values())  # of the identity projection and config.json
   if not c.has_embedding_projection:
@@ -293,12 +272,12 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
     if ours[0] != "albert" and ours[0] not in heads:
       continue
     if ours not in flat:
-      raise ValueError(f"params lack {'/'.join(ours)} (HF {key}), which the model config requires.")
+      raise InputError(f"params lack {'/'.join(ours)} (HF {key}), which the model config requires.")
     value = flat.pop(ours)
     _check_shape(key, ours, value.shape, shapes[ours], "params")
     tensors[key] = np.ascontiguousarray(value.T if transpose else value)
   if flat:
-    raise ValueError(f"params have entries that the model config does not describe or that an HF ALBERT checkpoint "
+    raise InputError(f"params have entries that the model config does not describe or that an HF ALBERT checkpoint "
                      f"has no place for: {sorted('/'.join(p) for p in flat)}.")
   if head is not None:
     tensors.update(head_tensors)
@@ -323,8 +302,8 @@ def _write_hf(path: str, tensors: dict[str, np.ndarray], hf_config: dict[str, An
     storage.write_atomic(config, json.dumps(hf_config, indent=2))
   except (OSError, safetensors.SafetensorError) as e:
     storage.remove(f"{weights}.tmp")
-    raise OSError(f"Writing the transformers model into {path} failed ({e}); nothing there is left as a complete "
-                  "model. Free space on that disk (or make it writable) and run again, or write elsewhere.") from e
+    raise EnvironmentUserError(f"Writing the transformers model into {path} failed ({e}); nothing there is left as a complete "
+                               "model. Free space on that disk (or make it writable) and run again, or write elsewhere.") from e
 
 
 def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
@@ -333,53 +312,31 @@ def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
   names = sorted({p[0] for p in flat} & {"classifier", "qa_outputs"})
   if not names:
     if head is not None:
-      raise ValueError(f"{head.architecture} needs a {HF_HEAD_PARAMS[head.architecture]!r} head; params have "
+      raise InputError(f"{head.architecture} needs a {HF_HEAD_PARAMS[head.architecture]!r} head; params have "
                        f"{sorted({p[0] for p in flat})}.")
     return None, {}, {}
   if len(names) > 1 or {p[0] for p in flat} & set(_HEADS):
-    raise ValueError(f"params hold several heads {sorted({p[0] for p in flat} - {'albert'})}; an HF checkpoint "
+    raise InputError(f"params hold several heads {sorted({p[0] for p in flat} - {'albert'})}; an HF checkpoint "
                      "holds one model class: export one head.")
   name = names[0]
   kernel, bias = flat.pop((name, "kernel")), flat.pop((name, "bias"))
   outputs = kernel.shape[-1]
-  if head is None:
-    if name == "classifier" and outputs == 1:
-      raise ValueError("A one-output classifier is either a regression (AlbertForSequenceClassification) or a "
-                       "multiple-choice scorer (AlbertForMultipleChoice), which the weights cannot tell apart: "
-                       "convert the best/step_N directory inside its fine-tuning workdir (whose config.json names "
-                       "the task), or pass head= (the task's hf_head) to save_hf.")
-    head = HFHead(QUESTION_ANSWERING if name == "qa_outputs" else SEQUENCE_CLASSIFICATION)
-  if HF_HEAD_PARAMS[head.architecture] != name:
-    raise ValueError(f"{head.architecture} keeps its head in {HF_HEAD_PARAMS[head.architecture]!r}, but params "
-                     f"have {name!r}.")
-  expected = {QUESTION_ANSWERING: 2, MULTIPLE_CHOICE: 1}.get(head.architecture,
-                                                             len(head.labels) if head.labels else outputs)
+  head, expected = head_identity.hf_head_for(name, outputs, head)
   _check_shape(f"{name}.weight", (name, "kernel"), kernel.shape, (c.hidden_size, expected), "params")
   tensors = {f"{name}.weight": np.ascontiguousarray(kernel.T), f"{name}.bias": np.asarray(bias)}
-  config: dict[str, Any] = {}
-  if head.architecture in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
-    labels = head.labels or [f"LABEL_{i}" for i in range(outputs)]
-    config = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
-  if head.architecture == SEQUENCE_CLASSIFICATION:
-    config["problem_type"] = head.problem_type or (
-        "single_label_classification" if head.labels or outputs > 1 else "regression")
-  return head, tensors, config
+  return head, tensors, head_identity.hf_config_fields(head, outputs)
 
 
 def finetuned_head(weights_dir: str) -> HFHead | None:
-  """The HF head of fine-tuned weights: the one a converted directory recorded (`pretrained.HEAD_FILE`), or for
-  weights kept in a workdir (`WORKDIR/best/step_N`) its task's, named by the workdir's config.json, with the class
-  order the run recorded; None for any other directory."""
-  recorded = HFHead.from_identity(pretrained.recorded_identity(weights_dir))
-  if recorded is not None:
-    return recorded
-  weights_dir = storage.absolute(weights_dir).rstrip("/")
-  workdir = os.path.dirname(os.path.dirname(weights_dir))
+  """The HF head of fine-tuned weights (`head_identity.finetuned_head`): a converted directory's, or for weights
+  kept in a workdir (`WORKDIR/best/step_N`) the task named by the workdir's config.json; None for any other."""
+  return head_identity.finetuned_head(weights_dir, _run_task)
+
+
+def _run_task(workdir: str):
+  """The fine-tuning task of a training workdir's config.json; None when it has none (or is no fine-tuning run)."""
   config_path = os.path.join(workdir, "config.json")
-  if os.path.basename(os.path.dirname(weights_dir)) != "best" or not storage.path(config_path).is_file():
+  if not storage.path(config_path).is_file():
     return None
   config = ml_collections.ConfigDict(json.loads(storage.path(config_path).read_text()))
-  if "task" not in config:
-    return None
-  return pretrained.as_recorded(get_task(config), pretrained.recorded_identity(workdir, pretrained.read_best(workdir))
-                                ).hf_head
+  return get_task(config) if "task" in config else None

@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, storage
+from albert_jax.errors import InputError, NotFiniteError
 from albert_jax.workdir_lock import WorkdirLock
 
 # Fields that fix the shapes of the parameters: a workdir's saved run must agree on them to resume.
@@ -56,7 +57,7 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
              if saved.get("model", {}).get(k) != config.model.get(k)}
     if diffs:
       listed = ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
-      raise ValueError(f"Workdir {workdir} holds checkpoints of a different model ({listed}). Use a new --workdir, "
+      raise InputError(f"Workdir {workdir} holds checkpoints of a different model ({listed}). Use a new --workdir, "
                        "or the saved config (config.json there) to resume.")
     before, now = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
     changed = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)}
@@ -64,7 +65,7 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
       listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
       breaking = [k for k in changed if k.startswith(EXACT_RESUME_FIELDS)]
       if breaking and not config.get("resume_with_changes", False):
-        raise ValueError(f"Resuming {workdir} at step {latest} with changed {', '.join(breaking)} would not continue "
+        raise InputError(f"Resuming {workdir} at step {latest} with changed {', '.join(breaking)} would not continue "
                          f"the same run (data order, dropout or step size change). Restore the saved values "
                          f"(config.json there), use a new --workdir, or pass --config.resume_with_changes=True.")
       if jax.process_index() == 0:
@@ -199,9 +200,9 @@ def _checked(step: int, device_metrics: Any, ckpt: checkpointing.Checkpointer) -
     ckpt.wait()
     latest = ckpt.latest_step()
     where = f"step {latest} in {ckpt.directory}" if latest is not None else "none (no checkpoint was saved yet)"
-    raise FloatingPointError(f"Loss {values['loss']} / grad norm {values['grad_norm']} at step {step} is not finite. "
-                             f"The last good checkpoint is {where}; lower train.learning_rate (or use bf16 with "
-                             "float32 params) and restart: the run resumes from it.")
+    raise NotFiniteError(f"Loss {values['loss']} / grad norm {values['grad_norm']} at step {step} is not finite. "
+                         f"The last good checkpoint is {where}; lower train.learning_rate (or use bf16 with "
+                         "float32 params) and restart: the run resumes from it.")
   return values
 
 
@@ -237,7 +238,7 @@ def _resume_data(train_iter, data: checkpointing.DataStates, where: str, config)
   if getattr(train_iter, "position_is_global", False):
     positions = list(data.states.values())
     if any(position != positions[0] for position in positions):
-      raise ValueError(f"{written}, and its processes' data positions differ ({positions[0]} vs "
+      raise InputError(f"{written}, and its processes' data positions differ ({positions[0]} vs "
                        f"{next(p for p in positions if p != positions[0])}), so none of them continues the run. "
                        f"Resume with {_processes(data.process_count)}, or use a new --workdir.")
     train_iter.set_state(positions[0])
@@ -245,7 +246,7 @@ def _resume_data(train_iter, data: checkpointing.DataStates, where: str, config)
       print(f"{written}; the data position is the same on every process, so the run continues exactly.", flush=True)
     return
   if not config.get("resume_with_changes", False):
-    raise ValueError(f"{written}: the data loader keeps a position per process, which means nothing on another "
+    raise InputError(f"{written}: the data loader keeps a position per process, which means nothing on another "
                      f"process count. Resume with {_processes(data.process_count)}, or pass "
                      "--config.resume_with_changes=True to continue the model from there with the data read from "
                      "its start.")
@@ -284,7 +285,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
               "raise --config.train.num_train_steps to train further.", flush=True)
       return {}
     write_workdir_config(workdir, config)
-    train_step = s.compile_train_step()
+    train_step = _StepPerShape(s)
     writer = metrics_lib.MetricWriter(workdir, total_steps)
     signals = _StopSignals()
     window, last, stop = _Window(ckpt), {}, False
@@ -293,7 +294,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
         if step == config.log.profile_start:
           profile = storage.Mirror(os.path.join(workdir, "profile"))  # the profiler writes local files only
           jax.profiler.start_trace(profile.local)
-        state, step_metrics = train_step(state, s.global_batch(next(train_iter)), rng)
+        state, step_metrics = train_step(state, next(train_iter), rng)
         done = step + 1
         window.push(done, step_metrics)
         ckpt.check()  # a failed background save stops the run now, not at the next save
@@ -340,6 +341,20 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
   if stop:  # nothing after training (a fine-tuning run's test predictions) runs on a stopped run
     raise SystemExit(signals.exit_code())
   return last
+
+
+class _StepPerShape:
+  """The train step, compiled ahead of time once for each batch shape the data yields (one per length bucket of
+  fine-tuning; one in all for pretraining)."""
+
+  def __init__(self, s: engine.Setup):
+    self.s, self.compiled = s, {}
+
+  def __call__(self, state: engine.TrainState, host_batch: dict[str, np.ndarray], rng: jax.Array):
+    shape = tuple((name, array.shape[1:]) for name, array in sorted(host_batch.items()))
+    if shape not in self.compiled:
+      self.compiled[shape] = self.s.compile_train_step(host_batch)
+    return self.compiled[shape](state, self.s.global_batch(host_batch), rng)
 
 
 def _close_quietly(ckpt: checkpointing.Checkpointer, writer, signals: _StopSignals) -> None:

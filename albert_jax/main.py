@@ -8,21 +8,14 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-import traceback
 
 import ml_collections
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-import albert_jax
-import data_pipeline
-import experiments
-from albert_jax import runner, topology
-
-# Our code reports bad input (config values, files, workdirs, data) with these, each message naming the problem
-# and the fix: raised by our own frames they are shown as one line; from a library's frames, with the traceback.
-INPUT_ERRORS = (ValueError, OSError, FloatingPointError)
-OUR_PACKAGES = tuple(os.path.dirname(package.__file__) + os.sep for package in (albert_jax, data_pipeline, experiments))
+from albert_jax import runner
+from albert_jax.errors import (MissingFileError, NotADirectoryUserError, NotWritableError, UserError,
+                               one_line_user_errors)
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `file.py:arg`.", lock_config=True)
@@ -101,8 +94,9 @@ def _unknown_field(argv: list[str]) -> str | None:
 
 
 def _nearest_field(parts: list[str], node: ml_collections.ConfigDict) -> list[str] | None:
-  """`parts` with each name replaced by its nearest in `node`, so the hint is a whole flag that parses (a
-  misspelt section alone, `trian.num_train_steps`, used to get `--config.train`); None when one has no match."""
+  """`parts` with each name replaced by its nearest in `node`, so the hint is a whole flag that parses
+  (`trian.num_train_steps` gets `--config.train.num_train_steps`, not `--config.train`); None when one has no
+  match."""
   nearest = []
   for part in parts:
     if not isinstance(node, ml_collections.ConfigDict):
@@ -116,12 +110,14 @@ def _nearest_field(parts: list[str], node: ml_collections.ConfigDict) -> list[st
 
 
 def _experiment_error(error: flags.Error) -> Exception | None:
-  """The input error our code raised inside the experiment's get_config (`file.py:arg`), which ml_collections
-  re-raises with its traceback as text and absl wraps again; None for any other flag error."""
-  cause = error.__context__
-  while cause is not None and not (isinstance(cause, INPUT_ERRORS) and raised_by_our_code(cause)):
+  """The user error raised inside the experiment's get_config (`file.py:arg`); None for any other flag error.
+  ml_collections re-raises it as a copy of its type holding the traceback as text, which absl wraps again: the
+  innermost one of the chain is the original."""
+  found, cause = None, error.__context__
+  while cause is not None:
+    found = cause if isinstance(cause, UserError) else found
     cause = cause.__context__
-  return cause
+  return found
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -140,11 +136,6 @@ def parse_flags(argv: list[str]) -> list[str]:
   sys.exit(1)
 
 
-def raised_by_our_code(error: BaseException) -> bool:
-  frames = traceback.extract_tb(error.__traceback__)
-  return bool(frames) and frames[-1].filename.startswith(OUR_PACKAGES)
-
-
 # Modes that only read the workdir when --output names where their result goes: a read-only workdir serves them
 # (fine-tuning's eval writes the dev predictions into it, predict --split without --output its benchmark file).
 READ_ONLY_WITH_OUTPUT = ("predict", "embed")
@@ -160,49 +151,40 @@ def check_workdir(workdir: str, mode_name: str, output: str | None = None, pretr
     return  # a bucket is checked by the storage layer on first use
   storage.path(workdir)  # refuses a gs:// URL whose '//' was collapsed, before a lock makes a local `gs:` folder
   if runner.MODES[mode_name].reads_run and not os.path.exists(workdir):
-    raise FileNotFoundError(f"--workdir={workdir} does not exist; --mode={mode_name} reads the weights of a "
-                            "training run: pass that run's --workdir.")
+    raise MissingFileError(f"--workdir={workdir} does not exist; --mode={mode_name} reads the weights of a "
+                           "training run: pass that run's --workdir.")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise NotADirectoryError(f"--workdir={workdir} is a file; pass a directory (it is created if missing).")
+    raise NotADirectoryUserError(f"--workdir={workdir} is a file; pass a directory (it is created if missing).")
   existing = os.path.abspath(workdir)
   while not os.path.exists(existing):  # the workdir or the folder it would be created in; nothing is made yet
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
-    raise NotADirectoryError(f"--workdir={workdir} cannot be created: {existing} is a file; pass a directory path.")
+    raise NotADirectoryUserError(f"--workdir={workdir} cannot be created: {existing} is a file; pass a directory path.")
   reads_only = (output and mode_name in READ_ONLY_WITH_OUTPUT) or (pretraining and mode_name in READ_ONLY_PRETRAINING)
   if not os.access(existing, os.W_OK | os.X_OK) and not reads_only:
     hint = " (or pass --output: predict then writes nothing there)" if mode_name == "predict" else ""
-    raise PermissionError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory{hint}.")
+    raise NotWritableError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory{hint}.")
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not FLAGS["verbosity"].present:  # absl INFO chatter (orbax, jax backends) unless --verbosity=0 is given
-    logging.set_verbosity(logging.WARNING)
-  topology.quiet_libtpu_off_tpu_vms()
+  from albert_jax import console
+  console.install()
   mode = runner.MODES[FLAGS.mode]
   if mode.needs_workdir and not FLAGS.workdir:
     raise app.UsageError(f"--workdir is required for --mode={FLAGS.mode}.")
-  from albert_jax import checkpointing, storage
-  try:
+  with one_line_user_errors():
     run(FLAGS.config, FLAGS.workdir, FLAGS.mode)
-  except Exception as e:  # noqa: BLE001 - re-raised unless it is one of ours
-    reported = isinstance(e, (storage.StorageError, checkpointing.SaveError))  # storage trouble, named with its fix
-    if not (reported or isinstance(e, INPUT_ERRORS) and raised_by_our_code(e)):
-      raise
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(1)  # skip interpreter shutdown, where orbax's failed background saves print pages of asyncio noise
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
   mode = runner.MODES[mode_name]
   if mode.needs_workdir:
-    check_workdir(workdir, mode_name, FLAGS.output, pretraining=config.task == "pretrain")
+    check_workdir(workdir, mode_name, FLAGS.output, pretraining=runner.is_pretraining(config))
     _initialize_distributed()
-    from albert_jax import engine
-    engine.use_compilation_cache(config, workdir)
+    from albert_jax import compilation_cache
+    compilation_cache.use(config, workdir)
   if mode_name == "compile" and not os.environ.get("JAX_PLATFORMS"):
     import jax
     jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip

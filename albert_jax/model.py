@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from albert_jax import ops
+from albert_jax.errors import InputError
 from albert_jax.model_config import ModelConfig
 
 Array = jax.Array
@@ -43,7 +44,7 @@ def flat_dot_general(x: Array, kernel: Array, dimension_numbers, precision=None,
   transposed layout (`model.flat_matmuls`).
   """
   if dimension_numbers != (((x.ndim - 1,), (0,)), ((), ())):
-    raise ValueError(f"flat_dot_general computes x[..., K] · kernel[K, N] only, got {dimension_numbers}")
+    raise InputError(f"flat_dot_general computes x[..., K] · kernel[K, N] only, got {dimension_numbers}")
   return over_flat_tokens(lambda flat: jax.lax.dot_general(
       flat, kernel, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=preferred_element_type), x)
 
@@ -112,14 +113,14 @@ class Embeddings(nn.Module):
   def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
     seq_len = input_ids.shape[1]
     if seq_len > self.config.max_position_embeddings:
-      raise ValueError(f"Sequence length {seq_len} exceeds model.max_position_embeddings="
+      raise InputError(f"Sequence length {seq_len} exceeds model.max_position_embeddings="
                        f"{self.config.max_position_embeddings}; shorten max_seq_length or use a model with more "
                        "positions.")
     # Summed in float32, which LayerNorm computes in anyway. Positions are a slice of their table and token types
     # a one-hot product (the original's form), so their gradients are a reduction and a matmul: as gathers, their
-    # backward was a scatter-add of every token into 512 and 2 rows, in bfloat16 under bfloat16 compute. On an
-    # H100 that scatter into the 2 token-type rows alone took 146 of the 196 ms of ALBERT-base's step at batch
-    # 128 x 128, and summed 16k gradients in bfloat16 (docs/profiling.md "GPU").
+    # backward would be a scatter-add of every token into 512 and 2 rows, in bfloat16 under bfloat16 compute. On an
+    # H100 that scatter into the 2 token-type rows alone takes 146 of the 196 ms of ALBERT-base's step at batch
+    # 128 x 128, and sums 16k gradients in bfloat16 (docs/profiling.md "GPU").
     table = lambda embed: jnp.asarray(embed.embedding, jnp.float32)
     token_types = jax.nn.one_hot(token_type_ids, self.config.type_vocab_size, dtype=jnp.float32)
     x = (jnp.take(table(self.word_embeddings), input_ids, axis=0) + table(self.position_embeddings)[None, :seq_len]

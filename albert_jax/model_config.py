@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from albert_jax.errors import InputError
+
 SHARING_MODES = ("all", "attention", "ffn", "none")
 ACTIVATIONS = ("gelu_new", "gelu", "relu")  # gelu_new = tanh approximation (the original's `gelu`)
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable",
@@ -82,15 +84,15 @@ class ModelConfig:
     Inputs are [CLS] text [SEP]; with `max_predictions_per_seq` (pretraining) [CLS] A [SEP] B [SEP], whose masked
     positions follow [CLS] (0: masked_lm_prob of the tokens)."""
     if max_seq_length > self.max_position_embeddings:
-      raise ValueError(f"data.max_seq_length={max_seq_length} exceeds model.max_position_embeddings="
+      raise InputError(f"data.max_seq_length={max_seq_length} exceeds model.max_position_embeddings="
                        f"{self.max_position_embeddings}; lower --config.data.max_seq_length.")
     pretraining = max_predictions_per_seq is not None
     shortest, form = (5, "[CLS] A [SEP] B [SEP]") if pretraining else (2, "[CLS] and [SEP]")
     if max_seq_length < shortest:
-      raise ValueError(f"data.max_seq_length={max_seq_length} leaves no room for {form}; give "
+      raise InputError(f"data.max_seq_length={max_seq_length} leaves no room for {form}; give "
                        f"--config.data.max_seq_length={shortest} or more.")
     if pretraining and not 0 <= max_predictions_per_seq < max_seq_length:
-      raise ValueError(f"data.max_predictions_per_seq={max_predictions_per_seq} must be from 0 (masked_lm_prob of "
+      raise InputError(f"data.max_predictions_per_seq={max_predictions_per_seq} must be from 0 (masked_lm_prob of "
                        f"the tokens) to {max_seq_length - 1} (the positions after [CLS]); fix "
                        "--config.data.max_predictions_per_seq.")
 
@@ -101,7 +103,7 @@ class ModelConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-      raise ValueError(f"Unknown model config key(s) {unknown}. Valid keys: {sorted(known)}.")
+      raise InputError(f"Unknown model config key(s) {unknown}. Valid keys: {sorted(known)}.")
     return cls(**values)
 
 
@@ -112,39 +114,39 @@ def validate(c: ModelConfig) -> None:
               "type_vocab_size", "scan_unroll")
   for name in positive:
     if getattr(c, name) < 1:
-      raise ValueError(f"model.{name} must be >= 1, got {getattr(c, name)}.")
+      raise InputError(f"model.{name} must be >= 1, got {getattr(c, name)}.")
   if c.hidden_size % c.num_attention_heads:
-    raise ValueError(
+    raise InputError(
         f"model.hidden_size={c.hidden_size} is not divisible by model.num_attention_heads="
         f"{c.num_attention_heads}; choose a head count that divides it (the paper uses H/64 heads).")
   if c.num_hidden_groups > c.num_hidden_layers:
-    raise ValueError(f"model.num_hidden_groups={c.num_hidden_groups} exceeds model.num_hidden_layers="
+    raise InputError(f"model.num_hidden_groups={c.num_hidden_groups} exceeds model.num_hidden_layers="
                      f"{c.num_hidden_layers}; use at most one group per layer.")
   if c.sharing not in SHARING_MODES:
-    raise ValueError(f"model.sharing={c.sharing!r}; choose one of {SHARING_MODES}.")
+    raise InputError(f"model.sharing={c.sharing!r}; choose one of {SHARING_MODES}.")
   if c.sharing != "all" and (c.num_hidden_groups != 1 or c.inner_group_num != 1):
-    raise ValueError("model.sharing other than 'all' needs num_hidden_groups=1 and inner_group_num=1 "
+    raise InputError("model.sharing other than 'all' needs num_hidden_groups=1 and inner_group_num=1 "
                      "(groups are the original's own form of partial sharing).")
   if c.hidden_act not in ACTIVATIONS:
-    raise ValueError(f"model.hidden_act={c.hidden_act!r}; choose one of {ACTIVATIONS}.")
+    raise InputError(f"model.hidden_act={c.hidden_act!r}; choose one of {ACTIVATIONS}.")
   if c.remat_policy not in REMAT_POLICIES:
-    raise ValueError(f"model.remat_policy={c.remat_policy!r}; choose one of {REMAT_POLICIES}.")
+    raise InputError(f"model.remat_policy={c.remat_policy!r}; choose one of {REMAT_POLICIES}.")
   for name in ("dtype", "param_dtype"):
     if getattr(c, name) not in ("float32", "bfloat16", "float16"):
-      raise ValueError(f"model.{name}={getattr(c, name)!r}; choose float32, bfloat16 or float16.")
+      raise InputError(f"model.{name}={getattr(c, name)!r}; choose float32, bfloat16 or float16.")
   if c.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
-    raise ValueError(f"model.attention_implementation={c.attention_implementation!r}; choose one of "
+    raise InputError(f"model.attention_implementation={c.attention_implementation!r}; choose one of "
                      f"{ATTENTION_IMPLEMENTATIONS}.")
   if c.attention_implementation == "cudnn":
     if c.dtype == "float32":
-      raise ValueError("model.attention_implementation='cudnn' runs in bfloat16 or float16 only; set "
+      raise InputError("model.attention_implementation='cudnn' runs in bfloat16 or float16 only; set "
                        "model.dtype=bfloat16, or model.attention_implementation=xla.")
     if c.attention_probs_dropout_prob > 0:
-      raise ValueError("model.attention_implementation='cudnn' has no attention-probability dropout; set "
+      raise InputError("model.attention_implementation='cudnn' has no attention-probability dropout; set "
                        "model.attention_probs_dropout_prob=0 (ALBERT v2), or model.attention_implementation=xla.")
   for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
     if not 0.0 <= getattr(c, name) < 1.0:
-      raise ValueError(f"model.{name} must be in [0, 1), got {getattr(c, name)}.")
+      raise InputError(f"model.{name} must be in [0, 1), got {getattr(c, name)}.")
 
 
 def _albert(L, H, heads, dropout, act):
@@ -189,10 +191,18 @@ for _size in ("base", "large", "xlarge", "xxlarge"):
 def model_config_for(size: str, **overrides) -> ModelConfig:
   """Returns the ModelConfig of a named size, e.g. `model_config_for("large", dtype="bfloat16")`."""
   if size not in MODEL_SIZES:
-    raise ValueError(f"Unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}.")
+    raise InputError(f"Unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}.")
   return ModelConfig(**{**MODEL_SIZES[size], **overrides})
 
 
 def model_config_from(config) -> ModelConfig:
   """The ModelConfig of an experiment config's `model` section."""
   return ModelConfig.from_mapping(config.model.to_dict())
+
+
+PRETRAINING_TASK = "pretrain"  # an experiment config's `task` for pretraining; any other names a fine-tuning task
+
+
+def is_pretraining(config) -> bool:
+  """Whether an experiment config pretrains (MLM + SOP) rather than fine-tunes a task: the one test of it."""
+  return config.task == PRETRAINING_TASK

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from albert_jax.errors import InputError
+
 OPTIMIZERS = ("lamb", "optax_lamb", "adamw")
 
 
@@ -58,7 +60,7 @@ def create_optimizer(train_config) -> tuple[optax.GradientTransformation, optax.
   """The optimizer chain named by `train.optimizer`, with global-norm clipping first (as the original)."""
   t = train_config
   if t.optimizer not in OPTIMIZERS:
-    raise ValueError(f"train.optimizer={t.optimizer!r}; choose one of {OPTIMIZERS}.")
+    raise InputError(f"train.optimizer={t.optimizer!r}; choose one of {OPTIMIZERS}.")
   schedule = learning_rate_schedule(t.learning_rate, t.warmup_steps, t.num_train_steps, t.poly_power)
   clip = [optax.clip_by_global_norm(t.clip_grad_norm)] if t.clip_grad_norm > 0 else []
   if t.optimizer == "optax_lamb":  # bias-corrected moments, trust ratio on every leaf

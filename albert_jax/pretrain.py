@@ -17,8 +17,10 @@ import optax
 from jax.experimental import multihost_utils
 
 from albert_jax import checkpointing, engine, flops, loop, pretrained, storage
+from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
+from data_pipeline.examples import ExampleConfig
 from data_pipeline.masking import num_prediction_slots
 
 
@@ -119,7 +121,7 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, workd
     return SyntheticBatches(config.data, split, config.model.vocab_size,
                             config.seed + (0 if split_name == "train" else 1))
   if kind not in ("prepared", "tiny"):
-    raise ValueError(f"data.kind={kind!r}; choose 'prepared', 'tiny' or 'synthetic'.")
+    raise InputError(f"data.kind={kind!r}; choose 'prepared', 'tiny' or 'synthetic'.")
   from data_pipeline import loader
   data_config = config.data
   # The bundled corpus, built once inside a local workdir; a gs:// one uses the loader's local cache, since
@@ -170,7 +172,7 @@ class PreparedDataPosition:
       self.batches.set_state(state["loader"])
       return
     if not self.resume_with_changes:
-      raise ValueError(f"The data at {self.path} is not the preparation this run's checkpoint was reading (its "
+      raise InputError(f"The data at {self.path} is not the preparation this run's checkpoint was reading (its "
                        "manifest.json changed: prepared again with other inputs or settings?), so the saved position "
                        "means nothing there. Point data.path at the data the run was trained on, use a new "
                        "--workdir, or pass --config.resume_with_changes=True to go on with this data from its start.")
@@ -183,6 +185,7 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
   model_config = model_config_from(config)
   seq_len = config.data.max_seq_length
   model_config.check_seq_length(seq_len, config.data.max_predictions_per_seq)
+  ExampleConfig.from_config(config.data)  # the masking and sentence settings, refused by name before any work
   model = AlbertForPreTraining(model_config)
   sentence_task = config.data.sentence_task
   loss_fn = lambda params, batch, rng, totals, deterministic=False: pretraining_loss(
@@ -212,14 +215,14 @@ def check_data(config: ml_collections.ConfigDict) -> None:
   from data_pipeline import loader, tiny
   kind, vocab_size = config.data.kind, config.model.vocab_size
   if kind == "tiny" and vocab_size != tiny.VOCAB_SIZE:
-    raise ValueError(f"The bundled tiny corpus has a {tiny.VOCAB_SIZE}-piece vocabulary but the model has "
+    raise InputError(f"The bundled tiny corpus has a {tiny.VOCAB_SIZE}-piece vocabulary but the model has "
                      f"vocab_size={vocab_size}; set --config.model.vocab_size={tiny.VOCAB_SIZE}, or train on "
                      "data.kind=synthetic or prepared data of that vocabulary.")
   if kind != "prepared":
     return
   manifest = loader.check_preparation(config.data.path, vocab_size, config.data.get("spm_model"))
   if config.train.eval_every and not manifest["splits"].get("eval", {}).get("documents"):
-    raise ValueError(f"The preparation at {config.data.path} has no held-out ('eval') documents, and "
+    raise InputError(f"The preparation at {config.data.path} has no held-out ('eval') documents, and "
                      f"train.eval_every={config.train.eval_every} evaluates on them. Prepare the data with a larger "
                      "--eval_fraction (or more documents), or pass --config.train.eval_every=0 to train without "
                      "held-out evaluation.")
@@ -250,8 +253,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=No
   """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, also printed as one JSON line."""
   pretrained.check_same_function(workdir, config.model, "--workdir")
   if loop.latest_step(workdir) is None:  # asked before `setup` opens checkpoints/, which would create it
-    raise FileNotFoundError(f"No checkpoint in {storage.absolute(checkpointing.checkpoint_dir(workdir))}; train "
-                            "first (--mode=train).")
+    raise MissingFileError(f"No checkpoint in {storage.absolute(checkpointing.checkpoint_dir(workdir))}; train "
+                           "first (--mode=train).")
   s = engine.setup(config, make_job(config, workdir), workdir)
   step, params = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
   with s.context():

@@ -2,7 +2,8 @@
 
 Layout of a directory: `model_config.json` (the ModelConfig fields), `params/` (an orbax PyTree checkpoint,
 written to a temporary name and renamed when complete, so a crash never leaves a half-written `params/`) and, for
-converted fine-tuned weights, `head.json` (what the head was trained for, as a fine-tuning workdir records it).
+converted fine-tuned weights, `head.json` (what the head was trained for, as a fine-tuning workdir records it;
+`head_identity` reads and judges those records).
 `model_config.json` is removed first and written last, so a directory whose writing was cut short (kill -9 of a
 `convert --overwrite`) is refused, never read as new params under the old config.
 A training workdir's step checkpoints are read too (see `checkpointing.py`), and `merge_init_params` fits what
@@ -10,7 +11,6 @@ was read into a model's parameter tree (warm starts of pretraining and fine-tuni
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any, Callable, Mapping
@@ -23,15 +23,12 @@ import orbax.checkpoint as ocp
 
 from albert_jax import checkpointing, storage
 from albert_jax.checkpointing import local_restore_target
+from albert_jax.errors import InputError, MissingFileError
+from albert_jax.head_identity import HEAD_FILE, best_weights, check_shapeless_fields, read_best
 from albert_jax.model_config import ModelConfig
-from albert_jax.tasks import get_task
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
-BEST_DIR = "best"        # a fine-tuning workdir's best dev checkpoint: best/step_N/ (a pretrained-weights dir)
-BEST_FILE = "best.json"  # ... and the record naming it (finetune.BestKeeper)
-HEAD_FILE = "head.json"  # what the head was trained for: a fine-tuning workdir's `Task.identity()`, a converted
-                         # directory's `HFHead.identity()`
 
 
 def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head: dict | None = None) -> None:
@@ -61,9 +58,9 @@ def load_pretrained(directory: str) -> tuple[ModelConfig, Any]:
   """Returns (ModelConfig, params as host numpy/jax arrays)."""
   directory = storage.absolute(directory)
   if not is_pretrained_dir(directory):
-    raise FileNotFoundError(f"{directory!r} is not a pretrained-weights directory (expected {CONFIG_FILE} and "
-                            f"{PARAMS_DIR}/); write one with `python -m albert_jax.convert --from=hf ...` or point "
-                            "to a training workdir.")
+    raise MissingFileError(f"{directory!r} is not a pretrained-weights directory (expected {CONFIG_FILE} and "
+                           f"{PARAMS_DIR}/); write one with `python -m albert_jax.convert --from=hf ...` or point "
+                           "to a training workdir.")
   model_config = ModelConfig.from_mapping(json.loads((storage.path(directory) / CONFIG_FILE).read_text()))
   path = os.path.join(directory, PARAMS_DIR)
   with ocp.StandardCheckpointer() as checkpointer:
@@ -71,50 +68,16 @@ def load_pretrained(directory: str) -> tuple[ModelConfig, Any]:
   return model_config, params
 
 
-def read_best(workdir: str) -> dict | None:
-  path = storage.path(workdir) / BEST_DIR / BEST_FILE
-  return json.loads(path.read_text()) if path.exists() else None
-
-
-def recorded_identity(workdir: str, best: dict | None = None) -> dict | None:
-  """The head identity recorded with the weights eval/predict use: the best record's, else the workdir's or a
-  converted directory's HEAD_FILE (None for runs older than the record, and for weights without a head)."""
-  if best and "head" in best:
-    return best["head"]
-  path = storage.path(workdir) / HEAD_FILE
-  return json.loads(path.read_text()) if path.exists() else None
-
-
-def as_recorded(task, recorded: dict | None):
-  """`task` with the class order its weights recorded, when the config names none: re-deriving it from the train
-  file gives the sorted labels, perhaps not training's (nor a converted head's). A task whose classes are fixed
-  (GLUE's) stays as it is."""
-  if not (recorded and recorded.get("labels") and not task.settings.labels and not task.settings.regression):
-    return task
-  reordered = get_task(dataclasses.replace(task.settings, labels=tuple(recorded["labels"])))
-  return reordered if reordered.identity()["labels"] == recorded["labels"] else task
-
-
-# Fields that change the function without changing any weight shape, so the shape check of the warm start misses
-# them: the head count (the xlarge v2 TF-Hub weights have 32, the `xlarge` size 16), shared-layer repetitions, etc.
-SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps")
-
-
 def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_checkpoint") -> None:
   """Refuses weights at `path` whose recorded model (model_config.json of a converted directory, config.json of a
   training workdir) differs from `model` (the config.model they are about to be loaded into) in a field that no
-  weight shape shows: they would load and compute another function."""
+  weight shape shows: they would load and compute another function (`head_identity.check_shapeless_fields`)."""
   saved = None
   if storage.path(os.path.join(path, CONFIG_FILE)).is_file():
     saved = json.loads(storage.path(os.path.join(path, CONFIG_FILE)).read_text())
   elif storage.path(os.path.join(path, "config.json")).is_file():
     saved = json.loads(storage.path(os.path.join(path, "config.json")).read_text()).get("model")
-  diffs = {k: (saved[k], model[k]) for k in SHAPELESS_FIELDS if saved and k in saved and saved[k] != model[k]}
-  if diffs:
-    raise ValueError(f"{name}={path} was saved with " + ", ".join(
-        f"model.{k}={a!r} but this run has {b!r}" for k, (a, b) in diffs.items()) + "; no weight shape shows this, "
-        "so the weights would load and compute a different function. Pass " +
-        " ".join(f"--config.model.{k}={a}" for k, (a, _) in diffs.items()) + ".")
+  check_shapeless_fields(saved, model, path, name)
 
 
 def load_init_params(path: str, name: str = "init_checkpoint", model: Mapping[str, Any] | None = None) -> Any:
@@ -132,8 +95,8 @@ def _load_init_params(path: str, name: str) -> Any:
   if is_pretrained_dir(path):
     return load_pretrained(path)[1]
   best = read_best(path)
-  if best is not None:  # best/step_N by name: the recorded path is absolute only if the run's workdir was
-    weights = os.path.join(path, BEST_DIR, os.path.basename(os.path.normpath(best["weights"])))
+  if best is not None:
+    weights = best_weights(path, best)
     _say(f"{name}={path}: loading the best dev checkpoint of the fine-tuning run (step {best['step']}, "
          f"{best['metric']} {best['value']:.4f}) from {weights}")
     return load_pretrained(weights)[1]
@@ -142,11 +105,11 @@ def _load_init_params(path: str, name: str) -> Any:
     ckpt = checkpointing.Checkpointer(ckpt_dir, 1, 1)
     found = ckpt.restore_newest_intact(ckpt.restore_params)
     if found is None:
-      raise FileNotFoundError(f"No complete checkpoint in {ckpt_dir}; {name} needs a trained workdir.")
+      raise MissingFileError(f"No complete checkpoint in {ckpt_dir}; {name} needs a trained workdir.")
     _say(f"{name}={path}: loading its newest checkpoint (step {found[0]})")
     return found[1]
-  raise FileNotFoundError(f"{name}={path!r} is neither a pretrained-weights directory (model_config.json + "
-                          "params/, from `python -m albert_jax.convert`) nor a training workdir (checkpoints/).")
+  raise MissingFileError(f"{name}={path!r} is neither a pretrained-weights directory (model_config.json + "
+                         "params/, from `python -m albert_jax.convert`) nor a training workdir (checkpoints/).")
 
 
 def _say(line: str) -> None:
@@ -172,11 +135,11 @@ def check_params(target: Any, loaded: Any, required_prefix: str = BACKBONE, name
     (backbone if path.startswith(BACKBONE) else head).append(
         f"{path}: expected shape {tuple(value.shape)}, found {found}")
   if backbone:
-    raise ValueError(f"{name} does not match the model's backbone:\n  " + "\n  ".join(backbone) +
+    raise InputError(f"{name} does not match the model's backbone:\n  " + "\n  ".join(backbone) +
                      "\nCheck --config.model (size, vocab_size, embedding_size) against the checkpoint's "
                      "model_config.json (a training workdir's: config.json).")
   if head:
-    raise ValueError(f"{name} holds no head trained for this task:\n  " + "\n  ".join(head) + f"\n{head_fix}")
+    raise InputError(f"{name} holds no head trained for this task:\n  " + "\n  ".join(head) + f"\n{head_fix}")
 
 
 def warm_start(loaded: Any, init_params: Callable) -> Callable:

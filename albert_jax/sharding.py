@@ -16,6 +16,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from albert_jax.errors import InputError
+
 BATCH_AXES = ("data", "fsdp")
 DEFAULT_DCN_SHAPE = (("data", -1), ("fsdp", 1), ("tensor", 1))  # multislice: the slices split the data axis
 
@@ -27,7 +29,7 @@ def _axes(shape, field: str) -> tuple[list[str], list[int]]:
     return (isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str)
             and isinstance(pair[1], int) and (pair[1] > 0 or pair[1] == -1))
   if not isinstance(shape, (list, tuple)) or not all(map(valid, shape)):
-    raise ValueError(f"{field}={shape!r}: give (axis, size) pairs, each size positive or -1 (what is left), e.g. "
+    raise InputError(f"{field}={shape!r}: give (axis, size) pairs, each size positive or -1 (what is left), e.g. "
                      f"--config.{field}=\"(('data', -1), ('fsdp', 1), ('tensor', 1))\".")
   return [name for name, _ in shape], [size for _, size in shape]
 
@@ -43,16 +45,16 @@ def create_mesh(mesh_config, devices=None) -> Mesh:
   devices = jax.devices() if devices is None else devices
   names, sizes = _axes(mesh_config.shape, "mesh.shape")
   if names != ["data", "fsdp", "tensor"]:
-    raise ValueError(f"mesh.shape axes must be data, fsdp, tensor in that order, got {names}.")
+    raise InputError(f"mesh.shape axes must be data, fsdp, tensor in that order, got {names}.")
   if sizes.count(-1) > 1:
-    raise ValueError(f"mesh.shape has more than one -1 in {sizes}; give at most one axis as -1.")
+    raise InputError(f"mesh.shape has more than one -1 in {sizes}; give at most one axis as -1.")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if len(devices) % known:
-      raise ValueError(f"{len(devices)} devices cannot be split into mesh axes {dict(zip(names, sizes))}.")
+      raise InputError(f"{len(devices)} devices cannot be split into mesh axes {dict(zip(names, sizes))}.")
     sizes[sizes.index(-1)] = len(devices) // known
   if math.prod(sizes) != len(devices):
-    raise ValueError(f"mesh.shape {dict(zip(names, sizes))} needs {math.prod(sizes)} devices but "
+    raise InputError(f"mesh.shape {dict(zip(names, sizes))} needs {math.prod(sizes)} devices but "
                      f"{len(devices)} are present; use -1 for the data axis to take all of them.")
   num_slices = len({getattr(d, "slice_index", 0) for d in devices})
   dcn_sizes = _dcn_sizes(getattr(mesh_config, "dcn_shape", DEFAULT_DCN_SHAPE), names, sizes, num_slices)
@@ -69,7 +71,7 @@ def create_mesh(mesh_config, devices=None) -> Mesh:
       else:
         grid = mesh_utils.create_device_mesh(sizes, devices=devices, allow_split_physical_axes=True)
     except (AssertionError, ValueError, NotImplementedError) as e:
-      raise ValueError(f"Cannot lay out mesh {dict(zip(names, ici_sizes))} per slice x {dict(zip(names, dcn_sizes))} "
+      raise InputError(f"Cannot lay out mesh {dict(zip(names, ici_sizes))} per slice x {dict(zip(names, dcn_sizes))} "
                        f"slices on {len(devices)} {devices[0].device_kind} devices: {e}. For v4/v5p use one device "
                        "per chip (albert_jax.topology.tpu_devices does).") from e
   return Mesh(grid, tuple(names), axis_types=(AxisType.Auto,) * len(names))
@@ -79,17 +81,17 @@ def _dcn_sizes(dcn_shape, names: list[str], sizes: list[int], num_slices: int) -
   """How many slices each mesh axis spans; their product is the number of slices."""
   dcn_names, dcn = _axes(dcn_shape, "mesh.dcn_shape")
   if dcn_names != names:
-    raise ValueError(f"mesh.dcn_shape axes must be {', '.join(names)} in that order, got {dcn_names}.")
+    raise InputError(f"mesh.dcn_shape axes must be {', '.join(names)} in that order, got {dcn_names}.")
   if dcn.count(-1) > 1:
-    raise ValueError(f"mesh.dcn_shape has more than one -1 in {dcn}; give at most one axis as -1.")
+    raise InputError(f"mesh.dcn_shape has more than one -1 in {dcn}; give at most one axis as -1.")
   if -1 in dcn:
     dcn[dcn.index(-1)] = max(num_slices // math.prod(s for s in dcn if s != -1), 1)
   if math.prod(dcn) != num_slices:
-    raise ValueError(f"mesh.dcn_shape {dict(zip(names, dcn))} spans {math.prod(dcn)} slices but the devices come "
+    raise InputError(f"mesh.dcn_shape {dict(zip(names, dcn))} spans {math.prod(dcn)} slices but the devices come "
                      f"from {num_slices}; use -1 for the data axis to span all of them.")
   for name, size, slices in zip(names, sizes, dcn):
     if size % slices:
-      raise ValueError(f"mesh axis {name} has {size} devices, which cannot be split over {slices} slices "
+      raise InputError(f"mesh axis {name} has {size} devices, which cannot be split over {slices} slices "
                        f"(mesh.dcn_shape); make mesh.shape's {name} a multiple of {slices}.")
   return dcn
 

@@ -22,6 +22,8 @@ from typing import IO, Iterator
 import fsspec
 from etils import epath
 
+from albert_jax.errors import EnvironmentUserError, InputError
+
 # No cached listings: other processes (other hosts, a resumed run, a reader) write into the same folders, and a
 # stale listing would hide a newer checkpoint step.
 for _protocol in ("gcs", "gs"):
@@ -35,7 +37,7 @@ if os.environ.get("STORAGE_EMULATOR_HOST"):
 CHECK_TIMEOUT_S = 10.0
 
 
-class StorageError(OSError):
+class StorageError(EnvironmentUserError):
   """Cloud Storage cannot be used; the message names the bucket and the fix."""
 
 
@@ -49,7 +51,7 @@ def path(p: str | os.PathLike) -> epath.Path:
   if is_remote(s):
     check_bucket(urllib.parse.urlparse(s).netloc)
   elif "gs:/" in s:
-    raise ValueError(f"{s!r} is a gs:// URL whose '//' was collapsed (os.path.abspath or normpath do that): "
+    raise InputError(f"{s!r} is a gs:// URL whose '//' was collapsed (os.path.abspath or normpath do that): "
                      "pass the URL as gs://BUCKET/PATH.")
   return epath.Path(s)
 

@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from albert_jax import model as model_lib
+from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model_config import ModelConfig
 
 CONFIG_FILE = "albert_config.json"
@@ -76,7 +77,7 @@ def _proto_fields(data: bytes) -> list[tuple[int, Any]]:
     elif wire == 5:
       value, pos = struct.unpack_from("<I", data, pos)[0], pos + 4
     else:
-      raise ValueError(f"Unsupported protobuf wire type {wire} (field {number}): not a tensor bundle index.")
+      raise InputError(f"Unsupported protobuf wire type {wire} (field {number}): not a tensor bundle index.")
     fields.append((number, value))
   return fields
 
@@ -95,12 +96,12 @@ def _read_block(f, handle: tuple[int, int], where: str) -> bytes:
   f.seek(offset)
   raw = f.read(size + 5)
   if len(raw) != size + 5:
-    raise ValueError(f"{where} is truncated (a block at byte {offset} ends past the file); copy it again.")
+    raise InputError(f"{where} is truncated (a block at byte {offset} ends past the file); copy it again.")
   block, kind, crc = raw[:size], raw[size], struct.unpack("<I", raw[size + 1:])[0]
   if _masked_crc32c(raw[:size + 1]) != crc:
-    raise ValueError(f"{where} is corrupt (crc mismatch in the block at byte {offset}); copy it again.")
+    raise InputError(f"{where} is corrupt (crc mismatch in the block at byte {offset}); copy it again.")
   if kind != 0:
-    raise ValueError(f"{where} has a compressed block (type {kind}); TensorFlow writes bundle indexes "
+    raise InputError(f"{where} has a compressed block (type {kind}); TensorFlow writes bundle indexes "
                      "uncompressed, so this is not a TF checkpoint index.")
   return block
 
@@ -126,11 +127,11 @@ def _read_table(path: str) -> dict[bytes, bytes]:
     f.seek(0, os.SEEK_END)
     length = f.tell()
     if length < _FOOTER_SIZE:
-      raise ValueError(f"{path} is too short to be a checkpoint index.")
+      raise InputError(f"{path} is too short to be a checkpoint index.")
     f.seek(length - _FOOTER_SIZE)
     footer = f.read(_FOOTER_SIZE)
     if struct.unpack("<Q", footer[-8:])[0] != _TABLE_MAGIC:
-      raise ValueError(f"{path} is not a TensorFlow checkpoint index (no table magic number); point to the "
+      raise InputError(f"{path} is not a TensorFlow checkpoint index (no table magic number); point to the "
                        "`.index` of a TF checkpoint (name-based V2 format).")
     pos = _varint(footer, _varint(footer, 0)[1])[1]  # skip the metaindex handle
     index_offset, pos = _varint(footer, pos)
@@ -153,7 +154,7 @@ class TensorBundle:
     header = dict(_proto_fields(table.pop(b"", b"")))
     self.num_shards = header.get(1, 1)
     if header.get(2, 0) not in (0, 1):
-      raise ValueError(f"{prefix}.index has an unknown byte order {header[2]}.")
+      raise InputError(f"{prefix}.index has an unknown byte order {header[2]}.")
     self.byte_order = ">" if header.get(2, 0) == 1 else "<"
     self.entries = {key.decode(): self._entry(key.decode(), value) for key, value in table.items()}
 
@@ -161,7 +162,7 @@ class TensorBundle:
     fields = _proto_fields(value)
     one = dict(fields)
     if any(number == 7 for number, _ in fields):
-      raise ValueError(f"{self.prefix}: variable {name} is partitioned (saved in slices); re-save it whole "
+      raise InputError(f"{self.prefix}: variable {name} is partitioned (saved in slices); re-save it whole "
                        "(e.g. from a TF1 session without a partitioner) to convert it.")
     dims = [dict(_proto_fields(d)).get(1, 0) for n, d in _proto_fields(one.get(2, b"")) if n == 2]
     return {"dtype": one.get(1, 0), "shape": tuple(dims), "shard": one.get(3, 0), "offset": one.get(4, 0),
@@ -171,14 +172,14 @@ class TensorBundle:
     """The tensor `name`, checked against its crc32c, in native byte order."""
     entry = self.entries[name]
     if entry["dtype"] not in _DTYPES:
-      raise ValueError(f"{self.prefix}: variable {name} has TF dtype {entry['dtype']}, which has no fixed-size "
+      raise InputError(f"{self.prefix}: variable {name} has TF dtype {entry['dtype']}, which has no fixed-size "
                        "numpy equivalent (strings, resources); it is not a weight.")
     path = f"{self.prefix}.data-{entry['shard']:05d}-of-{self.num_shards:05d}"
     with open(path, "rb") as f:
       f.seek(entry["offset"])
       data = f.read(entry["size"])
     if len(data) != entry["size"] or (entry["crc32c"] is not None and _masked_crc32c(data) != entry["crc32c"]):
-      raise ValueError(f"{path}: the bytes of variable {name} are truncated or corrupt (size/crc32c mismatch); "
+      raise InputError(f"{path}: the bytes of variable {name} are truncated or corrupt (size/crc32c mismatch); "
                        "copy the checkpoint again.")
     dtype = np.dtype(_DTYPES[entry["dtype"]]).newbyteorder(self.byte_order)
     return np.frombuffer(data, dtype).reshape(entry["shape"]).astype(dtype.newbyteorder("="))
@@ -192,7 +193,7 @@ def find_checkpoint(src: str) -> str:
   if os.path.isfile(src + ".index"):
     return src
   if not os.path.isdir(src):
-    raise FileNotFoundError(f"--src={src} is neither a directory nor a checkpoint prefix (PREFIX.index).")
+    raise MissingFileError(f"--src={src} is neither a directory nor a checkpoint prefix (PREFIX.index).")
   state = os.path.join(src, "checkpoint")
   if os.path.isfile(state):
     with open(state) as f:
@@ -208,9 +209,9 @@ def find_checkpoint(src: str) -> str:
   if len(found) == 1:
     return found[0][:-len(".index")]
   if not found:
-    raise FileNotFoundError(f"No TF checkpoint in {src}: expected PREFIX.index + PREFIX.data-* files (e.g. "
-                            "model.ckpt-best.*) or variables/variables.* (a TF-Hub module).")
-  raise ValueError(f"{src} holds several checkpoints {[os.path.basename(p) for p in found]}; pass the one to "
+    raise MissingFileError(f"No TF checkpoint in {src}: expected PREFIX.index + PREFIX.data-* files (e.g. "
+                           "model.ckpt-best.*) or variables/variables.* (a TF-Hub module).")
+  raise InputError(f"{src} holds several checkpoints {[os.path.basename(p) for p in found]}; pass the one to "
                    "convert as --src=DIR/PREFIX.")
 
 
@@ -220,21 +221,21 @@ def _find_config(src: str, prefix: str) -> str:
                     os.path.join(os.path.dirname(prefix), CONFIG_FILE)):
     if os.path.isfile(candidate):
       return candidate
-  raise FileNotFoundError(f"No {CONFIG_FILE} in {base}: a TF1 checkpoint's architecture (head count included, "
-                          f"which no weight shape shows) is in the {CONFIG_FILE} of the same release tarball; "
-                          "copy it next to the checkpoint.")
+  raise MissingFileError(f"No {CONFIG_FILE} in {base}: a TF1 checkpoint's architecture (head count included, "
+                         f"which no weight shape shows) is in the {CONFIG_FILE} of the same release tarball; "
+                         "copy it next to the checkpoint.")
 
 
 def config_from_tf1(values: dict[str, Any]) -> ModelConfig:
   """ModelConfig from the original's albert_config.json (missing keys take `modeling.AlbertConfig` defaults)."""
   if "vocab_size" not in values:
-    raise ValueError(f"{CONFIG_FILE} has no vocab_size (the original requires it).")
+    raise InputError(f"{CONFIG_FILE} has no vocab_size (the original requires it).")
   v = {**_TF1_DEFAULTS, **values}
   if v.get("net_structure_type", 0) != 0:
-    raise ValueError(f"{CONFIG_FILE} has net_structure_type={v['net_structure_type']}; only the released "
+    raise InputError(f"{CONFIG_FILE} has net_structure_type={v['net_structure_type']}; only the released "
                      "architecture (0) is implemented.")
   if v["hidden_act"] not in _TF1_ACTIVATIONS:
-    raise ValueError(f"{CONFIG_FILE} has hidden_act={v['hidden_act']!r}; supported: {sorted(_TF1_ACTIVATIONS)}.")
+    raise InputError(f"{CONFIG_FILE} has hidden_act={v['hidden_act']!r}; supported: {sorted(_TF1_ACTIVATIONS)}.")
   fields = {k: v[k] for k in ("vocab_size", *_TF1_DEFAULTS)}
   fields["hidden_act"] = _TF1_ACTIVATIONS[v["hidden_act"]]
   # TF1 adds the E->H projection only when E != H (our default rule); its LayerNorm epsilon is fixed at 1e-12.
@@ -298,18 +299,18 @@ def load_tf1(src: str) -> tuple[ModelConfig, dict[str, Any]]:
     if ours[0] != "albert" and ours[0] not in heads:
       continue
     if tf not in names:
-      raise ValueError(f"{prefix}: variable {tf} (ours {'/'.join(ours)}) is missing; the checkpoint does not hold "
+      raise InputError(f"{prefix}: variable {tf} (ours {'/'.join(ours)}) is missing; the checkpoint does not hold "
                        f"the model that {CONFIG_FILE} describes (check num_hidden_groups, inner_group_num, and "
                        "embedding_size vs hidden_size).")
     value = bundle.read(names.pop(tf))
     value = value.T if transpose else value
     if value.shape != shapes[ours]:
-      raise ValueError(f"{prefix}: variable {tf} (ours {'/'.join(ours)}) has shape {list(value.shape)}, but "
+      raise InputError(f"{prefix}: variable {tf} (ours {'/'.join(ours)}) has shape {list(value.shape)}, but "
                        f"{CONFIG_FILE} predicts {list(shapes[ours])}; use the config from the same release.")
     params[ours] = np.ascontiguousarray(value, dtype=np.float32)
   ours_left = sorted(n for n in names if n.startswith(("bert/", "cls/predictions/", "cls/seq_relationship/")))
   if ours_left:
-    raise ValueError(f"{prefix}: variables {ours_left} have no place in the model that {CONFIG_FILE} describes "
+    raise InputError(f"{prefix}: variables {ours_left} have no place in the model that {CONFIG_FILE} describes "
                      f"(num_hidden_groups={c.num_hidden_groups}, inner_group_num={c.inner_group_num}).")
   if names:
     logging.warning("load_tf1(%s): skipping variables albert_jax has no module for: %s", prefix, sorted(names))

@@ -17,6 +17,8 @@ import re
 import jax
 from jax.experimental import topologies
 
+from albert_jax.errors import InputError
+
 GiB = 1 << 30
 
 
@@ -80,31 +82,31 @@ def parse(name: str) -> TpuTopology:
   if m := re.fullmatch(r"([a-z0-9]+)-(\d+)", text):
     gen = _BY_NAME.get(m[1])
     if gen is None:
-      raise ValueError(f"Unknown TPU generation {m[1]!r} in {name!r}. Valid forms: {_FORMS}.")
+      raise InputError(f"Unknown TPU generation {m[1]!r} in {name!r}. Valid forms: {_FORMS}.")
     g = _GENERATIONS[gen]
     number = int(m[2])
     if number not in g.shapes:
       unit = "TensorCores" if g.counts_cores else "chips"
-      raise ValueError(f"{gen} slices do not come in size {number} ({unit}); known sizes: "
+      raise InputError(f"{gen} slices do not come in size {number} ({unit}); known sizes: "
                        f"{', '.join(f'{g.names[0]}-{n}' for n in g.shapes)}. For another shape give a JAX topology "
                        f"string such as {g.topology_prefix}:{g.shapes[max(g.shapes)]}.")
     shape = g.shapes[number]
   elif m := re.fullmatch(r"([a-z0-9]+):(\d+(?:x\d+)+)", text):
     gen = _BY_TOPOLOGY_PREFIX.get(m[1])
     if gen is None:
-      raise ValueError(f"Unknown TPU generation {m[1]!r} in topology {name!r}. Valid forms: {_FORMS}.")
+      raise InputError(f"Unknown TPU generation {m[1]!r} in topology {name!r}. Valid forms: {_FORMS}.")
     g = _GENERATIONS[gen]
     shape = m[2]
     dims = [int(d) for d in shape.split("x")]
     if len(dims) != g.rank or min(dims) < 1:
       example = "x".join(["4"] * g.rank)
-      raise ValueError(f"{gen} topologies have {g.rank} positive dimensions (e.g. {g.topology_prefix}:{example}), "
+      raise InputError(f"{gen} topologies have {g.rank} positive dimensions (e.g. {g.topology_prefix}:{example}), "
                        f"got {name!r}.")
     max_chips = max(g.shapes) // (2 if g.counts_cores else 1)
     if math.prod(dims) > max_chips:
-      raise ValueError(f"{name!r} has {math.prod(dims)} chips; the largest {gen} slice has {max_chips}.")
+      raise InputError(f"{name!r} has {math.prod(dims)} chips; the largest {gen} slice has {max_chips}.")
   else:
-    raise ValueError(f"Cannot parse TPU name {name!r}. Valid forms: {_FORMS}.")
+    raise InputError(f"Cannot parse TPU name {name!r}. Valid forms: {_FORMS}.")
   chips = math.prod(int(d) for d in shape.split("x"))
   return TpuTopology(
       name=name, generation=gen, topology=f"{g.topology_prefix}:{shape}", chips=chips,
@@ -138,7 +140,7 @@ def tpu_devices(name: str | TpuTopology, num_slices: int = 1) -> list:
   """
   topo = parse(name) if isinstance(name, str) else name
   if num_slices < 1:
-    raise ValueError(f"num_slices must be at least 1, got {num_slices}.")
+    raise InputError(f"num_slices must be at least 1, got {num_slices}.")
   kwargs = {"chip_config_name": topo.chip_config_name, "num_slices": num_slices}
   if topo.chips < 4:  # libtpu's default host is 2x2 chips; a smaller slice is its own host
     dims = [int(d) for d in topo.topology.split(":")[1].split("x")]
@@ -151,7 +153,7 @@ def tpu_devices(name: str | TpuTopology, num_slices: int = 1) -> list:
     if "lockfile" in str(e):
       raise RuntimeError(f"Another process on this host holds libtpu ({e}). Set ALLOW_MULTIPLE_LIBTPU_LOAD=1 before "
                          "libtpu is first loaded in this process (a compile needs no TPU chip).") from e
-    raise ValueError(f"libtpu rejected topology {topo.topology!r} ({topo.name!r}): {e}. Use a shape that the "
+    raise InputError(f"libtpu rejected topology {topo.topology!r} ({topo.name!r}): {e}. Use a shape that the "
                      f"generation comes in; {_FORMS}.") from e
   except RuntimeError as e:  # jax: "JAX TPU support not installed; cannot generate TPU topology."
     raise RuntimeError(f"The TPU compiler (libtpu) is not installed, so {topo.name!r} cannot be described on this "

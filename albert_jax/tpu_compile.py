@@ -17,6 +17,8 @@ import jax
 import ml_collections
 
 from albert_jax import compile_stats, engine, topology
+from albert_jax.errors import InputError
+from albert_jax.model_config import is_pretraining, model_config_from
 from albert_jax.topology import GiB
 
 EXIT_DOES_NOT_FIT = 3
@@ -48,11 +50,10 @@ def job_for(config: ml_collections.ConfigDict) -> engine.Job:
   if config.model.flat_matmuls is None:  # "on for CPU" would read this host's backend, not the slice's
     config = ml_collections.ConfigDict(config.to_dict())
     config.model.flat_matmuls = False
-  if config.task == "pretrain":
+  if is_pretraining(config):
     from albert_jax import pretrain
     return pretrain.make_job(config)
   from albert_jax import finetune
-  from albert_jax.model_config import model_config_from
   from albert_jax.tasks import get_task
   task = get_task(config)
   return finetune.make_job(config, task, task.build_model(model_config_from(config)))
@@ -192,9 +193,10 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
   when the step does not fit."""
   del workdir
   if not args.topology:
-    raise ValueError("--mode=compile needs --topology, a Cloud TPU name (v3-256, v4-128, v5litepod-64, v5p-256, "
+    raise InputError("--mode=compile needs --topology, a Cloud TPU name (v3-256, v4-128, v5litepod-64, v5p-256, "
                      "v6e-64) or a JAX topology string (v3:8x16).")
   engine.check_training_config(config)  # what --mode=train refuses at start-up, refused before the compiler runs
+  job_for(config)  # the job's own checks (sequence length, masking), also before the compiler runs
   topo = topology.parse(args.topology)
   devices = topology.tpu_devices(topo, args.num_slices)
   if args.fit:

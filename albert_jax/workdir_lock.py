@@ -19,6 +19,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from albert_jax import storage
+from albert_jax.errors import EnvironmentUserError
 
 LOCK_FILE = "run.lock"
 HEARTBEAT_SECONDS = 30.0
@@ -40,7 +41,7 @@ def _running(pid: int) -> bool:
     return True
 
 
-class WorkdirInUse(OSError):
+class WorkdirInUse(EnvironmentUserError):
   """Another live run holds the workdir's lock."""
 
 

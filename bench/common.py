@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from albert_jax import engine, flops, pretrain, sharding
+from albert_jax import console, engine, flops, pretrain, sharding
 from albert_jax.model import flat_matmuls
 from albert_jax.model_config import model_config_from
 from bench import machine
@@ -92,7 +92,9 @@ def environment(module: str, matmul_tflops_per_s: float | None = None) -> dict[s
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
-  """The model/batch/timing flags every script shares."""
+  """The model/batch/timing flags every script shares; sets the process up as albert_jax.main does
+  (`albert_jax.console`)."""
+  console.install()
   p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--size", default="base", help="a model_config size (base, large, bert_large, tiny, ...) or "
                  f"one of {sorted(BENCH_SIZES)}")

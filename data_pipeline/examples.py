@@ -16,6 +16,8 @@ from data_pipeline import instances as inst
 from data_pipeline.masking import Masker, start_piece_table
 from data_pipeline.tokenization import Tokenizer
 
+from albert_jax.errors import InputError
+
 MASKING_MODES = ("dynamic", "static")
 
 
@@ -36,13 +38,13 @@ class ExampleConfig:
 
   def __post_init__(self):
     if self.masking not in MASKING_MODES:
-      raise ValueError(f"masking={self.masking!r}; choose one of {MASKING_MODES}.")
+      raise InputError(f"masking={self.masking!r}; choose one of {MASKING_MODES}.")
     if self.masking == "static" and self.dupe_factor < 1:
-      raise ValueError(f"static masking needs dupe_factor >= 1, got {self.dupe_factor}.")
+      raise InputError(f"static masking needs dupe_factor >= 1, got {self.dupe_factor}.")
     if not 0 < self.masked_lm_prob < 1:
-      raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}.")
+      raise InputError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}.")
     if self.ngram < 1:
-      raise ValueError(f"data.ngram={self.ngram} must be at least 1 (1: single words, as BERT masks; ALBERT uses "
+      raise InputError(f"data.ngram={self.ngram} must be at least 1 (1: single words, as BERT masks; ALBERT uses "
                        "3); set --config.data.ngram.")
     self.pair_config()   # validates sentence_task, short_seq_scope, max_seq_length
 

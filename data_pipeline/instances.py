@@ -23,6 +23,8 @@ import numpy as np
 
 from data_pipeline import rng
 
+from albert_jax.errors import InputError
+
 SENTENCE_TASKS = ("sop", "nsp", "none")
 SHORT_SEQ_SCOPES = ("document", "chunk")
 
@@ -43,11 +45,11 @@ class PairConfig:
 
   def __post_init__(self):
     if self.sentence_task not in SENTENCE_TASKS:
-      raise ValueError(f"sentence_task={self.sentence_task!r}; choose one of {SENTENCE_TASKS}.")
+      raise InputError(f"sentence_task={self.sentence_task!r}; choose one of {SENTENCE_TASKS}.")
     if self.short_seq_scope not in SHORT_SEQ_SCOPES:
-      raise ValueError(f"short_seq_scope={self.short_seq_scope!r}; choose one of {SHORT_SEQ_SCOPES}.")
+      raise InputError(f"short_seq_scope={self.short_seq_scope!r}; choose one of {SHORT_SEQ_SCOPES}.")
     if self.max_seq_length < 5:
-      raise ValueError(f"max_seq_length={self.max_seq_length} leaves no room for [CLS] A [SEP] B [SEP].")
+      raise InputError(f"max_seq_length={self.max_seq_length} leaves no room for [CLS] A [SEP] B [SEP].")
 
   @property
   def max_tokens(self) -> int:

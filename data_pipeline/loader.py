@@ -22,13 +22,14 @@ from typing import Any, Mapping, Sequence
 
 import grain
 import numpy as np
-from absl import flags
 from array_record.python.array_record_module import ArrayRecordReader
 
 from data_pipeline import records, rng, shuffle
 from data_pipeline.examples import BatchBuilder, ExampleConfig
 from data_pipeline.instances import Document, document_instances
 from data_pipeline.tokenization import Tokenizer
+
+from albert_jax.errors import InputError
 
 class DocumentSource:
   """Random access to one split's documents: one ArrayRecord reader per shard, called directly (grain's
@@ -119,7 +120,7 @@ class DocumentStream(grain.IterDataset):
   def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
     """Keeps positions sl.start, sl.start + sl.step, ... of this stream (grain's `mp_prefetch` workers)."""
     if sequential_slice:
-      raise ValueError("DocumentStream takes strided slices only (mp_prefetch with sequential_slice=False).")
+      raise InputError("DocumentStream takes strided slices only (mp_prefetch with sequential_slice=False).")
     start, step = self._slice
     self._slice = start + sl.start * step, step * sl.step
 
@@ -227,11 +228,11 @@ def check_preparation(path: str, vocab_size: int, spm_model: str | None = None) 
   and, when given, with `spm_model` (the tokenizer the model is trained with)."""
   manifest = records.read_manifest(path)
   if spm_model and Tokenizer(spm_model).sha256 != manifest["tokenizer"]["sha256"]:
-    raise ValueError(f"The shards in {path} were tokenized with {os.path.join(path, manifest['tokenizer']['model'])}, "
+    raise InputError(f"The shards in {path} were tokenized with {os.path.join(path, manifest['tokenizer']['model'])}, "
                      f"not with data.spm_model={spm_model} (sha256 differs); prepare the data with that model "
                      "(python -m data_pipeline.prepare --spm_model=...) or point data.spm_model at the shards' one.")
   if manifest["tokenizer"]["vocab_size"] != vocab_size:
-    raise ValueError(f"The data at {path!r} was tokenized with a {manifest['tokenizer']['vocab_size']}-piece "
+    raise InputError(f"The data at {path!r} was tokenized with a {manifest['tokenizer']['vocab_size']}-piece "
                      f"vocabulary but the model has vocab_size={vocab_size}; set --config.model.vocab_size="
                      f"{manifest['tokenizer']['vocab_size']} or prepare the data with the model's tokenizer.")
   return manifest
@@ -244,7 +245,7 @@ def _open_split(path: str, split: str, vocab_size: int, spm_model: str | None = 
   manifest = check_preparation(path, vocab_size, spm_model)
   tokenizer = Tokenizer(os.path.join(path, manifest["tokenizer"]["model"]), manifest["tokenizer"]["do_lower_case"])
   if tokenizer.sha256 != manifest["tokenizer"]["sha256"]:
-    raise ValueError(f"{tokenizer.model_path} does not match the sha256 in {path}/manifest.json; the directory was "
+    raise InputError(f"{tokenizer.model_path} does not match the sha256 in {path}/manifest.json; the directory was "
                      "modified after preparation. Prepare it again.")
   documents = DocumentSource(records.split_files(path, manifest, split), manifest["token_dtype"], in_memory_bytes)
   return manifest, documents, tokenizer
@@ -263,13 +264,11 @@ def make_pretraining_dataset(data_config: Mapping[str, Any], split: str, host_ba
   _, documents, tokenizer = _open_split(data_config["path"], split, vocab_size, data_config.get("spm_model"),
                                         in_memory_bytes)
   if len(documents) < process_count:
-    raise ValueError(f"Split {split!r} has {len(documents)} documents, fewer than the {process_count} hosts.")
+    raise InputError(f"Split {split!r} has {len(documents)} documents, fewer than the {process_count} hosts.")
   ds = document_stream(documents, seed, process_index, process_count)
   ds = PretrainingBatches(ds, documents, BatchBuilder(tokenizer, config), host_batch_size, seed)
   workers, prefetch = int(data_config.get("num_workers", 0)), int(data_config.get("prefetch", 2))
   if workers > 0:
-    if not flags.FLAGS.is_parsed():   # grain's worker processes read absl flags; outside an absl app use defaults
-      flags.FLAGS.mark_as_parsed()
     return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=max(prefetch, 1)))
   if prefetch > 0:
     return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=prefetch)
@@ -287,18 +286,18 @@ def make_pretraining_iterator(data_config: Mapping[str, Any], split: str, global
   in_memory_bytes: a split whose shards are at most this big is read whole into memory (0: always from disk).
   """
   if vocab_size is None:
-    raise ValueError("make_pretraining_iterator needs vocab_size (the model's) to check it against the data.")
+    raise InputError("make_pretraining_iterator needs vocab_size (the model's) to check it against the data.")
   if process_index is None or process_count is None:
     import jax
     process_index, process_count = jax.process_index(), jax.process_count()
   if global_batch_size % process_count:
-    raise ValueError(f"global_batch_size={global_batch_size} is not divisible by the {process_count} hosts.")
+    raise InputError(f"global_batch_size={global_batch_size} is not divisible by the {process_count} hosts.")
   kind = data_config.get("kind", "prepared")
   if kind == "tiny":
     from data_pipeline.tiny import ensure_tiny_dataset
     data_config = {**dict(data_config), "path": ensure_tiny_dataset(data_config.get("path"))}
   elif kind != "prepared":
-    raise ValueError(f"data.kind={kind!r} is not read by data_pipeline.loader; use 'prepared' or 'tiny'.")
+    raise InputError(f"data.kind={kind!r} is not read by data_pipeline.loader; use 'prepared' or 'tiny'.")
   ds = make_pretraining_dataset(data_config, split, global_batch_size // process_count, seed, process_index,
                                 process_count, vocab_size, in_memory_bytes)
   return iter(ds)

@@ -39,8 +39,8 @@ import time
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from albert_jax import storage
+from albert_jax.errors import InputError
 from data_pipeline import cli, records, rng, sources
-from data_pipeline.cli import InputError
 from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source, absolute_input, binary_file_error

@@ -13,6 +13,7 @@ import urllib.parse
 import numpy as np
 
 from albert_jax import storage
+from albert_jax.errors import InputError, MissingFileError
 
 MANIFEST = "manifest.json"
 SPM_MODEL = "spiece.model"   # a copy of the tokenizer, next to the shards
@@ -48,13 +49,13 @@ def read_manifest(path: str) -> dict:
   """The manifest of a finished preparation, or an error that says how to make one."""
   manifest_path = os.path.join(path, MANIFEST)
   if not path or not storage.path(manifest_path).is_file():
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"No prepared pretraining data at {path!r} ({MANIFEST} missing). Run `python -m data_pipeline.prepare "
         f"--input=... --spm_model=... --output_dir={path or 'DIR'}` (it is resumable; an interrupted run is "
         "finished by running it again) and set --config.data.path to that directory.")
   manifest = json.loads(storage.path(manifest_path).read_text())
   if manifest.get("format_version") != FORMAT_VERSION:
-    raise ValueError(f"{manifest_path} has format_version {manifest.get('format_version')}, this code reads "
+    raise InputError(f"{manifest_path} has format_version {manifest.get('format_version')}, this code reads "
                      f"{FORMAT_VERSION}; prepare the data again with this version of data_pipeline.prepare.")
   return manifest
 
@@ -64,16 +65,16 @@ def split_files(path: str, manifest: dict, split: str) -> list[str]:
   no Cloud Storage support), so a gs:// preparation is read through a gcsfuse mount."""
   if storage.is_remote(path):
     bucket, prefix = urllib.parse.urlparse(path).netloc, urllib.parse.urlparse(path).path.strip("/")
-    raise ValueError(f"data.path={path}: ArrayRecord shards are read from local files only (array_record has no "
+    raise InputError(f"data.path={path}: ArrayRecord shards are read from local files only (array_record has no "
                      f"Cloud Storage reader). Mount the bucket with gcsfuse and point data.path at the mount: "
                      f"`gcsfuse --implicit-dirs -o ro --file-cache-max-size-mb=-1 "
                      f"--file-cache-cache-file-for-range-read=true --cache-dir=/tmp/gcsfuse_cache {bucket} "
                      f"/mnt/{bucket}` then --config.data.path=/mnt/{bucket}/{prefix} (or copy it to local disk with "
                      f"`gcloud storage cp -r {path} DIR`).")
   if split not in manifest["splits"]:
-    raise ValueError(f"Split {split!r} not in the preparation at {path!r}; it has {sorted(manifest['splits'])}.")
+    raise InputError(f"Split {split!r} not in the preparation at {path!r}; it has {sorted(manifest['splits'])}.")
   files = [os.path.join(path, s["file"]) for s in manifest["splits"][split]["shards"] if s["documents"]]
   if not files:
-    raise ValueError(f"Split {split!r} of {path!r} has no documents; prepare with more input or, for 'eval', "
+    raise InputError(f"Split {split!r} of {path!r} has no documents; prepare with more input or, for 'eval', "
                      "a larger --eval_fraction.")
   return files

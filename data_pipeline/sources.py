@@ -26,7 +26,7 @@ import sys
 from typing import Iterator
 
 from albert_jax import storage
-from data_pipeline.cli import InputError
+from albert_jax.errors import InputError
 
 FORMATS = ("lines", "paragraphs", "jsonl", "tfds")
 MIN_DOCUMENT_PARAGRAPHS = 3

@@ -10,6 +10,8 @@ from data_pipeline import records, train_spm
 from data_pipeline.prepare import PrepareConfig, prepare
 from data_pipeline.sources import Source
 
+from albert_jax.errors import InputError
+
 ASSETS = Path(__file__).resolve().parent / "assets"
 VOCAB_SIZE = 4000
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "albert_jax", "tiny")
@@ -20,7 +22,7 @@ def ensure_tiny_dataset(directory: str | None = None) -> str:
   `config.data.path`."""
   directory = os.path.abspath(os.path.expanduser(directory or DEFAULT_DIR))
   if os.path.isfile(os.path.join(directory, records.MANIFEST)):
-    raise ValueError(f"data.path={directory} holds prepared data ({records.MANIFEST}), but data.kind=tiny builds the "
+    raise InputError(f"data.path={directory} holds prepared data ({records.MANIFEST}), but data.kind=tiny builds the "
                      "bundled corpus into data.path: pass --config.data.kind=prepared to train on your data.")
   prepared = os.path.join(directory, "prepared")
   if os.path.isfile(os.path.join(prepared, records.MANIFEST)):

@@ -12,7 +12,7 @@ import unicodedata
 import sentencepiece as spm
 
 from albert_jax import storage
-from data_pipeline.cli import InputError
+from albert_jax.errors import InputError
 
 SPIECE_UNDERLINE = "\u2581"
 
@@ -102,6 +102,6 @@ class Tokenizer:
   def check_vocab(self, model_vocab_size: int) -> None:
     """The model's embedding table must have exactly one row per piece."""
     if model_vocab_size != self.vocab_size:
-      raise ValueError(f"SentencePiece model {self.model_path!r} has {self.vocab_size} pieces but "
+      raise InputError(f"SentencePiece model {self.model_path!r} has {self.vocab_size} pieces but "
                        f"model.vocab_size={model_vocab_size}; set --config.model.vocab_size={self.vocab_size} or "
                        "use the tokenizer the model was trained with.")

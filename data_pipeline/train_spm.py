@@ -22,8 +22,8 @@ from typing import Iterator
 import sentencepiece as spm
 
 from albert_jax import storage
+from albert_jax.errors import InputError
 from data_pipeline import cli
-from data_pipeline.cli import InputError
 from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source, raw_pieces

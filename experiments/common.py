@@ -14,10 +14,11 @@ import dataclasses
 
 import ml_collections
 
+from albert_jax.errors import InputError
 from albert_jax.model_config import MODEL_SIZES
 
 
-# `:flag` alone means true; anything else must say yes or no (a typo such as `regression=ture` used to read as false).
+# `:flag` alone means true; anything else must say yes or no (a typo such as `regression=ture` is refused).
 BOOLEAN_WORDS = {"": True, "1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -27,22 +28,22 @@ def parse_arg(arg: str | None, **defaults):
   for item in filter(None, (arg or "").split(",")):
     key, equals, value = item.partition("=")
     if key not in defaults:
-      raise ValueError(f"Unknown config argument {key!r}; valid: {sorted(defaults)}.")
-    if key in given:  # the last one used to win silently
-      raise ValueError(f"Config argument {key} is given twice in {arg!r}; keep one.")
+      raise InputError(f"Unknown config argument {key!r}; valid: {sorted(defaults)}.")
+    if key in given:  # refused rather than letting the last one win
+      raise InputError(f"Config argument {key} is given twice in {arg!r}; keep one.")
     given.add(key)
     kind = type(defaults[key])
     if kind is not bool and not equals:
-      raise ValueError(f"Config argument {key!r} has no value; write {key}=VALUE.")
+      raise InputError(f"Config argument {key!r} has no value; write {key}=VALUE.")
     if kind is bool:
       if value.lower() not in BOOLEAN_WORDS:
-        raise ValueError(f"Config argument {key}={value!r} is not a yes/no value; give {key}=true or {key}=false.")
+        raise InputError(f"Config argument {key}={value!r} is not a yes/no value; give {key}=true or {key}=false.")
       parsed[key] = BOOLEAN_WORDS[value.lower()]
     else:
       try:
         parsed[key] = kind(value)
       except ValueError:
-        raise ValueError(f"Config argument {key}={value!r} is not a{'n' if kind is int else ''} {kind.__name__}; "
+        raise InputError(f"Config argument {key}={value!r} is not a{'n' if kind is int else ''} {kind.__name__}; "
                          f"e.g. {key}={defaults[key]!r}.") from None
   return parsed
 
@@ -51,17 +52,16 @@ RELEASES = ("v1", "v2")  # ALBERT's two releases: the paper's models and the lon
 
 
 def released_pretraining_config(size: str, arg: str | None) -> ml_collections.ConfigDict:
-  """`pretraining_config` of the size's v2 model, or of its v1 with `version=v1` (any other version used to give
-  v2 silently)."""
+  """`pretraining_config` of the size's v2 model, or of its v1 with `version=v1`; any other version is refused."""
   version = parse_arg(arg, version="v2").version
   if version not in RELEASES:
-    raise ValueError(f"Config argument version={version!r} names no ALBERT release; choose one of {list(RELEASES)}.")
+    raise InputError(f"Config argument version={version!r} names no ALBERT release; choose one of {list(RELEASES)}.")
   return pretraining_config(size if version == "v2" else f"{size}_v1")
 
 
 def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
   if size not in MODEL_SIZES:
-    raise ValueError(f"Unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}.")
+    raise InputError(f"Unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}.")
   from albert_jax.model_config import ModelConfig
   config = ml_collections.ConfigDict(ModelConfig(**{**MODEL_SIZES[size], **overrides}).to_dict())
   # A `bool | None` field left at None has no type that `--config.model.x=True` could be parsed as: a bool

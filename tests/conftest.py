@@ -1,4 +1,6 @@
-"""Test setup: 8 virtual CPU devices (before jax starts) and the shared real-data folder."""
+"""Test setup: 8 virtual CPU devices (before jax starts), the shared real-data folder, and the fixtures that
+several test modules use (plain helpers are in tests/helpers.py)."""
+import json
 import os
 from pathlib import Path
 
@@ -19,3 +21,27 @@ def shared_data() -> Path:
       pytest.fail(f"CI must have the shared data at {SHARED_DATA}")
     pytest.skip(f"shared data not found at {SHARED_DATA} (set ALBERT_JAX_SHARED_DATA)")
   return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def tokenizer(shared_data):
+  """ALBERT's tokenizer (the shared spiece.model)."""
+  from data_pipeline.tokenization import Tokenizer
+  return Tokenizer(str(shared_data / "albert_spm" / "spiece.model"))
+
+
+@pytest.fixture(scope="module")
+def squad_json(shared_data):
+  """SQuAD v1.1 dev, as read from its JSON file."""
+  with open(shared_data / "squad" / "dev-v1.1.json") as f:
+    return json.load(f)
+
+
+@pytest.fixture
+def launches():
+  """The test's launches (tests.processes.Launch); one still running when the test ends is killed."""
+  started = []
+  yield started
+  for launch in started:
+    if launch.proc.poll() is None:
+      launch.kill()

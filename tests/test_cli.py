@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from albert_jax import main
+from albert_jax import errors
 from experiments import common
-from tests.test_train import REPO, SMALL_RUN, cli
+from tests.helpers import REPO, SMALL_RUN, pretrain_cli as cli, require_module
 
 
 def test_a_config_mistake_is_one_line_naming_the_fix(tmp_path):
@@ -27,7 +27,16 @@ def test_an_error_raised_by_a_library_keeps_its_traceback():
   for raise_it, expected in ((ours, True), (lambda: np.reshape(np.arange(3), (2, 2)), False)):
     with pytest.raises(ValueError) as error:
       raise_it()
-    assert main.raised_by_our_code(error.value) is expected
+    assert errors.is_user_error(error.value) is expected
+  with pytest.raises(SystemExit, match="^error: Unknown config argument 'typo'"):
+    with errors.one_line_user_errors():
+      ours()
+  with pytest.raises(ValueError, match="cannot reshape"):
+    with errors.one_line_user_errors():
+      np.reshape(np.arange(3), (2, 2))
+  with pytest.raises(SystemExit, match=r"^error: \[Errno 20\] Not a directory"):  # the OS refusing: one line too
+    with errors.one_line_user_errors():
+      open(os.devnull + "/missing")
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
@@ -82,7 +91,7 @@ def files(directory):
 
 
 def test_pretraining_eval_reads_a_read_only_workdir(tmp_path):
-  """It was refused as fine-tuning's eval is (which writes dev predictions there); it writes nothing there, its
+  """Unlike fine-tuning's eval (which writes dev predictions there), it is not refused: it writes nothing there, its
   compilation cache off, and prints the metrics that a writable workdir gives."""
   workdir = tmp_path / "run"
   assert cli(workdir, *SMALL_RUN, "--config.train.num_train_steps=2").returncode == 0
@@ -108,7 +117,7 @@ def test_pretraining_eval_reads_a_read_only_workdir(tmp_path):
      "Config argument regression='on' is not a yes/no value; give regression=true or regression=false."),
     ("multiple_choice.py:data=x", "choices=four", "Config argument choices='four' is not an int; e.g. choices=4.")])
 def test_an_experiment_argument_of_the_wrong_type_is_refused(experiment, argument, message):
-  """`regression=on` used to read as false, silently training a classifier on numeric labels."""
+  """A value that is not of the argument's type (`regression=on`) is refused, not read as false or a default."""
   result = subprocess.run([sys.executable, "-m", "albert_jax.main", f"--config=experiments/{experiment},{argument}",
                            "--mode=describe"], capture_output=True, text=True, cwd=REPO)
   assert result.returncode == 1 and message in result.stderr, result.stderr
@@ -124,8 +133,7 @@ def test_a_cpu_run_with_the_tpu_compiler_installed_prints_no_libtpu_host_errors(
   """With the `tpu` extra on a host without TPU chips, jax loads libtpu, which asked the cloud metadata server what
   this host is and printed "could not determine TPU accelerator type" and an "unexpected worker hostname" error
   before the run fell back to the CPU."""
-  if not os.environ.get("CI"):
-    pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e '.[tpu]'")
+  require_module("libtpu", extra="tpu")
   env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS" and not k.startswith("TPU_")}
   result = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config=experiments/pretrain_tiny.py:synthetic",
                            f"--workdir={tmp_path}", *SMALL_RUN, "--config.train.num_train_steps=1"],
@@ -136,7 +144,7 @@ def test_a_cpu_run_with_the_tpu_compiler_installed_prints_no_libtpu_host_errors(
 
 
 def test_a_collapsed_bucket_url_is_refused_before_anything_is_written(tmp_path):
-  """`gs:/bucket/run` (one slash) used to be refused only after the workdir lock made a local `gs:` folder."""
+  """`gs:/bucket/run` (one slash) is refused before the workdir lock could make a local `gs:` folder."""
   workdir = f"{tmp_path}/gs:/bucket/run"
   result = cli(workdir, *SMALL_RUN)
   assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr

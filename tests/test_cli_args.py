@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.test_train import REPO
+from tests.helpers import REPO
 
 GLUE_TASKS = "['ax', 'cola', 'mnli', 'mrpc', 'qnli', 'qqp', 'rte', 'sst-2', 'sts-b', 'wnli']"
 
@@ -26,8 +26,8 @@ def run(module, *args):
                                     "['v1', 'v2']."),
     ("glue.py:task=rte,task=mnli", "Config argument task is given twice in 'task=rte,task=mnli'; keep one.")])
 def test_a_bad_experiment_argument_is_one_line(spec, message):
-  """A typo used to print a page of ml_collections' traceback; `version=v3` quietly gave v2, and a repeated
-  argument quietly took the last value."""
+  """A typo, an unknown value (`version=v3`) or a repeated argument: one line naming it, no traceback, never a
+  quiet default or the last value."""
   result = run("albert_jax.main", f"--config=experiments/{spec}", "--mode=describe")
   assert result.returncode == 1 and result.stderr.startswith(f"error: {message}"), result.stderr
   assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -37,7 +37,7 @@ def test_a_bad_experiment_argument_is_one_line(spec, message):
     ("--config.trian.num_train_steps=4", "--config.train.num_train_steps"),
     ("--config.trian.lerning_rate=1", "--config.train.learning_rate")])
 def test_a_misspelt_section_suggests_the_whole_flag(override, flag):
-  """The hint used to name the section alone (`--config.train`), which is no flag one can pass."""
+  """The hint is the whole flag one can pass, not the section alone (`--config.train`)."""
   result = run("albert_jax.main", "--config=experiments/pretrain_tiny.py", "--mode=describe", override)
   assert result.returncode == 1 and result.stderr.strip().endswith(f"did you mean {flag}?"), result.stderr
 
@@ -61,9 +61,10 @@ def test_a_misspelt_section_suggests_the_whole_flag(override, flag):
                                                       "albert_jax.main wrote it (config.json next to checkpoints/)."),
     ("--src={run} --dst={tmp}/out", "Pass exactly one of --from=hf, --from=tf1 (into ours) or --to=hf (ours -> HF).")])
 def test_convert_refuses_bad_paths_before_loading(tmp_path, args, message):
-  """A --dst that was the run itself got the HF config.json over the run's, even with --overwrite, and the run could
-  not resume; a --dst file or a workdir without config.json failed with a bare errno after the checkpoint loaded.
-  The checks come before any loading, so folders with checkpoints/ stand in for training runs."""
+  """A --dst that is the run itself (whose config.json the HF one would replace, even with --overwrite, leaving a run
+  that cannot resume), a --dst file, a workdir without config.json: each refused in one line, not a bare errno
+  after the checkpoint loaded. The checks come before any loading, so folders with checkpoints/ stand in for
+  training runs."""
   paths = {"run": tmp_path / "run", "hf": tmp_path / "hf", "tmp": tmp_path}
   for folder in (tmp_path / "run" / "checkpoints", tmp_path / "no_config" / "checkpoints", tmp_path / "hf"):
     folder.mkdir(parents=True)

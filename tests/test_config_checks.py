@@ -1,7 +1,6 @@
 """Config values that would crash later or mislead, refused in one line before anything is compiled or written, the
 same in every mode: batch sizes, sequence and prediction lengths, the mesh's shape; and `--fit`'s advice when even
 the smallest setting does not fit."""
-import os
 import re
 
 import jax
@@ -10,8 +9,7 @@ import numpy as np
 import pytest
 
 from albert_jax import engine
-from tests.test_tpu_compile import compile_cli
-from tests.test_train import SMALL_RUN, cli
+from tests.helpers import SMALL_RUN, compile_cli, pretrain_cli as cli, require_module
 
 FORM = "(('data', -1), ('fsdp', 1), ('tensor', 1))"
 
@@ -80,8 +78,7 @@ def test_a_malformed_mesh_names_the_field_the_form_and_the_rule(tmp_path, field,
 def test_fit_names_a_sharded_mesh_when_replicated_parameters_do_not_fit():
   """1.3 B parameters with LAMB's two moments and the gradient: ~20 GiB on every v3 core (16 GiB) of a data-only
   mesh; more slices would not help, sharding them over the slice's 8 cores does."""
-  if not os.environ.get("CI"):
-    pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e '.[tpu]'")
+  require_module("libtpu", extra="tpu")
   big = ["--topology=v3-8", "--fit", "--config.model.hidden_size=10240", "--config.model.intermediate_size=40960",
          "--config.model.num_attention_heads=16", "--config.model.num_hidden_layers=1",
          "--config.model.scan_unroll=1", "--config.train.global_batch_size=8"]

@@ -18,23 +18,23 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import convert, embed, engine, finetune, main, pretrain, pretrained
+from albert_jax import compilation_cache, convert, embed, finetune, main, pretrain, pretrained
 from albert_jax import model as model_lib
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.heads import PooledClassifier
 from experiments import glue, pretrain_tiny
-from tests.test_finetune import REPO, glue_data, spm
-from tests.test_run_identity import config_for, quietly, write_split
+from tests.helpers import REPO, config_for, glue_data, quietly, spm, write_split
 
-# The model of every run here: SMALL of tests/test_interop.py with the vocabulary of the shared spiece.model.
+# The model of every run here: SMALL of tests/hf_models.py with the vocabulary of the shared spiece.model.
 MODEL = dict(vocab_size=30000, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=64, max_position_embeddings=24)
 
 
 @pytest.fixture
 def hf():
-  """tests/test_interop.py's transformers helpers; skips without torch and transformers (the `hf` extra)."""
-  return importlib.import_module("tests.test_interop")
+  """tests/hf_models.py, the transformers models and files; without torch and transformers (the `hf` extra) a
+  failure in CI (CI set) and a skip elsewhere."""
+  return importlib.import_module("tests.hf_models")
 
 
 def converted(hf, tmp_path, architecture, name="ours", **hf_config) -> str:
@@ -81,7 +81,7 @@ def rte_config(shared_data, tmp_path):
   return config
 
 
-# ------------------------------------------------------------------------------------ bug 1: class order, problem
+# ------------------------------------------------------------------------ class order, problem type
 
 @pytest.mark.hf
 def test_a_converted_classifier_predicts_and_exports_in_its_own_class_order(hf, shared_data, tmp_path):
@@ -111,7 +111,7 @@ def test_a_converted_classifier_predicts_and_exports_in_its_own_class_order(hf, 
 
 def test_a_fine_tuning_run_exports_the_class_order_it_recorded(shared_data, tmp_path):
   """A run whose config names no labels trained with the train file's sorted classes, recorded in best.json:
-  --to=hf writes those, even once the train file is gone (it used to be read again, or the export refused)."""
+  --to=hf writes those, without the train file (which is gone here)."""
   config = own_data_config(shared_data, tmp_path)
   (tmp_path / "data" / "train.tsv").unlink()
   workdir = tmp_path / "run"
@@ -208,14 +208,14 @@ def test_a_multi_label_classifier_is_refused_by_name(hf, tmp_path):
   assert not (tmp_path / "ours").exists()
 
 
-# ------------------------------------------------------------------- bugs 2, 3: token classification, masked LM
+# ------------------------------------------------------------------------- token classification, masked LM
 
 @pytest.mark.hf
 @pytest.mark.parametrize("architecture, overrides", [
     ("AlbertForTokenClassification", labelled(["B-X", "I-X", "O"])), ("AlbertForMaskedLM", {})])
 def test_classes_without_a_pooler_round_trip_as_themselves(hf, tmp_path, architecture, overrides):
-  """transformers builds both without the pooler: loaded as zeros, not written back (an invented pooler and an
-  AlbertForSequenceClassification used to come back for a token classifier; a masked LM did not convert)."""
+  """transformers builds both without the pooler: loaded as zeros, not written back, and each exports as its own
+  class (no invented pooler, no AlbertForSequenceClassification for a token classifier)."""
   weights = converted(hf, tmp_path, architecture, **{**overrides, "vocab_size": 97})
   assert not np.any(pretrained.load_pretrained(weights)[1]["albert"]["pooler"]["kernel"])
   convert.convert(None, "hf", weights, str(tmp_path / "back"))
@@ -231,7 +231,7 @@ def test_classes_without_a_pooler_round_trip_as_themselves(hf, tmp_path, archite
   assert hf.torch.equal(hf.hf_forward(reloaded.eval(), *inputs).logits, hf.hf_forward(original, *inputs).logits)
 
 
-# ------------------------------------------------------------------- bug 4: one check of shapeless model fields
+# ------------------------------------------------------------------------- one check of shapeless model fields
 
 def saved_with_heads(path, model_config, heads: int, config_json: bool = False) -> str:
   """Zero backbone weights of `model_config` recorded with `heads` attention heads (a converted directory, or a
@@ -289,7 +289,7 @@ def test_fine_tuning_eval_refuses_a_workdir_saved_with_another_head_count(shared
     finetune.evaluate(config, workdir)
 
 
-# ---------------------------------------------------------------------------------- bug 5: a full disk, one line
+# ---------------------------------------------------------------------------------------- a full disk, one line
 
 # `python -m albert_jax.convert` in a process whose files cannot grow past the limit: writes then fail with EFBIG,
 # as on a full disk (SIGXFSZ, which would kill it instead, is ignored).
@@ -312,7 +312,7 @@ def test_export_that_cannot_be_written_is_one_line_and_leaves_no_model(hf, tmp_p
   assert os.listdir(dst) == []  # neither the older pair nor a part of the new one
 
 
-# ------------------------------------------------------------------------ bug 6: predict and embed read only
+# ------------------------------------------------------------------------------ predict and embed read only
 
 def test_predict_and_embed_with_an_output_accept_a_read_only_workdir(tmp_path, monkeypatch, capsys):
   workdir = tmp_path / "run"
@@ -326,7 +326,7 @@ def test_predict_and_embed_with_an_output_accept_a_read_only_workdir(tmp_path, m
   with pytest.raises(PermissionError, match="run is not writable; pass a writable directory.$"):
     main.check_workdir(str(workdir), "eval", output=str(tmp_path / "out"))  # eval writes its dev predictions there
   config = pretrain_tiny.get_config("synthetic")
-  assert engine.use_compilation_cache(config, str(workdir)) is None
+  assert compilation_cache.use(config, str(workdir)) is None
   assert capsys.readouterr().out == (f"Compilation cache off: {workdir}/compilation_cache cannot be written; pass "
                                      "--config.compilation_cache_dir=DIR to keep one elsewhere.\n")
   assert not (workdir / "compilation_cache").exists()

@@ -1,33 +1,20 @@
-"""The data command lines as a user runs them: a mistake in the flags or the input is one line on stderr and exit
-status 1, found before anything is written where it can be; lines longer than SentencePiece's limit are learnt
-from, and a split left empty is told with its consequence and fix."""
+"""The data command lines as a user runs them: a mistake in the flags or the input, or a storage error, is one line
+on stderr and exit status 1, found before anything is written where it can be; lines longer than SentencePiece's
+limit are learnt from, and a split left empty is told with its consequence and fix."""
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sentencepiece as spm
 
+from albert_jax import storage
+from albert_jax.errors import InputError
 from data_pipeline import cli, train_spm
 from data_pipeline.prepare import PrepareConfig, main as prepare_main, prepare
 from data_pipeline.sources import Source
-
-ROOT = Path(__file__).resolve().parents[1]
-TEXT = "".join(f"Document {i} begins.\nIts second sentence.\nAnd its last.\n\n" for i in range(20))
-
-
-def _error(module: str, *args) -> str:
-  """The message of a refused `python -m data_pipeline.<module>`: its last line on stderr (after any progress
-  lines), exit status 1, no traceback."""
-  result = subprocess.run([sys.executable, "-m", f"data_pipeline.{module}", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-  prefix = f"data_pipeline.{module}: error: "
-  last = result.stderr.splitlines()[-1]
-  assert result.returncode == 1 and "Traceback" not in result.stderr and last.startswith(prefix), result.stderr
-  return last[len(prefix):]
+from tests.helpers import TEXT, data_cli_error as _error
 
 
 def _spm(shared_data):
@@ -36,7 +23,7 @@ def _spm(shared_data):
 
 def test_an_input_error_is_one_line_and_a_bug_keeps_its_traceback():
   def mistake():
-    raise cli.InputError("--input pattern 'x' matches no file.")
+    raise InputError("--input pattern 'x' matches no file.")
   with pytest.raises(SystemExit) as exit_:
     cli.run("data_pipeline.prepare", mistake)
   assert exit_.value.code == "data_pipeline.prepare: error: --input pattern 'x' matches no file."
@@ -44,6 +31,15 @@ def test_an_input_error_is_one_line_and_a_bug_keeps_its_traceback():
     raise ValueError("a bug")
   with pytest.raises(ValueError, match="a bug"):
     cli.run("data_pipeline.prepare", bug)
+
+
+def test_a_storage_error_is_one_line():
+  def no_bucket():
+    raise storage.StorageError("Bucket gs://b does not exist; create it with `gcloud storage buckets create gs://b`.")
+  with pytest.raises(SystemExit) as exit_:
+    cli.run("data_pipeline.prepare", no_bucket)
+  assert exit_.value.code == ("data_pipeline.prepare: error: Bucket gs://b does not exist; create it with "
+                              "`gcloud storage buckets create gs://b`.")
 
 
 @pytest.mark.shared_data
@@ -85,7 +81,7 @@ def test_a_preparation_without_documents_does_not_refuse_the_corrected_command(s
   corpus.write_text("".join(json.dumps({"body": f"Text {i}. More text."}) + "\n" for i in range(5)))
   config = PrepareConfig(input=str(corpus), format="jsonl", spm_model=_spm(shared_data),
                          output_dir=str(tmp_path / "out"), num_shards=1, eval_fraction=0)
-  with pytest.raises(cli.InputError, match="No documents"):
+  with pytest.raises(InputError, match="No documents"):
     prepare(config)
   assert os.listdir(tmp_path / "out") == []
   assert prepare(PrepareConfig(**{**config.__dict__, "text_field": "body"}))["totals"]["documents"] == 5

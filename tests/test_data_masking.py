@@ -1,10 +1,13 @@
-"""Masking on real text against a transcription of the original per-token loop (tests/albert_reference.py)."""
+"""Masking on real text against a transcription of the original per-token loop (tests/albert_reference.py), n-grams
+and single words (data.ngram=1), and data.ngram below 1 refused."""
 import random
 
 import numpy as np
 import pytest
 
-from data_pipeline.masking import Masker, is_start_piece, num_prediction_slots, start_piece_table
+from data_pipeline import rng
+from data_pipeline.examples import ExampleConfig
+from data_pipeline.masking import Masker, is_start_piece, num_prediction_slots, start_piece_table, word_order
 from tests import albert_reference
 from tests.data_fixtures import albert_tokenizer, unmasked_batches
 
@@ -116,3 +119,37 @@ def test_masks_are_a_function_of_the_example_key(shared_data):
     assert np.array_equal(full[name][10:20], part[name])
   other = masker(batch["input_ids"], batch["attention_mask"], batch["keys"] + np.uint64(1))
   assert not np.array_equal(full["masked_lm_positions"], other["masked_lm_positions"])
+
+
+class _OurWordOrder(random.Random):
+  """The original's `rng`, its shuffle of the words replaced by the order the masker draws for `key`: the two
+  algorithms then visit the same words in the same order."""
+
+  def __init__(self, key: np.uint64):
+    super().__init__(0)
+    self.key = key
+
+  def shuffle(self, words: list) -> None:
+    z = rng.bits(np.array([self.key], np.uint64), 1, len(words))   # the masker's stream for its word order
+    words[:] = [words[i] for i in word_order(z, np.array([len(words)]))[0]]
+
+
+@pytest.mark.parametrize("seq,max_predictions", [(128, 20), (512, 0)])
+def test_single_word_masking_is_the_originals_given_the_same_word_order(shared_data, seq, max_predictions):
+  tokenizer = albert_tokenizer(shared_data)
+  batch, _ = unmasked_batches(shared_data, seq, 100)
+  table = start_piece_table([tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)])
+  masker = Masker(table, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, seq, max_predictions, ngram=1)
+  for ids, mask, key in zip(batch["input_ids"], batch["attention_mask"], batch["keys"]):
+    masked, spans = masker.select(ids[None], mask[None], key[None])   # one example: its own width, as the original
+    _, positions, _, accepted = albert_reference.create_masked_lm_predictions(
+        ids[:mask.sum()].tolist(), 0.15, max_predictions or 10**9, tokenizer.vocab_size, _OurWordOrder(key),
+        np.random.default_rng(0), table, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, ngram=1)
+    assert np.nonzero(masked[0])[0].tolist() == positions
+    assert set(accepted) == {1} and sorted(spans[spans > 0].tolist()) == accepted
+
+
+@pytest.mark.parametrize("ngram", [0, -1])
+def test_ngram_below_one_is_refused_naming_the_setting(ngram):
+  with pytest.raises(ValueError, match=rf"^data\.ngram={ngram} must be at least 1 .*--config\.data\.ngram"):
+    ExampleConfig(ngram=ngram)

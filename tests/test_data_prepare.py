@@ -1,19 +1,24 @@
-"""Sources and preparation: formats, bad input, sharding, determinism, resumption, manifest."""
+"""Sources and preparation: formats, bad input, sharding, determinism, resumption, manifest; a file named by several
+paths read once; the same preparation run again changes no byte, so pretraining on it resumes."""
 import json
 import re
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from data_pipeline import records
-from data_pipeline.cli import InputError
+from albert_jax.errors import InputError
 from data_pipeline.loader import DocumentSource
 from data_pipeline.prepare import PrepareConfig, main as prepare_main, prepare
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source
 from tests.data_fixtures import albert_tokenizer
+from tests.helpers import REPO, TEXT, logged, prepared_run, pretrain_cli, require_module
 
 pytestmark = pytest.mark.shared_data
 
@@ -52,7 +57,7 @@ def test_text_formats_stream_documents(tmp_path):
 
 
 def test_tfds_text_dataset_without_tensorflow(shared_data, tmp_path, capsys):
-  tfds = pytest.importorskip("tensorflow_datasets")
+  tfds = require_module("tensorflow_datasets")   # a dependency of the base install
   corpus = (shared_data / "corpus" / "gutenberg_01952_yellow_wallpaper.txt").read_text(encoding="utf-8")
   chunks = [c for c in corpus.split("\n\n\n") if c.strip()][:12]
 
@@ -369,3 +374,59 @@ def test_prepare_on_a_terminal_draws_a_bar(shared_data, tmp_path, capsys, monkey
   err = capsys.readouterr().err
   assert "100%|" in err and f"{corpus.stat().st_size / 1e3:.1f}k/{corpus.stat().st_size / 1e3:.1f}k" in err
   assert "data_pipeline.prepare: 300 documents read in" in err
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+  return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_rerun_or_another_worker_count_writes_the_same_manifest_and_shards(shared_data, tmp_path, capsys):
+  book = shared_data / "corpus" / "gutenberg_00041_legend_of_sleepy_hollow.txt"
+  flags = [f"--input={book}", "--format=paragraphs", f"--spm_model={_spm(shared_data)}", "--num_shards=3",
+           "--eval_fraction=0.2"]
+  prepare_main([*flags, f"--output_dir={tmp_path / 'one'}"])
+  assert "seconds" in json.loads(capsys.readouterr().out)   # the time taken is told, not recorded
+  first = _files(tmp_path / "one")
+  assert "seconds" not in json.loads(first["manifest.json"])
+  prepare_main([*flags, f"--output_dir={tmp_path / 'one'}"])   # the same command again: nothing to do
+  assert _files(tmp_path / "one") == first
+  prepare_main([*flags, f"--output_dir={tmp_path / 'two'}", "--workers=2"])
+  assert _files(tmp_path / "two") == first
+
+
+def _prepare(text: Path, output_dir: Path, spm_model: str) -> None:
+  result = subprocess.run([sys.executable, "-m", "data_pipeline.prepare", f"--input={text}", "--format=paragraphs",
+                           f"--spm_model={spm_model}", f"--output_dir={output_dir}"], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+  assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_pretraining_resumes_after_the_same_preparation_is_run_again(shared_data, tmp_path):
+  """The checkpoint holds manifest.json's sha256: the same preparation run again leaves the file as it was, and
+  the run resumes on it."""
+  text = tmp_path / "book.txt"
+  text.write_text((shared_data / "corpus" / "gutenberg_01952_yellow_wallpaper.txt").read_text()[:60_000])
+  data = tmp_path / "prepared"
+  run = [*prepared_run(data), "--config.train.eval_every=0", "--config.checkpoint.every=2"]
+  tiny = "experiments/pretrain_tiny.py"
+  _prepare(text, data, _spm(shared_data))
+  first = pretrain_cli(tmp_path / "run", *run, "--config.train.num_train_steps=2", config=tiny)
+  assert first.returncode == 0, first.stderr
+  _prepare(text, data, _spm(shared_data))
+  resumed = pretrain_cli(tmp_path / "run", *run, "--config.train.num_train_steps=3", config=tiny)
+  assert resumed.returncode == 0, resumed.stderr
+  assert logged(tmp_path / "run").keys() == {1, 2, 3}
+
+
+def test_a_file_named_by_several_paths_or_globs_is_read_once(shared_data, tmp_path, capsys):
+  (tmp_path / "a.txt").write_text(TEXT)
+  (tmp_path / "b.txt").write_text(TEXT.replace("Document", "Page"))
+  (tmp_path / "link.txt").symlink_to(tmp_path / "b.txt")
+  spec = f"{tmp_path}/a.txt,{tmp_path}/*.txt,{tmp_path}/./a.txt"
+  assert Source(spec).files() == [f"{tmp_path}/a.txt", f"{tmp_path}/b.txt"]
+  manifest = prepare(PrepareConfig(input=spec, spm_model=_spm(shared_data), output_dir=str(tmp_path / "out"),
+                                   eval_fraction=0.2))
+  assert manifest["input_files"] == 2 and manifest["totals"]["documents"] == 40
+  assert ("data_pipeline.prepare: dropped 3 repeated --input file(s), named by more than one path or glob; each "
+          "file is read once.") in capsys.readouterr().err.splitlines()

@@ -27,7 +27,8 @@ def test_tiny_dataset_builds_once_and_loads(tmp_path):
 
 
 def test_a_data_path_holding_prepared_data_is_refused_not_built_into(tmp_path):
-  """`pretrain_tiny.py --config.data.path=MY_DATA` used to build the bundled corpus into MY_DATA and train on it."""
+  """`pretrain_tiny.py --config.data.path=MY_DATA` on a folder of prepared data is refused: the bundled corpus is not
+  built into it."""
   (tmp_path / "manifest.json").write_text("{}")
   with pytest.raises(ValueError, match=f"^data.path={tmp_path} holds prepared data .*--config.data.kind=prepared"):
     tiny.ensure_tiny_dataset(str(tmp_path))

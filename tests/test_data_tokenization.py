@@ -7,10 +7,14 @@ segments differently around ALBERT's user-defined symbols ( ) " - . – £ € (
 texts. So the reference is: transformers' normalizer (its own NFKD / accent stripping / lower-casing / quote
 mapping, independent of ours) -> the sentencepiece library the original calls -> the original's rule (transcribed
 below); and on every text without those symbols and digit-commas, transformers' ids themselves.
+
+Also SentencePiece training (`data_pipeline.train_spm`): ALBERT's settings, and a seeded sentence sample that is the
+same in every process.
 """
 import csv
 import json
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -19,7 +23,9 @@ import sentencepiece as spm
 
 from data_pipeline import train_spm
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
+from data_pipeline.sources import Source
 from tests.data_fixtures import albert_tokenizer
+from tests.helpers import ALICE, REPO, require_module
 
 csv.field_size_limit(sys.maxsize)
 _SYMBOLS = re.compile("[()\"\\-.\u2013\u00a3\u20ac`']")
@@ -81,7 +87,7 @@ def _original_pieces(sp, text):
 @pytest.mark.parametrize("corpus", [pytest.param(_glue_texts, marks=pytest.mark.slow), _squad_texts, _race_texts],
                          ids=["glue", "squad", "race"])
 def test_ids_equal_the_original_on_every_text(shared_data, corpus):
-  transformers = pytest.importorskip("transformers")
+  transformers = require_module("transformers", extra="hf")
   hf = transformers.AlbertTokenizer.from_pretrained(str(shared_data / "albert_spm"))
   sp = spm.SentencePieceProcessor(model_file=str(shared_data / "albert_spm" / "spiece.model"))
   normalize = hf.backend_tokenizer.normalizer.normalize_str
@@ -127,3 +133,33 @@ def test_train_spm_cli_uses_the_albert_settings(shared_data, tmp_path):
   tokenizer = Tokenizer(model)
   assert tokenizer.encode("Alice was beginning") and all(0 <= i < 1000 for i in tokenizer.encode("ALICE!"))
   assert np.array_equal(tokenizer.encode("Alice"), tokenizer.encode("alice"))            # lower-cased input
+
+
+def test_train_spm_samples_the_same_sentences_in_every_process(tmp_path):
+  models = []
+  for name in ("a", "b"):
+    model = tmp_path / f"{name}.model"
+    result = subprocess.run([sys.executable, "-m", "data_pipeline.train_spm", f"--input={ALICE}",
+                             "--format=paragraphs", f"--output={model}", "--vocab_size=500",
+                             "--input_sentence_size=400", "--num_threads=1"], capture_output=True, text=True,
+                            cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    models.append(model.read_bytes())
+  assert models[0] == models[1]
+
+
+def test_train_spm_trains_on_exactly_the_seeded_sample(tmp_path, monkeypatch):
+  fed = []
+
+  def trainer(sentence_iterator, model_writer, **flags):
+    fed.append(list(sentence_iterator))
+    model_writer.write(b"model")
+
+  monkeypatch.setattr(spm.SentencePieceTrainer, "train", trainer)
+  source = Source(str(ALICE), format="paragraphs")
+  corpus = list(train_spm.sentences(source))
+  train_spm.train(source, str(tmp_path / "m.model"), input_sentence_size=400, seed=3)
+  assert len(fed[-1]) == 400 and set(fed[-1]) <= set(corpus)
+  assert fed[-1] == train_spm.sample(iter(corpus), 400, 3) != train_spm.sample(iter(corpus), 400, 4)
+  train_spm.train(source, str(tmp_path / "m.model"), input_sentence_size=len(corpus))
+  assert fed[-1] == corpus   # not over the cap: every sentence, in order, none sampled out

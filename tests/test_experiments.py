@@ -12,7 +12,7 @@ import pytest
 
 from albert_jax.main import experiment_config
 from albert_jax.model_config import model_config_from
-from tests.test_train import cli, logged
+from tests.helpers import logged, pretrain_cli as cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in ROOT.joinpath("experiments").glob("*.py") if p.stem not in ("__init__", "common"))
@@ -52,8 +52,8 @@ def test_pretraining_files_carry_the_paper_recipe(size):
 @pytest.mark.parametrize("override, projection_params", [((), 0), (("--config.model.embedding_projection=True",),
                                                                       128 * 128 + 128)])
 def test_a_model_field_that_defaults_to_none_takes_a_command_line_bool(override, projection_params):
-  """embedding_projection is None (a projection only when E != H) until set; --config must still parse a bool
-  for it (it used to stop with "Type NoneType ... is not supported for overriding")."""
+  """embedding_projection is None (a projection only when E != H) until set; --config parses a bool for it (not
+  "Type NoneType ... is not supported for overriding")."""
   out = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config=experiments/pretrain_tiny.py",
                         "--mode=describe", "--config.model.embedding_size=128", *override],
                        capture_output=True, text=True, cwd=ROOT)
@@ -83,7 +83,7 @@ def test_every_config_field_takes_a_command_line_override(name):
     ("--noconfig.train.clip_grd_norm", "did you mean --config.train.clip_grad_norm?"),
     ("--config.train.zzzz=1", "has no field train.zzzz\n")])
 def test_a_misspelled_config_field_is_named_in_one_line(override, message):
-  """Not the page of traceback ml_collections' KeyError used to give."""
+  """One line naming the field, not a page of ml_collections' KeyError traceback."""
   out = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config", "experiments/pretrain_tiny.py",
                         "--mode=describe", override], capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]

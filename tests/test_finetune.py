@@ -4,7 +4,6 @@ the best checkpoint and predictions; pretrained weights are required unless rand
 Data: small slices of the real files in ../shared/data. QQP and MNLI are not shipped there, so their files are
 written in the official column layouts from RTE sentence pairs.
 """
-import csv
 import json
 import os
 import shutil
@@ -21,71 +20,8 @@ from albert_jax import finetune, model as model_lib, pretrained
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.squad import null_odds_path
 from experiments import glue as glue_experiment
+from tests.helpers import REPO, TINY_RUN, finetune_cli as cli, glue_data, rte_pairs, spm, squad_data, write_tsv
 from tests.processes import communicate_all, free_port
-
-REPO = Path(__file__).resolve().parents[1]
-GLUE_DIRS = {"cola": "CoLA", "sst-2": "SST-2", "mrpc": "MRPC", "sts-b": "STS-B", "rte": "RTE", "wnli": "WNLI",
-             "qnli": "QNLI"}
-TINY_RUN = ["--config.model.num_hidden_layers=2", "--config.data.max_seq_length=64",
-            "--config.train.num_train_steps=4", "--config.train.global_batch_size=8",
-            "--config.train.warmup_steps=1", "--config.train.eval_every=2", "--config.checkpoint.every=2",
-            "--config.log.every=2", "--config.allow_random_init=True"]
-
-
-def cli(config, workdir, *overrides, mode="train", extra=(), devices=1, wait=True):
-  cmd = [sys.executable, "-m", "albert_jax.main", f"--config={config}", f"--workdir={workdir}", f"--mode={mode}",
-         *overrides, *extra]
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
-  if not wait:
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-
-
-def head_lines(source: Path, target: Path, count: int) -> None:
-  target.parent.mkdir(parents=True, exist_ok=True)
-  lines = source.read_text(encoding="utf-8-sig").splitlines(keepends=True)
-  target.write_text("".join(lines[:count]), encoding="utf-8")
-
-
-def rte_pairs(shared, count):
-  with open(shared / "glue" / "RTE" / "dev.tsv", encoding="utf-8") as f:
-    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:count + 1]
-  return [(r[1], r[2], r[3]) for r in rows]
-
-
-def write_tsv(path: Path, header, rows):
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text("\n".join("\t".join(map(str, r)) for r in [header, *rows]) + "\n", encoding="utf-8")
-
-
-def glue_data(shared: Path, task: str, root: Path) -> Path:
-  """A GLUE root with the task's folder: train (48 lines) and dev (24 lines)."""
-  if task in GLUE_DIRS:
-    source = shared / "glue" / GLUE_DIRS[task]
-    for split in ("train", "dev"):
-      origin = source / f"{split}.tsv" if (source / f"{split}.tsv").exists() else source / "dev.tsv"
-      head_lines(origin, root / GLUE_DIRS[task] / f"{split}.tsv", 48 if split == "train" else 24)
-  elif task == "qqp":
-    rows = [(i, 2 * i, 2 * i + 1, a, b, int(label == "entailment")) for i, (a, b, label) in
-            enumerate(rte_pairs(shared, 72))]
-    header = ("id", "qid1", "qid2", "question1", "question2", "is_duplicate")
-    write_tsv(root / "QQP" / "train.tsv", header, rows[:48])
-    write_tsv(root / "QQP" / "dev.tsv", header, rows[48:])
-  elif task == "mnli":
-    labels = ("entailment", "neutral", "contradiction")
-    rows = [(i, i, f"{i}e", "fiction", "()", "()", "()", "()", a, b, lab, lab)
-            for i, (a, b, lab) in enumerate((a, b, labels[i % 3]) for i, (a, b, _) in
-                                             enumerate(rte_pairs(shared, 96)))]
-    header = ("index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-              "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label")
-    write_tsv(root / "MNLI" / "train.tsv", header, rows[:48])
-    write_tsv(root / "MNLI" / "dev_matched.tsv", header, rows[48:72])
-    write_tsv(root / "MNLI" / "dev_mismatched.tsv", header, rows[72:])
-  return root
-
-
-def spm(shared):
-  return shared / "albert_spm" / "spiece.model"
 
 
 @pytest.mark.slow
@@ -109,29 +45,6 @@ def test_glue_task_trains_evaluates_and_predicts(shared_data, tmp_path, task):
               *TINY_RUN, mode="predict", extra=[f"--input={user}", f"--output={tmp_path / 'mine_predictions.tsv'}"])
     assert out.returncode == 0, out.stderr
     assert len((tmp_path / "mine_predictions.tsv").read_text().strip().splitlines()) == 3  # header + 2
-
-
-def squad_data(shared: Path, root: Path, version: int) -> Path:
-  """train/dev files cut from SQuAD v1.1 dev; for v2, questions paired with another article's paragraph are
-  unanswerable (the null-answer path)."""
-  articles = json.load(open(shared / "squad" / "dev-v1.1.json"))["data"]
-  def cut(items, with_impossible):
-    out = []
-    for a_index, article in enumerate(items):
-      paragraphs = [dict(p, qas=[dict(q, is_impossible=False) if version == 2 else q for q in p["qas"][:4]])
-                    for p in article["paragraphs"][:2]]
-      if with_impossible:
-        other = items[(a_index + 1) % len(items)]["paragraphs"][0]
-        paragraphs.append({"context": other["context"],
-                           "qas": [dict(id=q["id"] + "_null", question=q["question"], answers=[], is_impossible=True)
-                                   for q in article["paragraphs"][0]["qas"][:3]]})
-      out.append({"title": article["title"], "paragraphs": paragraphs})
-    return {"version": f"v{version}.{1 if version == 1 else 0}", "data": out}
-  name = "v1.1" if version == 1 else "v2.0"
-  root.mkdir(parents=True)
-  json.dump(cut(articles[:3], version == 2), open(root / f"train-{name}.json", "w"))
-  json.dump(cut(articles[3:5], version == 2), open(root / f"dev-{name}.json", "w"))
-  return root
 
 
 @pytest.mark.slow
@@ -181,7 +94,7 @@ def test_fine_tuning_without_weights_too_long_inputs_or_a_dev_subset_is_refused(
   assert result.returncode != 0
   assert "No pretrained weights" in result.stderr and "allow_random_init" in result.stderr
   ignored = cli(config, tmp_path / "run", "--config.data.max_seq_length=64", "--config.allow_random_init=True",
-                "--config.train.eval_batches=2")  # was silently ignored: the whole dev split was scored
+                "--config.train.eval_batches=2")  # refused, not ignored with the whole dev split scored
   assert ignored.returncode == 1 and ignored.stderr.strip().splitlines()[-1].startswith(
       "error: train.eval_batches=2 limits pretraining's held-out evaluation; fine-tuning scores the whole dev split")
 
@@ -284,8 +197,8 @@ def test_warm_start_refuses_a_head_count_that_no_weight_shape_shows(tmp_path):
 
 
 def test_weights_refused_at_start_up_leave_no_workdir(shared_data, tmp_path):
-  """Weights of another shape were refused only once the run had written head.json, checkpoints/ and
-  compilation_cache/ into its new workdir; a missing init_checkpoint once it had written head.json."""
+  """Weights of another shape, or a missing init_checkpoint, are refused before the run writes head.json,
+  checkpoints/ or compilation_cache/ into its new workdir."""
   root = glue_data(shared_data, "rte", tmp_path / "glue")
   config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}"
   model_config = model_config_from(glue_experiment.get_config("task=rte,size=tiny")).replace(vocab_size=300)

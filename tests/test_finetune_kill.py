@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 
 from albert_jax import pretrained
-from tests.test_finetune import TINY_RUN, cli, glue_data, spm, write_tsv
-from tests.test_kill_anywhere import TMP_MARK, Launch, records, without_timing
-from tests.test_kill_anywhere import launches  # noqa: F401  the fixture that kills a launch left running
-from tests.test_train import assert_trees_equal
+from tests.helpers import TINY_RUN, assert_trees_equal, finetune_cli as cli, glue_data, spm, write_tsv
+from tests.processes import TMP_MARK, Launch, records, without_timing
 
 STEPS = 24
 # STS-B's Pearson score moves at every evaluation: best/ changes several times (steps 2, 6, 8, 14, 16 on a CPU).
@@ -65,7 +63,7 @@ def sts_b(shared_data, root: Path) -> Path:
 
 @pytest.mark.slow
 def test_fine_tuning_killed_at_its_best_saves_and_predictions_ends_like_an_uninterrupted_run(
-    shared_data, tmp_path, launches):  # noqa: F811
+    shared_data, tmp_path, launches):
   data = sts_b(shared_data, tmp_path / "glue")
   config = f"experiments/glue.py:task=sts-b,size=tiny,data={data},spm={spm(shared_data)}"
   run = [*RUN, f"--config.compilation_cache_dir={tmp_path / 'cache'}"]  # the victim starts with the step compiled

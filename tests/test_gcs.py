@@ -14,11 +14,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import jax
-import numpy as np
 import pytest
 
 from albert_jax import checkpointing, storage
+from tests.helpers import ALICE, assert_trees_equal, data_cli_error, final_params, require_module, spm
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "albert-test"
@@ -95,16 +94,6 @@ def objects(prefix: str) -> set[str]:
   return {b.name[len(prefix) + 1:] for b in gcs_client.Client().list_blobs(BUCKET, prefix=prefix + "/")}
 
 
-def final_params(workdir):
-  ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(str(workdir)), 1, 1)
-  return ckpt.latest_step(), jax.tree.map(np.asarray, ckpt.restore_params())
-
-
-def assert_trees_equal(a, b):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(x, y)
-
-
 def no_local_gs_folder(*roots):
   return not any((Path(root) / "gs:").exists() for root in (REPO, Path.cwd(), *roots))
 
@@ -166,7 +155,7 @@ def test_prepare_and_pretrain_in_a_bucket_resume_after_kill_9(gcs, tmp_path):
 
 
 def test_convert_fine_tune_predict_and_evaluate_in_a_bucket(gcs, shared_data, tmp_path):
-  transformers = pytest.importorskip("transformers")
+  transformers = require_module("transformers", extra="hf")
   from albert_jax import interop
   from albert_jax.model_config import model_config_from
   from experiments import glue
@@ -217,6 +206,15 @@ def test_missing_bucket_or_credentials_fail_in_seconds(gcs, monkeypatch):
   with pytest.raises(storage.StorageError, match="gs://other-bucket: no Google Cloud credentials.*gcloud auth"):
     storage.path("gs://other-bucket/run")
   assert time.time() - start < 10
+
+
+@pytest.mark.shared_data
+def test_a_missing_bucket_is_one_line_from_both_data_commands(gcs, shared_data, tmp_path):
+  missing = "gs://no-such-bucket"
+  assert data_cli_error("prepare", f"--input={ALICE}", f"--spm_model={spm(shared_data)}",
+                        f"--output_dir={missing}/prepared").startswith(f"Bucket {missing} does not exist")
+  assert data_cli_error("train_spm", f"--input={missing}/corpus/*.txt", f"--output={tmp_path / 'm.model'}").startswith(
+      f"Bucket {missing} does not exist")
 
 
 def test_mangled_url_is_refused_not_created_as_a_local_folder():

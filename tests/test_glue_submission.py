@@ -5,7 +5,7 @@ import json
 import pytest
 
 from albert_jax import glue_submission
-from albert_jax.tasks.base import InputError
+from albert_jax.errors import InputError
 
 
 def run_dir(path, value=None, files=()):
@@ -51,8 +51,8 @@ def test_a_wrong_label_or_header_is_refused(tmp_path):
     ("STS-B.tsv", "0\t2.5\n1\tnan\n", r"STS-B.tsv:3: label 'nan' is not a finite number"),
     ("STS-B.tsv", "0\tinf\n", r"STS-B.tsv:2: label 'inf' is not a finite number")])
 def test_a_repeated_index_or_a_non_finite_score_is_refused(tmp_path, name, rows, message):
-  """The server would take them: 1821 rows all indexed 0, or 1379 scores of nan, passed when only the row count
-  was checked."""
+  """The server would take them (1821 rows all indexed 0, or 1379 scores of nan): checked beyond the row count,
+  they are refused naming the file and line."""
   run = run_dir(tmp_path / "run", 0.5)
   (tmp_path / "run" / name).write_text("index\tprediction\n" + rows)
   with pytest.raises(InputError, match=message):

@@ -11,60 +11,20 @@ import jax
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-import safetensors.numpy  # noqa: E402
+from tests.helpers import REPO, SMALL_RUN, final_params, pretrain_cli, require_module
+
+torch = require_module("torch", extra="hf")
+transformers = require_module("transformers", extra="hf")
 
 from albert_jax import convert, interop, pretrained  # noqa: E402
 from albert_jax import model as model_lib  # noqa: E402
 from albert_jax.model_config import ModelConfig  # noqa: E402
 from albert_jax.tasks.heads import PooledClassifier, SpanExtractor, TokenClassifier  # noqa: E402
 from experiments import glue, race, squad_v1, token_classification  # noqa: E402
+from tests.hf_models import (SMALL, assert_same_tensors, batch, hf_forward, hf_model, read,  # noqa: E402
+                             saved)
 
 pytestmark = pytest.mark.hf
-REPO = Path(__file__).resolve().parents[1]
-SMALL = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=64, max_position_embeddings=24)
-
-
-def hf_model(cls=transformers.AlbertForPreTraining, seed=0, **overrides):
-  """A random-init HF model in eval mode whose every parameter is random (so a swapped bias or LN shows)."""
-  torch.manual_seed(seed)
-  model = cls(transformers.AlbertConfig(**{**SMALL, **overrides})).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      is_scale = name.endswith(("LayerNorm.weight", "layer_norm.weight"))
-      p.copy_(torch.randn_like(p) * (0.1 if is_scale else 0.05) + (1.0 if is_scale else 0.0))
-  return model
-
-
-def saved(model, directory) -> str:
-  model.save_pretrained(directory)
-  return str(directory)
-
-
-def batch():
-  """Right-padded batch of lengths 12, 7 and 3, with two segments."""
-  ids = np.random.RandomState(0).randint(0, SMALL["vocab_size"], (3, 12))
-  mask = (np.arange(12)[None] < np.array([[12], [7], [3]])).astype(np.int64)
-  token_types = (np.arange(12)[None] >= np.array([[6], [4], [2]])).astype(np.int64) * mask
-  return ids * mask, mask, token_types
-
-
-def hf_forward(model, ids, mask, token_types):
-  with torch.no_grad():
-    return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                 token_type_ids=torch.tensor(token_types))
-
-
-def read(directory) -> dict[str, np.ndarray]:
-  return safetensors.numpy.load_file(os.path.join(directory, interop.SAFETENSORS_FILE))
-
-
-def assert_same_tensors(a: dict, b: dict):
-  assert sorted(a) == sorted(b)
-  for key in a:
-    assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
 
 
 def random_params(config: ModelConfig, seed=0):
@@ -246,9 +206,9 @@ app.run(convert.main)
 
 
 def test_a_convert_overwrite_killed_before_its_model_config_leaves_nothing_that_loads(tmp_path, hf_dir):
-  """kill -9 of `convert --overwrite` between params/ and model_config.json used to leave the new params under the
-  old conversion's model_config.json: they loaded silently as that model (here: another head count, which no
-  weight shape shows)."""
+  """kill -9 of `convert --overwrite` between params/ and model_config.json leaves nothing that loads: not the new
+  params under the old conversion's model_config.json, silently read as that model (here: another head count,
+  which no weight shape shows)."""
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
   ours = tmp_path / "ours"
   other = saved(hf_model(num_hidden_layers=4, num_hidden_groups=2, num_attention_heads=2), tmp_path / "other")
@@ -266,10 +226,9 @@ def test_a_convert_overwrite_killed_before_its_model_config_leaves_nothing_that_
 
 
 def test_convert_cli_exports_a_pretraining_workdir(tmp_path):
-  """A pretraining run's newest checkpoint goes to Hugging Face as it is (--src used to take only `convert`
-  outputs, while its message suggested a workdir)."""
-  from tests.test_train import SMALL_RUN, cli, final_params
-  trained = cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=2")
+  """--src takes a pretraining workdir, not only a `convert` output: its newest checkpoint goes to Hugging Face as
+  it is."""
+  trained = pretrain_cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=2")
   assert trained.returncode == 0, trained.stderr
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
   result = subprocess.run([sys.executable, "-m", "albert_jax.convert", "--to=hf", f"--src={tmp_path / 'run'}",

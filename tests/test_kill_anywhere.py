@@ -5,10 +5,7 @@ nothing left over that could confuse a later run.
 
 The moments come from a seeded RNG. The seed is printed and named in every failure; ALBERT_JAX_KILL_SEED=N
 replays its schedule (where in the run each moment falls still depends on the machine's timing)."""
-import json
 import os
-import signal
-import threading
 import time
 
 import numpy as np
@@ -16,12 +13,12 @@ import pytest
 from jax._src import compilation_cache
 
 from albert_jax import checkpointing
-from tests.test_train import SMALL_RUN, assert_trees_equal, cli, final_params
+from tests.helpers import SMALL_RUN, assert_trees_equal, final_params, pretrain_cli as cli
+from tests.processes import TMP_MARK, Launch, records, without_timing
 
 STEPS = 40
 KILL_RUN = [*SMALL_RUN, "--config.checkpoint.async_save=true", f"--config.train.num_train_steps={STEPS}",
             "--config.checkpoint.every=2", "--config.checkpoint.keep=2"]
-TIMING_FIELDS = {"step_time", "examples_per_sec", "tokens_per_sec", "mfu"}
 # How many kills of each kind:
 #   time     a random time after launch: imports, the lock, config, restore, compilation or the first steps;
 #   step     a little after a random step's progress line: the next step, its metrics, a save starting;
@@ -30,51 +27,7 @@ TIMING_FIELDS = {"step_time", "examples_per_sec", "tokens_per_sec", "mfu"}
 #   cache    at the compilation-cache write of the train step (its entry is removed before the launch), the entry
 #            then often cut short as a kill inside jax's in-place write would leave it.
 KILLS = {"time": 5, "step": 4, "save": 5, "restore": 4, "cache": 3}
-TMP_MARK = ".orbax-checkpoint-tmp"
 REMOVED_ENTRY = "Removed the compilation cache entry"
-
-
-class Launch:
-  """One launch of a victim run (a `cli(..., wait=False)` process), its output (stdout and stderr) read line by
-  line as it comes."""
-
-  def __init__(self, proc):
-    self.start, self.start_ns = time.monotonic(), time.time_ns()
-    self.proc = proc
-    self.lines: list[tuple[float, str]] = []
-    self.steps = 0  # progress lines seen
-    self._reader = threading.Thread(target=self._read, daemon=True)
-    self._reader.start()
-
-  def _read(self) -> None:
-    for line in self.proc.stdout:
-      self.lines.append((self.elapsed(), line.rstrip("\n")))
-      self.steps += line.startswith("step ")
-
-  def elapsed(self) -> float:
-    return time.monotonic() - self.start
-
-  def saw(self, text: str) -> bool:
-    return any(text in line for _, line in list(self.lines))
-
-  def last_step(self) -> int:
-    for _, line in reversed(list(self.lines)):
-      if line.startswith("step "):
-        return int(line.split()[1].split("/")[0])
-    return 0
-
-  def kill(self) -> None:
-    self.proc.send_signal(signal.SIGKILL)
-    self.proc.wait()
-    self._reader.join()
-
-  def finish(self) -> int:
-    self.proc.wait(timeout=600)
-    self._reader.join()
-    return self.proc.returncode
-
-  def output(self) -> str:
-    return "\n".join(f"{t:6.2f} {line}" for t, line in self.lines)
 
 
 def temporary_dirs(ckpt_dir, since_ns: int) -> set[tuple[str, int]]:
@@ -145,24 +98,6 @@ def stamp(path) -> tuple[int, int] | None:
 
 def latest_step(workdir):
   return checkpointing.Checkpointer(checkpointing.checkpoint_dir(str(workdir)), 1, 1).latest_step()
-
-
-def records(workdir) -> list[dict]:
-  return [json.loads(line) for line in open(workdir / "metrics.jsonl")]
-
-
-def without_timing(record: dict) -> dict:
-  return {k: v for k, v in record.items() if k not in TIMING_FIELDS}
-
-
-@pytest.fixture
-def launches():
-  """Every launch of the victim; one still running when the test fails is killed."""
-  started: list[Launch] = []
-  yield started
-  for launch in started:
-    if launch.proc.poll() is None:
-      launch.kill()
 
 
 @pytest.mark.slow

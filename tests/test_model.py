@@ -15,6 +15,7 @@ from albert_jax import flops
 from albert_jax.model import (AlbertForPreTraining, AlbertModel, Embeddings, abstract_params, count_params,
                               flat_dot_general, init_params, layers_per_group)
 from albert_jax.model_config import MODEL_SIZES, ModelConfig, model_config_for
+from tests.helpers import TINY_MODEL as TINY, model_batch as batch
 
 # ../shared/REFERENCE.md b.4 (V=30000, P=512, T=2): (backbone, backbone + MLM + SOP heads).
 EXACT_COUNTS = {
@@ -81,19 +82,6 @@ def test_train_flops_per_token_matches_performance_md():
   l, h, s, e, v, m = 4, 64, 128, 32, 30000, 20
   assert flops.train_flops_per_token(c, s, m) == pytest.approx(
       72 * l * h * h + 12 * l * s * h + 6 * e * h + m / s * 6 * (h * e + e * v))
-
-
-TINY = model_config_for("tiny", vocab_size=97, max_position_embeddings=32)
-
-
-def batch(config=TINY, b=3, s=12, seed=0):
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(5, config.vocab_size, (b, s)).astype(np.int32)
-  mask = np.ones((b, s), np.int32)
-  mask[1, 7:] = 0
-  mask[2, 4:] = 0
-  types = (np.arange(s)[None] >= s // 2).astype(np.int32).repeat(b, 0)
-  return dict(input_ids=jnp.asarray(ids), attention_mask=jnp.asarray(mask), token_type_ids=jnp.asarray(types))
 
 
 def run(config, params, inputs, **kw):
@@ -408,8 +396,8 @@ def test_uncapped_predictions_count_the_mlm_head_at_the_masking_budget(capsys):
     ("race.py", {"classifier/kernel": 768, "classifier/bias": 1}, 512),
     ("squad_v1.py", {"qa_outputs/kernel": 768 * 2, "qa_outputs/bias": 2}, 384)])
 def test_describe_of_a_fine_tuning_config_counts_the_task_model(experiment, heads, seq_len):
-  """The backbone of ALBERT-base with the task's head instead of the MLM and sentence-order heads (it used to
-  describe the pretraining model whatever the config)."""
+  """The backbone of ALBERT-base with the task's head instead of the MLM and sentence-order heads: the model the
+  config trains, not the pretraining model."""
   out = subprocess.run([sys.executable, "-m", "albert_jax.main", f"--config=experiments/{experiment}",
                         "--mode=describe"], capture_output=True, text=True, check=True)
   lines = out.stdout.strip().splitlines()

@@ -1,7 +1,7 @@
 """Two-process jobs: a preemption notice (SIGTERM) or a Ctrl-C that reaches one process, or each at another time,
-stops every process at one agreed step, saved (it used to hang the job with nothing saved); a checkpoint resumes on
-another process count, exactly where the loader's position allows it, else is refused in one line (it used to be
-called unreadable and moved aside)."""
+stops every process at one agreed step, saved, with no process left hanging; a checkpoint resumes on another
+process count, exactly where the loader's position allows it, else is refused in one line (neither called
+unreadable nor moved aside)."""
 import json
 import os
 import shutil
@@ -15,8 +15,8 @@ import pytest
 
 from albert_jax import checkpointing
 from data_pipeline.tiny import ensure_tiny_dataset
+from tests.helpers import REPO, SMALL_RUN, assert_trees_equal, final_params, logged, pretrain_cli as cli
 from tests.processes import communicate_all, free_port
-from tests.test_train import REPO, SMALL_RUN, assert_trees_equal, cli, final_params, logged
 
 # A constant learning rate after warm-up (poly_power 0): the schedule does not depend on num_train_steps, so a run
 # stopped on the way and resumed with another step count can be compared with one run straight to that count.

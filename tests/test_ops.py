@@ -9,7 +9,7 @@ from albert_jax import ops
 from albert_jax.model import AlbertForPreTraining, init_params
 from albert_jax.model_config import model_config_for
 from bench.saved_activations import saved_bytes_per_token
-from tests.test_model import TINY, batch
+from tests.helpers import TINY_MODEL as TINY, model_batch as batch
 
 
 def plain_layer_norm(x, scale, bias, eps, dtype):

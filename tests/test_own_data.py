@@ -9,14 +9,13 @@ import re
 import numpy as np
 import pytest
 
-from albert_jax.tasks import get_task, metrics
-from albert_jax.tasks.base import InputError
+from albert_jax.tasks import metrics
+from albert_jax.errors import InputError
 from data_pipeline import train_spm
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
 from experiments import classification, multiple_choice, token_classification
-from tests import test_train
-from tests.test_finetune import TINY_RUN, cli, spm
+from tests.helpers import ALICE, SMALL_RUN, TINY_RUN, finetune_cli as cli, pretrain_cli, spm, task_of as _task
 
 WORDS = ("the film was long and the cast seemed tired while music played over every scene of the city at night "
          "people walked home through rain").split()
@@ -156,13 +155,6 @@ def test_entity_scores_by_hand():
   assert scores["f1"] == pytest.approx(4 / 7) and scores["accuracy"] == pytest.approx(0.7)
 
 
-def _task(module, arg, **data):
-  config = module.get_config(arg)
-  config.data.max_seq_length = 32
-  config.data.update(data)
-  return get_task(config)
-
-
 def test_labels_come_from_config_or_sorted_train_file(tmp_path):
   (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": "x", "label": label}) + "\n"
                                                 for label in (10, 2, 2, 1)))
@@ -213,7 +205,7 @@ def test_regression_reads_numbers_scores_and_round_trips(tmp_path):
   task.write_predictions(split, predictions, str(tmp_path / "out.jsonl"))
   np.testing.assert_allclose(task.read_predictions(str(tmp_path / "out.jsonl"), split), predictions)
   assert set(task.score(split, predictions)) == {"pearson", "spearman", "mse"}
-  for bad in ("high", "nan"):  # a nan used to be taken, and trained and scored as nan
+  for bad in ("high", "nan"):  # a nan is refused like a word, not trained and scored as nan
     with pytest.raises(InputError, match=f"'{bad}' is not a finite number"):
       path.write_text(f"text,score\na,{bad}\n")
       task.gold_split(str(path))
@@ -244,15 +236,14 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
 def test_embed_with_a_pretraining_config_writes_the_file_it_names(tmp_path):
   """Pretraining configs carry no data.do_lower_case; the output lands under its exact name, folders made."""
   corpus = tmp_path / "corpus.txt"  # enough text for the 300 pieces of SMALL_RUN's vocabulary
-  book = test_train.REPO / "data_pipeline" / "assets" / "gutenberg_00011_alice_in_wonderland.txt"
-  corpus.write_text(book.read_text()[:200_000])
+  corpus.write_text(ALICE.read_text()[:200_000])
   model = train_spm.train(Source(str(corpus), format="paragraphs"), str(tmp_path / "m.model"), vocab_size=300)
   steps = ["--config.train.num_train_steps=2", "--config.checkpoint.every=2"]
-  assert test_train.cli(tmp_path / "pt", *test_train.SMALL_RUN, *steps).returncode == 0
+  assert pretrain_cli(tmp_path / "pt", *SMALL_RUN, *steps).returncode == 0
   texts, output = tmp_path / "texts.txt", tmp_path / "new" / "vectors"
   texts.write_text("Alice was beginning to get very tired\n\nof sitting by her sister\n")
-  result = test_train.cli(tmp_path / "pt", *test_train.SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
-                          f"--output={output}", f"--config.data.spm_model={model}")
+  result = pretrain_cli(tmp_path / "pt", *SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
+                        f"--output={output}", f"--config.data.spm_model={model}")
   assert result.returncode == 0, result.stdout + result.stderr
   assert "loading its newest checkpoint (step 2)" in result.stdout and f"to {output}\n" in result.stdout
   assert np.load(output).shape == (3, 64)
@@ -264,7 +255,7 @@ def test_embed_with_a_pretraining_config_writes_the_file_it_names(tmp_path):
     ({"context": "c", "question": "q", "options": ["a", None], "answer": 0}, "option null is not text"),
     ({"context": "c", "question": "q", "options": ["a", {"x": 1}], "answer": 0}, 'option {"x": 1} is not text')])
 def test_multiple_choice_fields_are_typed(tmp_path, record, message):
-  """`"answer": true` was taken as option 1, and null or an object as the option texts "None" and "{'x': 1}"."""
+  """`"answer": true` is not taken as option 1, nor null or an object as the option texts "None" and "{'x': 1}"."""
   path = tmp_path / "train.jsonl"
   path.write_text(json.dumps(record) + "\n")
   with pytest.raises(InputError, match=re.escape(f"train.jsonl:1: {message}")):

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.test_train import REPO, cli, final_params, assert_trees_equal
+from tests.helpers import REPO, assert_trees_equal, final_params, pretrain_cli as cli
 
 BOOKS = ("gutenberg_00011_alice_in_wonderland.txt", "gutenberg_00035_time_machine.txt")
 REAL_RUN = ["--config.data.kind=prepared", "--config.model.vocab_size=30000", "--config.data.max_seq_length=64",

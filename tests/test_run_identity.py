@@ -1,8 +1,6 @@
 """A fine-tuning workdir's weights are used only as what they are: a restarted run drops a best/ it never
 produced, eval and predict refuse a head trained for another task or class order (and reuse the recorded order
 when none is given), and init_checkpoint=<a fine-tuning run> loads that run's best weights, saying which."""
-import contextlib
-import io
 import json
 import types
 
@@ -13,35 +11,8 @@ import pytest
 from albert_jax import finetune, pretrained
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks import get_task
-from experiments import classification, glue
-from tests.test_finetune import spm
-
-WORDS = {"pos": ("good", "great", "fine"), "neg": ("bad", "awful", "dull")}
-
-
-def write_split(path, count, labeled=True):
-  rows = [(f"a {WORDS[label][i % 3]} film", label) for i, label in zip(range(count), ["pos", "neg"] * count)]
-  path.write_text("sentence" + ("\tlabel" if labeled else "") + "\n" +
-                  "".join(text + (f"\t{label}" if labeled else "") + "\n" for text, label in rows))
-
-
-def config_for(data, spm_model, labels=""):
-  arg = f"size=tiny,data={data},spm={spm_model},text=sentence" + (f",labels={labels}" if labels else "")
-  config = classification.get_config(arg)
-  config.data.max_seq_length = 16
-  config.allow_random_init = True
-  config.train.update(num_train_steps=4, global_batch_size=8, warmup_steps=1, eval_every=2, micro_batch_size=0)
-  config.checkpoint.every = 2
-  config.log.every = 2
-  return config
-
-
-def quietly(fn, *args):
-  """fn(*args) and what it printed."""
-  out = io.StringIO()
-  with contextlib.redirect_stdout(out):
-    fn(*args)
-  return out.getvalue()
+from experiments import glue
+from tests.helpers import config_for, quietly, spm, write_split
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +131,8 @@ def saved_weights(path, config, drop_head=False):
 
 
 def test_eval_of_weights_without_a_task_head_names_the_head_not_a_flax_error(shared_data, tmp_path):
-  """A pretraining run passed as --workdir of eval/predict used to end in flax's ScopeParamNotFoundError."""
+  """A pretraining run passed as --workdir of eval/predict is refused naming the missing head, not with flax's
+  ScopeParamNotFoundError."""
   write_split(tmp_path / "dev.tsv", 4)
   config = config_for(tmp_path, spm(shared_data), labels="neg|pos")
   weights = saved_weights(tmp_path / "pretrained", config, drop_head=True)
@@ -170,8 +142,8 @@ def test_eval_of_weights_without_a_task_head_names_the_head_not_a_flax_error(sha
 
 
 def test_predicting_with_another_tasks_head_says_so_not_backbone(shared_data, tmp_path):
-  """num_train_steps=0 (GLUE AX with the MNLI run) with a 2-class head for 3 classes used to be reported as a
-  backbone mismatch, with advice to check the model size."""
+  """num_train_steps=0 (GLUE AX with the MNLI run) with a 2-class head for 3 classes is reported as another task's
+  head, not as a backbone mismatch with advice to check the model size."""
   write_split(tmp_path / "test.tsv", 4, labeled=False)
   weights = saved_weights(tmp_path / "rte_like", config_for(tmp_path, spm(shared_data), labels="neg|pos"))
   config = config_for(tmp_path, spm(shared_data), labels="neg|pos|meh")

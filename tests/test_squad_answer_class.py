@@ -19,9 +19,8 @@ from albert_jax.tasks.heads import answer_positions
 from albert_jax.tasks.squad import SquadExample, nbest_path, null_odds_path
 from albert_jax.tasks.squad_metrics import evaluate_v2
 from experiments import squad_v2
-from tests.test_finetune import TINY_RUN, cli, spm, squad_data
-from tests.test_task_metrics import official_v2
-from tests.test_task_squad import _v2_dataset, oracle_logits, squad_task, squad_json, tokenizer  # noqa: F401
+from tests.helpers import TINY_RUN, finetune_cli as cli, oracle_logits, spm, squad_data, squad_task, v2_dataset
+from tests.squad_official import official_v2
 
 log = np.log
 
@@ -216,8 +215,8 @@ def oracle_beam(split, start_n_top=5, end_n_top=5):
 
 
 @pytest.mark.shared_data
-def test_gold_round_trip(squad_json, tokenizer, tmp_path):  # noqa: F811
-  dataset = _v2_dataset(squad_json)
+def test_gold_round_trip(squad_json, tokenizer, tmp_path):
+  dataset = v2_dataset(squad_json)
   (tmp_path / "dev-v2.0.json").write_text(json.dumps(dataset))
   task, null_score = answer_class_task(tmp_path), squad_task(2, tmp_path)
   split = task.load_split("dev", tokenizer)

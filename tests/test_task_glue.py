@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from albert_jax.tasks import get_task
-from albert_jax.tasks.base import InputError
-from data_pipeline.tokenization import Tokenizer
+from albert_jax.errors import InputError
 from experiments import glue
 
 # (task, file, labelled, examples): the counts of shared/data/README.md (= the official split sizes).
@@ -26,11 +25,6 @@ def task_for(name, data="", max_seq_length=128):
   config = glue.get_config(f"task={name},size=tiny,data={data}")
   config.data.max_seq_length = max_seq_length
   return get_task(config)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(shared_data):
-  return Tokenizer(str(shared_data / "albert_spm" / "spiece.model"))
 
 
 @pytest.mark.parametrize("name,file,count", FILES)
@@ -176,8 +170,8 @@ def test_featurize_real_dev_and_score_roundtrip(shared_data, tokenizer, tmp_path
      "Unknown task 'ax'; choose a GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli), squad_v1, "
      "squad_v2 or race.")])
 def test_the_scorer_names_a_wrong_path_or_task_in_one_line(shared_data, tmp_path, arguments, message):
-  """A folder as --data used to end in a raw IsADirectoryError, a missing file in advice about --config.data.path
-  (a flag the scorer does not have), and AX, which has no public labels, was offered as a task."""
+  """A folder as --data, a missing --predictions file, a file where RACE needs a folder, and AX (which has no public
+  labels): each refused in one line that names it."""
   fill = lambda text: text.format(glue=shared_data / "glue", tmp=tmp_path)
   result = subprocess.run([sys.executable, "-m", "albert_jax.evaluate", *map(fill, arguments)],
                           capture_output=True, text=True)

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from albert_jax.tasks import get_task
-from albert_jax.tasks.base import InputError
+from albert_jax.errors import InputError
 from albert_jax.tasks.race import RaceExample, qa_text
-from data_pipeline.tokenization import Tokenizer
 from experiments import race
 
 
@@ -17,11 +16,6 @@ def race_task(data="", max_seq_length=512, max_qa_length=128):
   config = race.get_config(f"data={data}")
   config.data.max_seq_length, config.data.max_qa_length = max_seq_length, max_qa_length
   return get_task(config)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(shared_data):
-  return Tokenizer(str(shared_data / "albert_spm" / "spiece.model"))
 
 
 @pytest.fixture(scope="module")

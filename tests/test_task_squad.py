@@ -8,50 +8,18 @@ import sys
 import numpy as np
 import pytest
 
-from albert_jax.tasks import get_task
 from albert_jax.tasks.alignment import align, normalize_with_offsets
-from albert_jax.tasks.base import InputError
+from albert_jax.errors import InputError
 from albert_jax.tasks.squad import SquadExample, null_odds_path
-from data_pipeline.tokenization import Tokenizer, preprocess_text
-from experiments import common
-from tests.test_task_metrics import official_v2
-
-
-def squad_task(version, data="", **data_overrides):
-  config = common.squad_config("base", version, str(data), "")
-  config.data.update(data_overrides)
-  return get_task(config)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(shared_data):
-  return Tokenizer(str(shared_data / "albert_spm" / "spiece.model"))
-
-
-@pytest.fixture(scope="module")
-def squad_json(shared_data):
-  with open(shared_data / "squad" / "dev-v1.1.json") as f:
-    return json.load(f)
+from data_pipeline.tokenization import preprocess_text
+from tests.helpers import oracle_logits, squad_task, v2_dataset
+from tests.squad_official import official_v2
 
 
 @pytest.fixture(scope="module")
 def v1_dev(shared_data, tokenizer):
   task = squad_task(1, shared_data / "squad")
   return task, task.load_split("dev", tokenizer)
-
-
-def oracle_logits(split, answerable_null=-10.0):
-  """+10 at the gold start/end of every window that holds the answer, -10 elsewhere; [CLS] gets +10 in the
-  windows of unanswerable questions."""
-  f = split.features
-  start = np.full(f["input_ids"].shape, -10.0)
-  end = start.copy()
-  rows = np.arange(len(start))
-  start[rows, f["start_positions"]] = 10.0
-  end[rows, f["end_positions"]] = 10.0
-  impossible = np.array([split.examples[i].is_impossible for i in split.info["example_index"]])
-  start[~impossible, 0] = end[~impossible, 0] = answerable_null
-  return {"start_logits": start, "end_logits": end}
 
 
 def test_alignment_reproduces_preprocessing_and_tokens(squad_json, tokenizer):
@@ -100,27 +68,8 @@ def test_windows_and_max_context(v1_dev, tokenizer):
   assert ((f["token_type_ids"] == 1).sum(1) > 0).all()
 
 
-def _v2_dataset(squad_json, articles=4):
-  """Answerable questions of the first articles, plus each of them asked again against a paragraph of the
-  next article (unanswerable there)."""
-  data = copy.deepcopy(squad_json["data"][:articles + 1])
-  out = []
-  for i in range(articles):
-    article = data[i]
-    donor = data[i + 1]["paragraphs"]
-    extra = []
-    for j, paragraph in enumerate(article["paragraphs"]):
-      for qa in paragraph["qas"]:
-        qa["is_impossible"] = False
-      questions = [{"id": qa["id"] + "_neg", "question": qa["question"], "answers": [], "is_impossible": True}
-                   for qa in paragraph["qas"]]
-      extra.append({"context": donor[j % len(donor)]["context"], "qas": questions})
-    out.append({"title": article["title"], "paragraphs": article["paragraphs"] + extra})
-  return {"version": "v2.0", "data": out}
-
-
 def test_squad_v2_null_answer_end_to_end(squad_json, tokenizer, tmp_path):
-  dataset = _v2_dataset(squad_json)
+  dataset = v2_dataset(squad_json)
   (tmp_path / "dev-v2.0.json").write_text(json.dumps(dataset))
   task = squad_task(2, tmp_path)
   split = task.load_split("dev", tokenizer)

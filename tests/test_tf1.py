@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from albert_jax import model as model_lib, pretrained, tf1
+from tests.helpers import require_module
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "tf1"
@@ -33,8 +34,8 @@ def ours(config, params):
 @pytest.mark.hf
 @pytest.mark.parametrize("layout", ["release", "hub"])
 def test_logits_equal_transformers_on_the_same_tensorflow_checkpoint(layout):
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  torch = require_module("torch", extra="hf")
+  transformers = require_module("transformers", extra="hf")
   config, params = tf1.load_tf1(str(FIXTURES / layout))
   assert set(params) == ({"albert", "predictions", "sop_classifier"} if layout == "release" else
                          {"albert", "predictions"})

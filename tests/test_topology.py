@@ -1,7 +1,6 @@
 """TPU slice names, compile-only TPU devices, meshes on them, and what the TPU compiler's output says."""
 from __future__ import annotations
 
-import os
 import types
 
 import jax
@@ -14,15 +13,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from albert_jax import compile_stats, sharding, topology
+from tests.helpers import require_module
 
 MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def libtpu():
-  """The `tpu` extra: required in CI (CI set), a skip on a machine without it."""
-  if not os.environ.get("CI"):
-    pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e '.[tpu]'")
+  """The `tpu` extra (the TPU compiler): required in CI (CI set), a skip on a machine without it."""
+  require_module("libtpu", extra="tpu")
 
 
 def mesh_config(shape=(-1, 1, 1), dcn=(-1, 1, 1)):

@@ -2,14 +2,9 @@
 it before booking a pod."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.test_train import REPO
+from tests.helpers import compile_cli, require_module
 
 GIB = 1 << 30
 pytestmark = pytest.mark.tpu
@@ -17,17 +12,8 @@ pytestmark = pytest.mark.tpu
 
 @pytest.fixture(scope="module", autouse=True)
 def libtpu():
-  """The `tpu` extra: required in CI (CI set), a skip on a machine without it."""
-  if not os.environ.get("CI"):
-    pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e '.[tpu]'")
-
-
-def compile_cli(*args, config="experiments/pretrain_tiny.py:synthetic"):
-  cmd = [sys.executable, "-m", "albert_jax.main", f"--config={config}", "--mode=compile", *args]
-  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # the mode itself keeps jax on the CPU
-  result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  report = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
-  return result, report
+  """The `tpu` extra (the TPU compiler): required in CI (CI set), a skip on a machine without it."""
+  require_module("libtpu", extra="tpu")
 
 
 @pytest.mark.parametrize("setting, compiled_with", [(None, False), (True, True), (False, False)])
@@ -108,8 +94,8 @@ def test_fine_tuning_configs_compile_too():
     ("glue.py:task=mnli,size=xxlarge", 2, 8, "none"),      # batch 128 x 512 tokens: 19.5 GiB at micro batch 4
     ("race.py:size=xxlarge", 1, 4, "dots_saveable")])     # 4 x 512 tokens an example: 19.5 GiB without remat
 def test_fine_tuning_recipes_fit_the_originals_eight_v3_cores(experiment, micro_batch, accumulation, remat):
-  """The shipped recipes as they are, at the largest size, on the slice the original fine-tuned on (they used to
-  need 64 GiB per device, 16 on the chip)."""
+  """The shipped recipes as they are, at the largest size, fit the slice the original fine-tuned on (16 GiB per
+  v3 core)."""
   result, report = compile_cli("--topology=v3-8", config=f"experiments/{experiment}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert (report["fits"], report["micro_batch"], report["accumulation_steps"], report["remat_policy"]) == (

@@ -20,43 +20,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import checkpointing, compile_stats, engine, optim, pretrain
+from albert_jax import checkpointing, compilation_cache, compile_stats, engine, optim, pretrain
 from albert_jax.model import AlbertForPreTraining
 from albert_jax.model_config import model_config_for, model_config_from
 from experiments import common
+from tests.helpers import (REPO, SMALL_RUN, assert_trees_equal, final_params, logged, prepared_run,
+                           pretrain_cli as cli)
 from tests.processes import communicate_all, free_port
-
-REPO = Path(__file__).resolve().parents[1]
-SMALL_RUN = ["--config.model.hidden_size=64", "--config.model.intermediate_size=256",
-             "--config.train.global_batch_size=8", "--config.data.max_seq_length=32",
-             "--config.data.max_predictions_per_seq=5", "--config.model.vocab_size=300",
-             "--config.model.max_position_embeddings=32", "--config.train.eval_every=0", "--config.log.every=1",
-             "--config.train.warmup_steps=2", "--config.checkpoint.async_save=false"]
-
-
-def cli(workdir, *overrides, devices=1, config="experiments/pretrain_tiny.py:synthetic", extra_env=None,
-        wait=True):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-             **(extra_env or {}))
-  cmd = [sys.executable, "-m", "albert_jax.main", f"--config={config}", f"--workdir={workdir}", *overrides]
-  if not wait:
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-
-
-def final_params(workdir):
-  ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(str(workdir)), 1, 1)
-  return ckpt.latest_step(), jax.tree.map(np.asarray, ckpt.restore_params())
-
-
-def logged(workdir, key="loss"):
-  rows = [json.loads(line) for line in open(Path(workdir) / "metrics.jsonl")]
-  return {r["step"]: r[key] for r in rows if key in r}
-
-
-def assert_trees_equal(a, b):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(x, y)
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
@@ -274,8 +244,8 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
 @pytest.mark.parametrize("signum, exit_code, said", [(signal.SIGTERM, 0, "Preemption"),
                                                      (signal.SIGINT, 130, "Interrupted")])
 def test_sigterm_or_ctrl_c_saves_and_exits_cleanly(tmp_path, signum, exit_code, said):
-  """A preemption notice or a first Ctrl-C saves at the next step boundary and exits, with no traceback (Ctrl-C
-  used to end in a KeyboardInterrupt traceback with nothing saved)."""
+  """A preemption notice or a first Ctrl-C saves at the next step boundary and exits, with no traceback (no
+  KeyboardInterrupt traceback with nothing saved)."""
   proc = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=100000", "--config.checkpoint.every=100000",
              wait=False)
   deadline = time.time() + 300
@@ -313,17 +283,12 @@ def prepare_book(shared_data, output_dir, characters: int, *flags: str) -> None:
   assert prepared.returncode == 0, prepared.stderr
 
 
-def prepared_run(path) -> list[str]:
-  return ["--config.data.kind=prepared", f"--config.data.path={path}", "--config.model.vocab_size=30000",
-          "--config.data.max_seq_length=32", "--config.model.max_position_embeddings=32",
-          "--config.train.global_batch_size=4", "--config.log.every=1"]
-
-
 @pytest.mark.shared_data
 def test_prepared_data_without_held_out_documents_or_of_another_vocabulary_is_refused_at_start_up(shared_data,
                                                                                                     tmp_path):
-  """The first evaluation used to fail at train.eval_every steps, before that step's checkpoint was written, and
-  again at the same step on every rerun; another vocabulary was refused once the workdir had been written."""
+  """Both refused at start-up, before the workdir is written: data with no held-out documents (whose first
+  evaluation would fail at train.eval_every steps, before that step's checkpoint, on every rerun) and data of
+  another vocabulary."""
   prepare_book(shared_data, tmp_path / "prepared", 100_000, "--eval_fraction=0")
   data = [*prepared_run(tmp_path / "prepared"), "--config.train.num_train_steps=2"]
   refused = cli(tmp_path / "run", *data, "--config.train.eval_every=1", config="experiments/pretrain_tiny.py")
@@ -345,8 +310,7 @@ def test_prepared_data_without_held_out_documents_or_of_another_vocabulary_is_re
 
 
 def test_the_bundled_corpus_with_another_vocabulary_is_refused_before_anything_is_built(tmp_path):
-  """It was refused by the loader, once the run had made checkpoints/ and compilation_cache/ in its workdir and
-  built the corpus into it."""
+  """Refused before the run makes checkpoints/ or compilation_cache/ in its workdir or builds the corpus into it."""
   refused = cli(tmp_path / "run", "--config.model.vocab_size=300", config="experiments/pretrain_tiny.py")
   assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
   assert refused.stderr.strip().splitlines()[-1] == (
@@ -357,7 +321,7 @@ def test_the_bundled_corpus_with_another_vocabulary_is_refused_before_anything_i
 
 @pytest.mark.shared_data
 def test_resuming_on_data_prepared_again_in_the_same_folder_is_refused(shared_data, tmp_path):
-  """The saved loader position belongs to one preparation; it used to be applied to whatever the folder held."""
+  """The saved loader position belongs to one preparation: it is not applied to whatever the folder holds now."""
   data = tmp_path / "prepared"
   run = [*prepared_run(data), "--config.train.eval_every=0", "--config.checkpoint.every=2"]
   prepare_book(shared_data, data, 60_000)
@@ -577,7 +541,7 @@ def test_a_second_run_in_a_busy_workdir_is_refused_and_a_killed_owner_does_not_b
   second = cli(tmp_path, *SMALL_RUN, *steps, "--config.train.learning_rate=0.5")
   assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
   assert f"is in use by a run on host {socket.gethostname()} (PID {owner.pid}" in second.stderr
-  port = free_port()  # a two-process run: process 1 used to wait in its first collective for a process 0 long gone
+  port = free_port()  # a two-process run: process 1 must not wait in its first collective for a process 0 long gone
   procs = [cli(tmp_path, *SMALL_RUN, *steps, f"--coordinator_address=localhost:{port}", "--num_processes=2",
                f"--process_id={i}", wait=False) for i in range(2)]
   outputs = communicate_all(procs, timeout=120)
@@ -656,7 +620,7 @@ def test_warm_start_from_a_pretrained_directory(tmp_path):
 
 
 def test_a_warm_start_of_another_shape_is_refused_before_anything_is_written(tmp_path):
-  """It used to be refused only once the run had made checkpoints/ and compilation_cache/ in its new workdir."""
+  """Refused before the run makes checkpoints/ or compilation_cache/ in its new workdir."""
   saved_small_run_weights(tmp_path / "init")
   result = cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=1", "--config.model.embedding_size=16",
                f"--config.init_checkpoint={tmp_path / 'init'}")
@@ -679,20 +643,20 @@ def test_a_restarted_run_takes_the_step_from_the_compilation_cache(tmp_path):
 
 def test_a_compilation_cache_entry_cut_short_is_removed_once_checked(tmp_path):
   """jax writes cache entries in place: one cut short by a kill -9 is removed, so the next compile rewrites it."""
-  from jax._src import compilation_cache
-  whole = compilation_cache.compress_executable(b"an executable" * 1000)
+  from jax._src import compilation_cache as jax_cache
+  whole = jax_cache.compress_executable(b"an executable" * 1000)
   (tmp_path / "jit_a-1-cache").write_bytes(whole)
   (tmp_path / "jit_b-2-cache").write_bytes(whole[:len(whole) // 2])
   (tmp_path / "jit_c-3-cache").write_bytes(b"")
-  assert engine.remove_unreadable_cache_entries(str(tmp_path)) == ["jit_b-2-cache", "jit_c-3-cache"]
-  assert sorted(os.listdir(tmp_path)) == [engine.CHECKED_CACHE_ENTRIES, "jit_a-1-cache"]
-  assert engine.remove_unreadable_cache_entries(str(tmp_path)) == []
+  assert compilation_cache.remove_unreadable_entries(str(tmp_path)) == ["jit_b-2-cache", "jit_c-3-cache"]
+  assert sorted(os.listdir(tmp_path)) == [compilation_cache.CHECKED_ENTRIES, "jit_a-1-cache"]
+  assert compilation_cache.remove_unreadable_entries(str(tmp_path)) == []
   stat = os.stat(tmp_path / "jit_a-1-cache")  # an entry checked before is not read again ...
   (tmp_path / "jit_a-1-cache").write_bytes(b"x" * stat.st_size)
   os.utime(tmp_path / "jit_a-1-cache", ns=(stat.st_atime_ns, stat.st_mtime_ns))
-  assert engine.remove_unreadable_cache_entries(str(tmp_path)) == []
+  assert compilation_cache.remove_unreadable_entries(str(tmp_path)) == []
   (tmp_path / "jit_a-1-cache").write_bytes(b"x")  # ... unless it changed
-  assert engine.remove_unreadable_cache_entries(str(tmp_path)) == ["jit_a-1-cache"]
+  assert compilation_cache.remove_unreadable_entries(str(tmp_path)) == ["jit_a-1-cache"]
 
 
 def test_sentence_metrics_are_named_after_the_sentence_task(tmp_path):
@@ -732,7 +696,7 @@ def test_closed_event_loop_reports_of_a_failed_save_are_not_printed():
   loop = asyncio.new_event_loop()
   loop.close()
   passed_on = []
-  hook = checkpointing._without_reports_said_in_one_line(passed_on.append)
+  hook = checkpointing.without_reports_said_in_one_line(passed_on.append)
   for raise_it in (lambda: loop.call_soon_threadsafe(print), lambda: exec("raise RuntimeError('Event loop is closed')"),
                    lambda: loop.run_until_complete(None)):
     try:

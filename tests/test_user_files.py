@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from albert_jax import finetune, glue_submission
-from albert_jax.tasks.base import InputError
+from albert_jax.errors import InputError
 from albert_jax.tasks.classification import label_order
 from experiments import classification, glue, multiple_choice, token_classification
-from tests.test_finetune import REPO, TINY_RUN, cli, spm
-from tests.test_own_data import _task
+from tests.helpers import REPO, TINY_RUN, finetune_cli as cli, spm, task_of as _task
 
 
 def _refused(message):
@@ -29,7 +28,8 @@ def _refused(message):
     ("train.jsonl", '{"text": "good", "label": 1}\n{"text": "bad", "label": ""}\n{"text": "fine", "label": 0}\n', 2),
     ("train.tsv", "text\tlabel\ngood\t1\nbad\t  \nfine\t0\n", 3)])
 def test_an_empty_label_is_refused_with_its_line(tmp_path, name, text, line):
-  """It used to become a class "" of its own (train file) or an unknown label "" (data.labels given)."""
+  """Refused naming its line, not made a class "" of its own (train file) or an unknown label "" (data.labels
+  given)."""
   (tmp_path / name).write_text(text)
   message = (f"{tmp_path / name}:{line}: missing label: column 'label' is empty; every row of train and dev needs its "
              "label (unlabelled rows belong in the test file).")
@@ -161,7 +161,7 @@ def test_a_prediction_file_that_predicts_an_id_twice_is_refused(tmp_path):
 # --- label order -----------------------------------------------------------------------------------------------
 
 def test_integer_labels_are_ordered_numerically_by_an_ascii_rule(tmp_path):
-  """"+1" was sorted as a string; "²" passed str.isdigit() and then int() failed with a raw ValueError."""
+  """"+1" sorts as the number 1, not as a string; "²" (which passes str.isdigit()) is not taken for a number."""
   assert label_order({"10", "2", "+1", "-3", "0"}) == ("-3", "0", "+1", "2", "10")
   assert label_order({"1", "01", "+1"}) == ("+1", "01", "1")  # equal numbers: by their text, the same every run
   assert label_order({"²", "1", "10"}) == ("1", "10", "²")

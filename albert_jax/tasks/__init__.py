@@ -1,6 +1,7 @@
 """Fine-tuning tasks: `get_task(config)` returns the object the training engine drives (see `base.Task`)."""
 from __future__ import annotations
 
+from albert_jax.errors import InputError
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks.base import Split, Task, TaskSettings, make_tokenizer, model_inputs
 from albert_jax.tasks.classification import ClassificationTask
@@ -20,7 +21,7 @@ def get_task(config) -> Task:
   """The task of an experiment config (checked against its model's position table), or of `TaskSettings`."""
   settings = config if isinstance(config, TaskSettings) else TaskSettings.from_config(config)
   if settings.task not in TASKS:
-    raise ValueError(f"Unknown fine-tuning task {settings.task!r}; choose one of {sorted(TASKS)} "
+    raise InputError(f"Unknown fine-tuning task {settings.task!r}; choose one of {sorted(TASKS)} "
                      "(GLUE's sub-task goes in config.task_name).")
   if not isinstance(config, TaskSettings) and "model" in config:
     ModelConfig.from_mapping(config.model).check_seq_length(settings.max_seq_length)

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from albert_jax import storage
+from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model_config import ModelConfig
 from data_pipeline.tokenization import Tokenizer
 
@@ -39,7 +40,7 @@ class Split:
     return len(next(iter(self.features.values()))) if self.features else 0
 
 
-class InputError(ValueError):
+class DataFileError(InputError):
   """Bad input data; the message names the file and the line (or record) at fault."""
 
   def __init__(self, path: str, where: str | int | None, message: str):
@@ -49,7 +50,7 @@ class InputError(ValueError):
 
 def make_tokenizer(config) -> Tokenizer:
   if not config.data.spm_model:
-    raise ValueError("config.data.spm_model is empty; pass the SentencePiece model the checkpoint was trained "
+    raise InputError("config.data.spm_model is empty; pass the SentencePiece model the checkpoint was trained "
                      "with (ALBERT's is spiece.model / 30k-clean.model), e.g. --config.data.spm_model=PATH.")
   # Pretraining configs (`--mode=embed` with one) have no such field: their data is prepared uncased by default.
   return Tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
@@ -76,7 +77,7 @@ def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
 def stack_packed(rows: list[tuple[np.ndarray, ...]], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
   """Rows of `pack` outputs -> {input_ids, attention_mask, token_type_ids}, each reshaped to `shape` + [S]."""
   if not rows:
-    raise ValueError("no examples to featurize")
+    raise InputError("no examples to featurize")
   arrays = np.stack([np.stack(r) for r in rows], axis=1)  # [3, N, S]
   return {name: a.reshape(*shape, -1) for name, a in zip(MODEL_INPUTS, arrays)}
 
@@ -93,13 +94,13 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
 
 
 def score_label(text: str, path: str, line: int, hint: str) -> float:
-  """A regression label: a finite number, else an InputError naming the row (a nan would train and score as nan)."""
+  """A regression label: a finite number, else a DataFileError naming the row (a nan would train and score as nan)."""
   try:
     score = float(text)
   except ValueError:
     score = math.nan
   if not math.isfinite(score):
-    raise InputError(path, line, f"label {text!r} is not a finite number ({hint})")
+    raise DataFileError(path, line, f"label {text!r} is not a finite number ({hint})")
   return score
 
 
@@ -107,13 +108,13 @@ def read_text(path: str) -> str:
   """Every task's input file as text; bytes that are not UTF-8 are named by line, like the other input errors."""
   file = storage.path(path)
   if not file.exists():
-    raise FileNotFoundError(f"{path} not found; check --config.data.path (see docs/finetuning.md for the layout).")
+    raise MissingFileError(f"{path} not found; check --config.data.path (see docs/finetuning.md for the layout).")
   data = file.read_bytes()
   try:
     return data.decode("utf-8-sig")  # MRPC's TSVs start with a byte-order mark
   except UnicodeDecodeError as e:
     line_start = data.rfind(b"\n", 0, e.start) + 1
-    raise InputError(path, data.count(b"\n", 0, e.start) + 1,
+    raise DataFileError(path, data.count(b"\n", 0, e.start) + 1,
                      f"not UTF-8 (byte 0x{data[e.start]:02x} at column {e.start - line_start + 1}); save the file "
                      "as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
 
@@ -202,7 +203,7 @@ class Task(abc.ABC):
 
   def _featurized(self, name: str, path: str, examples: list[Any], tokenizer: Tokenizer) -> Split:
     if not examples:
-      raise InputError(path, None, "no examples found")
+      raise DataFileError(path, None, "no examples found")
     features, info = self.featurize(examples, tokenizer)
     return Split(name=name, path=path, examples=examples, features=features, info=info)
 
@@ -223,7 +224,7 @@ class Task(abc.ABC):
     return {"task": self.settings.task, "task_name": self.settings.task_name,
             "labels": list(labels) if labels is not None else None}
 
-  hf_head = None  # heads.HFHead: the transformers class of this task's model (`convert --to=hf` of best/step_N)
+  hf_head = None  # head_identity.HFHead: the transformers class of this task's model (`convert --to=hf` of best/step_N)
 
   @abc.abstractmethod
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
@@ -280,6 +281,6 @@ def apply_model(model, params, batch, rng=None, deterministic: bool = True, **ex
 def check_outputs(split: Split, outputs: dict[str, np.ndarray]) -> None:
   for name, value in outputs.items():
     if len(value) != split.num_features:
-      raise ValueError(f"predict output {name!r} has {len(value)} rows but split {split.name!r} has "
+      raise InputError(f"predict output {name!r} has {len(value)} rows but split {split.name!r} has "
                        f"{split.num_features} features; concatenate predict_step outputs over all batches in order "
                        "and drop padding rows.")

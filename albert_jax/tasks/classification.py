@@ -16,7 +16,8 @@ import re
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.tasks.base import InputError, Split, TaskSettings, check_outputs, score_label
+from albert_jax.errors import InputError, MissingFileError
+from albert_jax.tasks.base import DataFileError, Split, TaskSettings, check_outputs, score_label
 from albert_jax.tasks.glue import GlueExample
 from albert_jax.tasks.records import Ids, field, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
@@ -30,7 +31,7 @@ def find_split_file(folder: str, split: str) -> str:
   candidates = [os.path.join(folder, split + ext) for ext in FORMATS]
   found = [path for path in candidates if storage.path(path).exists()]
   if len(found) > 1:
-    raise ValueError(f"{folder} has {len(found)} files for split {split!r} ({found}); keep one.")
+    raise InputError(f"{folder} has {len(found)} files for split {split!r} ({found}); keep one.")
   return found[0] if found else os.path.join(folder, split + FORMATS[0])
 
 
@@ -53,9 +54,9 @@ class ClassificationTask(SequenceClassificationTask):
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
     if settings.regression and settings.labels:
-      raise ValueError("data.regression=True takes no data.labels; drop one of them.")
+      raise InputError("data.regression=True takes no data.labels; drop one of them.")
     if len(settings.labels) == 1:
-      raise ValueError(f"data.labels={list(settings.labels)} names one class; a classifier needs two or more "
+      raise InputError(f"data.labels={list(settings.labels)} names one class; a classifier needs two or more "
                        "(list every class, e.g. labels=neg|pos).")
     self.metric_names = ("pearson", "spearman", "mse") if settings.regression else ("accuracy", "macro_f1")
     self.metric_name = self.metric_names[0]
@@ -68,12 +69,12 @@ class ClassificationTask(SequenceClassificationTask):
       return self.settings.labels
     path = self.split_path("train")
     if not storage.path(path).exists():
-      raise FileNotFoundError(f"{path} not found, and the label set comes from the train file unless given: set "
-                              "--config.data.labels='(\"neg\", \"pos\")' (the class names in output order).")
+      raise MissingFileError(f"{path} not found, and the label set comes from the train file unless given: set "
+                             "--config.data.labels='(\"neg\", \"pos\")' (the class names in output order).")
     s = self.settings
     names = {self._label_cell(record, path, line) for line, record in user_records(path)}
     if len(names) < 2:
-      raise InputError(path, None, f"column {s.label_column!r} has {len(names)} distinct label(s) {sorted(names)}; "
+      raise DataFileError(path, None, f"column {s.label_column!r} has {len(names)} distinct label(s) {sorted(names)}; "
                                    "a classifier needs two or more (or set data.regression=True for numbers).")
     return label_order(names)
 
@@ -106,7 +107,7 @@ class ClassificationTask(SequenceClassificationTask):
     """The label cell of a labelled row; an empty one is refused (it would be a class "", or an unknown label)."""
     text = cell(record, self.settings.label_column, path, line)
     if not text.strip():
-      raise InputError(path, line, f"missing label: column {self.settings.label_column!r} is empty; every row of "
+      raise DataFileError(path, line, f"missing label: column {self.settings.label_column!r} is empty; every row of "
                                    "train and dev needs its label (unlabelled rows belong in the test file).")
     return text
 
@@ -114,7 +115,7 @@ class ClassificationTask(SequenceClassificationTask):
     if self.is_regression:
       return score_label(text, path, line, "data.regression=True")
     if text not in self.labels:
-      raise InputError(path, line, f"unknown label {text!r}; expected one of {list(self.labels)} (the label set "
+      raise DataFileError(path, line, f"unknown label {text!r}; expected one of {list(self.labels)} (the label set "
                                    "is data.labels, else the train file's labels: add it there).")
     return self.labels.index(text)
 
@@ -148,7 +149,7 @@ class ClassificationTask(SequenceClassificationTask):
     for line, record in user_records(path):
       key = str(field(record, "id", path, line, (str, int)))
       if key in by_id:
-        raise InputError(path, line, f"id {key} is predicted twice; keep one row.")
+        raise DataFileError(path, line, f"id {key} is predicted twice; keep one row.")
       if self.is_regression:
         by_id[key] = float(field(record, "score", path, line, (int, float)))
       else:
@@ -156,5 +157,5 @@ class ClassificationTask(SequenceClassificationTask):
         by_id[key] = [float(probabilities.get(name, 0.0)) for name in self.labels]
     missing = [ex.guid for ex in split.examples if ex.guid not in by_id]
     if missing:
-      raise InputError(path, None, f"no prediction for {len(missing)} example(s), e.g. id {missing[0]}")
+      raise DataFileError(path, None, f"no prediction for {len(missing)} example(s), e.g. id {missing[0]}")
     return np.asarray([by_id[ex.guid] for ex in split.examples])

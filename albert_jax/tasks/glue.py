@@ -13,7 +13,8 @@ import os
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.tasks.base import InputError, Split, TaskSettings, score_label
+from albert_jax.errors import InputError
+from albert_jax.tasks.base import DataFileError, Split, TaskSettings, score_label
 from albert_jax.tasks.records import Ids, column, field, optional_id, tsv_rows, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
 
@@ -75,7 +76,7 @@ class GlueExample:
 def spec_for(task_name: str) -> GlueSpec:
   name = task_name.lower()
   if name not in SPECS:
-    raise ValueError(f"Unknown GLUE task {task_name!r}; choose one of {sorted(SPECS)}.")
+    raise InputError(f"Unknown GLUE task {task_name!r}; choose one of {sorted(SPECS)}.")
   return SPECS[name]
 
 
@@ -118,7 +119,7 @@ class GlueTask(SequenceClassificationTask):
     if self._companion(split):
       return self._companion(split).split_path("test")
     if split not in self.spec.files:
-      raise ValueError(f"GLUE {self.name} has no split {split!r}; choose one of "
+      raise InputError(f"GLUE {self.name} has no split {split!r}; choose one of "
                        f"{sorted([*self.spec.files, *self.spec.companions])}.")
     return os.path.join(self.settings.path, self.spec.files[split])
 
@@ -132,11 +133,11 @@ class GlueTask(SequenceClassificationTask):
       header_line, header = next(rows, (1, []))
       width, expected = len(header), f"the header (line {header_line}) has {len(header)}"
     if labeled and self.spec.columns is None:
-      raise ValueError(f"GLUE {self.name} has no labelled files (test only: predict with --mode=predict).")
+      raise InputError(f"GLUE {self.name} has no labelled files (test only: predict with --mode=predict).")
     examples = []
     for number, fields in rows:
       if len(fields) != width:
-        raise InputError(path, number, f"{len(fields)} tab-separated fields but {expected}; a tab inside the text? "
+        raise DataFileError(path, number, f"{len(fields)} tab-separated fields but {expected}; a tab inside the text? "
                                        "Replace it by a space on that line.")
       get = lambda i: None if i is None else column(fields, i, path, number)
       if labeled:
@@ -151,7 +152,7 @@ class GlueTask(SequenceClassificationTask):
     if self.spec.is_regression:
       return score_label(text, path, line, "STS-B scores are 0-5")
     if text not in self.spec.labels:
-      raise InputError(path, line, f"unknown label {text!r} for {self.name}; expected one of {self.spec.labels}")
+      raise DataFileError(path, line, f"unknown label {text!r} for {self.name}; expected one of {self.spec.labels}")
     return self.spec.labels.index(text)
 
   def read_user_examples(self, path: str) -> list[GlueExample]:
@@ -178,24 +179,24 @@ class GlueTask(SequenceClassificationTask):
     rows = tsv_rows(path)
     number, header = next(rows, (1, []))
     if header != ["index", "prediction"]:
-      raise InputError(path, number, f"the first line must be the header 'index<TAB>prediction', got {header}; "
+      raise DataFileError(path, number, f"the first line must be the header 'index<TAB>prediction', got {header}; "
                                      "add that line (write_predictions writes it).")
     by_guid, line_of = {}, {}
     for number, fields in rows:
       if len(fields) != 2:
-        raise InputError(path, number, f"{len(fields)} tab-separated fields, expected 2 (index, prediction); "
+        raise DataFileError(path, number, f"{len(fields)} tab-separated fields, expected 2 (index, prediction); "
                                        "fix that line.")
       guid, prediction = fields[0], self._label(fields[1], path, number)
       if guid in by_guid and by_guid[guid] != prediction:
-        raise InputError(path, number, f"index {guid} has another prediction on line {line_of[guid]}; keep one.")
+        raise DataFileError(path, number, f"index {guid} has another prediction on line {line_of[guid]}; keep one.")
       by_guid[guid], line_of[guid] = prediction, number
     extra = sorted(set(by_guid) - {ex.guid for ex in split.examples}, key=line_of.get)
     if extra:
-      raise InputError(path, line_of[extra[0]], f"{len(extra)} index(es) are not in {split.path}, e.g. {extra[0]}; "
+      raise DataFileError(path, line_of[extra[0]], f"{len(extra)} index(es) are not in {split.path}, e.g. {extra[0]}; "
                                                 "score against the gold file these predictions are for.")
     missing = [ex.guid for ex in split.examples if ex.guid not in by_guid]
     if missing:
-      raise InputError(path, None, f"no prediction for {len(missing)} example(s), e.g. index {missing[0]}")
+      raise DataFileError(path, None, f"no prediction for {len(missing)} example(s), e.g. index {missing[0]}")
     return np.asarray([by_guid[ex.guid] for ex in split.examples])
 
   def submission_name(self, split: str) -> str:

@@ -1,11 +1,9 @@
 """Fine-tuning models: the ALBERT backbone (always the submodule "albert", so pretrained weights map by name)
 plus a freshly initialised head. Heads follow google-research/albert `classifier_utils.py`, `squad_utils.py`
-and `race_utils.py`; logits are float32 whatever the compute dtype.
+and `race_utils.py`; logits are float32 whatever the compute dtype. What a trained head was trained for, and the
+transformers class it exports as, is `head_identity`'s.
 """
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -13,42 +11,6 @@ import jax.numpy as jnp
 
 from albert_jax.model import AlbertModel, LayerNorm, dense
 from albert_jax.model_config import ModelConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class HFHead:
-  """A head as transformers names it, so a fine-tuned model leaves as the class its users load (`interop.save_hf`).
-  Our `classifier` is HF's `classifier` (sequence classification, regression, multiple choice: one score per
-  option) and our `qa_outputs` HF's; the architecture tells regression [H, 1] from multiple choice [H, 1]."""
-  architecture: str                      # AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice,...}
-  labels: tuple[str, ...] | None = None  # class names (HF id2label) of a classifier; None: regression, or unnamed
-  num_labels: int | None = None          # a converted classifier's classes, named or not (HF's LABEL_i)
-  problem_type: str | None = None        # HF config.json's; None: regression for one output, else single-label
-
-  def identity(self) -> dict[str, Any]:
-    """What a converted directory records of its head (`pretrained.HEAD_FILE`), in place of a fine-tuning run's
-    `Task.identity()`: eval, predict and warm starts then read the classes in the order they were trained in."""
-    return {HF_ARCHITECTURE: self.architecture, "labels": list(self.labels) if self.labels else None,
-            "num_labels": self.num_labels, "problem_type": self.problem_type}
-
-  @classmethod
-  def from_identity(cls, identity: dict[str, Any] | None) -> HFHead | None:
-    """The head a converted directory recorded; None for a fine-tuning run's record (a task, not a class)."""
-    if not identity or HF_ARCHITECTURE not in identity:
-      return None
-    return cls(identity[HF_ARCHITECTURE], tuple(identity["labels"]) if identity.get("labels") else None,
-               identity.get("num_labels"), identity.get("problem_type"))
-
-
-HF_ARCHITECTURE = "hf_architecture"  # the key that marks a converted head's record
-SEQUENCE_CLASSIFICATION = "AlbertForSequenceClassification"
-QUESTION_ANSWERING = "AlbertForQuestionAnswering"
-MULTIPLE_CHOICE = "AlbertForMultipleChoice"
-TOKEN_CLASSIFICATION = "AlbertForTokenClassification"
-MASKED_LM = "AlbertForMaskedLM"
-HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", MULTIPLE_CHOICE: "classifier",
-                  QUESTION_ANSWERING: "qa_outputs", TOKEN_CLASSIFICATION: "classifier"}
-NO_POOLER = (QUESTION_ANSWERING, TOKEN_CLASSIFICATION, MASKED_LM)  # HF builds these without the pooler
 
 
 class PooledClassifier(nn.Module):
@@ -83,8 +45,6 @@ class SpanExtractor(nn.Module):
     return logits[..., 0], logits[..., 1]
 
 
-# The answer-class head's top-level param names (the original's variable scopes); HF has no class holding them.
-ANSWER_CLASS_PARAMS = ("start_logits", "end_logits", "answer_class")
 _MASKED = -1e30  # the original's p_mask value: exp() of it is 0 in float32, and it stays finite
 
 

@@ -15,7 +15,8 @@ import os
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.tasks.base import InputError, Split, TaskSettings, check_outputs
+from albert_jax.errors import InputError
+from albert_jax.tasks.base import DataFileError, Split, TaskSettings, check_outputs
 from albert_jax.tasks.race import RaceExample, RaceTask
 from albert_jax.tasks.records import Ids, field, optional_id, user_records
 
@@ -26,7 +27,7 @@ class MultipleChoiceTask(RaceTask):
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
     if settings.num_choices < 2:
-      raise ValueError(f"data.num_choices={settings.num_choices}: a question needs at least 2 options.")
+      raise InputError(f"data.num_choices={settings.num_choices}: a question needs at least 2 options.")
     self.num_choices = settings.num_choices
 
   def split_path(self, split: str) -> str:
@@ -38,14 +39,14 @@ class MultipleChoiceTask(RaceTask):
       options = field(r, "options", path, line, list)
       odd = [o for o in options if isinstance(o, bool) or not isinstance(o, (str, int, float))]
       if odd:
-        raise InputError(path, line, f"option {json.dumps(odd[0])} is not text (options are strings, or numbers)")
+        raise DataFileError(path, line, f"option {json.dumps(odd[0])} is not text (options are strings, or numbers)")
       options = [str(o) for o in options]
       if not 2 <= len(options) <= self.num_choices:
-        raise InputError(path, line, f"{len(options)} options; between 2 and data.num_choices={self.num_choices} "
+        raise DataFileError(path, line, f"{len(options)} options; between 2 and data.num_choices={self.num_choices} "
                                      "are allowed (raise data.num_choices for more).")
       answer = field(r, "answer", path, line, int) if labeled else None
       if answer is not None and not 0 <= answer < len(options):
-        raise InputError(path, line, f"answer {answer} is not an index of the {len(options)} options (0-based)")
+        raise DataFileError(path, line, f"answer {answer} is not an index of the {len(options)} options (0-based)")
       examples.append(RaceExample(optional_id(r, path, line, len(examples), ids), "", field(r, "context", path, line),
                                   field(r, "question", path, line), options, answer))
     return examples
@@ -69,7 +70,7 @@ class MultipleChoiceTask(RaceTask):
   def score(self, split: Split, predictions) -> dict[str, float]:
     labels = [ex.label for ex in split.examples]
     if any(label is None for label in labels):
-      raise ValueError(f"split {split.name!r} ({split.path}) has no answers to score against.")
+      raise InputError(f"split {split.name!r} ({split.path}) has no answers to score against.")
     return {"accuracy": float(np.mean(np.asarray(predictions).argmax(-1) == labels))}
 
   def write_predictions(self, split: Split, predictions, path: str) -> None:
@@ -84,5 +85,5 @@ class MultipleChoiceTask(RaceTask):
       by_id[ids.add(str(field(r, "id", path, line, (str, int))), line)] = field(r, "probabilities", path, line, list)
     missing = [ex.qid for ex in split.examples if ex.qid not in by_id]
     if missing:
-      raise InputError(path, None, f"no prediction for {len(missing)} question(s), e.g. id {missing[0]}")
+      raise DataFileError(path, None, f"no prediction for {len(missing)} question(s), e.g. id {missing[0]}")
     return np.asarray([by_id[ex.qid] + [0.0] * (self.num_choices - len(by_id[ex.qid])) for ex in split.examples])

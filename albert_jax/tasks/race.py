@@ -17,9 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import storage
-from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
+from albert_jax.errors import InputError, MissingFileError
+from albert_jax.head_identity import MULTIPLE_CHOICE, HFHead
+from albert_jax.tasks.base import (DataFileError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
                                     pack, read_text, stack_packed)
-from albert_jax.tasks.heads import MULTIPLE_CHOICE, HFHead, PooledClassifier
+from albert_jax.tasks.heads import PooledClassifier
 from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
 LETTERS = "ABCD"
@@ -50,7 +52,7 @@ class RaceTask(Task):
     super().__init__(settings)
     d = settings
     if d.max_qa_length + 3 >= d.max_seq_length:
-      raise ValueError(f"data.max_qa_length={d.max_qa_length} leaves no room for the article in "
+      raise InputError(f"data.max_qa_length={d.max_qa_length} leaves no room for the article in "
                        f"data.max_seq_length={d.max_seq_length}.")
 
   # --- data -----------------------------------------------------------------------------------------------
@@ -60,8 +62,8 @@ class RaceTask(Task):
   def read_examples(self, path: str, labeled: bool) -> list[RaceExample]:
     levels = [level for level in LEVELS if storage.path(path).joinpath(level).is_dir()]
     if not levels:
-      raise FileNotFoundError(f"{path} has neither middle/ nor high/; point --config.data.path at the RACE folder "
-                              "holding train/ dev/ test/ (each with middle/ and high/).")
+      raise MissingFileError(f"{path} has neither middle/ nor high/; point --config.data.path at the RACE folder "
+                             "holding train/ dev/ test/ (each with middle/ and high/).")
     examples = []
     for level in levels:
       folder = os.path.join(path, level)
@@ -73,11 +75,11 @@ class RaceTask(Task):
     try:
       passage = json.loads(read_text(path))
     except json.JSONDecodeError as e:
-      raise InputError(path, e.lineno, f"not a RACE JSON passage ({e.msg})") from None
+      raise DataFileError(path, e.lineno, f"not a RACE JSON passage ({e.msg})") from None
     questions, options = field(passage, "questions", path, 1, list), field(passage, "options", path, 1, list)
     answers = field(passage, "answers", path, 1, list) if labeled else [None] * len(questions)
     if not len(questions) == len(options) == len(answers):
-      raise InputError(path, 1, f"{len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
+      raise DataFileError(path, 1, f"{len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
     examples = []
     for i, (question, choices, answer) in enumerate(zip(questions, options, answers)):
       examples.append(self._example(f"{passage.get('id', os.path.basename(path))}-{i}", level,
@@ -88,9 +90,9 @@ class RaceTask(Task):
   @staticmethod
   def _example(qid, level, article, question, options, answer, path, where) -> RaceExample:
     if len(options) != len(LETTERS):
-      raise InputError(path, where, f"{len(options)} options; RACE questions have exactly 4")
+      raise DataFileError(path, where, f"{len(options)} options; RACE questions have exactly 4")
     if answer is not None and answer not in LETTERS:
-      raise InputError(path, where, f"unknown answer {answer!r}; expected one of A, B, C, D")
+      raise DataFileError(path, where, f"unknown answer {answer!r}; expected one of A, B, C, D")
     return RaceExample(qid, level, article, question, list(options), None if answer is None else LETTERS.index(answer))
 
   def read_user_examples(self, path: str) -> list[RaceExample]:

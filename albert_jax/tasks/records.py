@@ -8,7 +8,7 @@ import io
 import json
 from typing import Any, Iterator
 
-from albert_jax.tasks.base import InputError, read_text
+from albert_jax.tasks.base import DataFileError, read_text
 
 
 def tsv_rows(path: str) -> Iterator[tuple[int, list[str]]]:
@@ -22,7 +22,7 @@ def tsv_rows(path: str) -> Iterator[tuple[int, list[str]]]:
 
 def column(fields: list[str], index: int, path: str, line: int) -> str:
   if index >= len(fields) or -index > len(fields):
-    raise InputError(path, line, f"expected a column {index} but the line has {len(fields)} tab-separated "
+    raise DataFileError(path, line, f"expected a column {index} but the line has {len(fields)} tab-separated "
                                  "field(s); is this the right task/file?")
   return fields[index]
 
@@ -39,9 +39,9 @@ def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
         try:
           record = json.loads(line, object_pairs_hook=functools.partial(_unique_keys, path, number))
         except json.JSONDecodeError as e:
-          raise InputError(path, number, f"not a JSON object ({e.msg})") from None
+          raise DataFileError(path, number, f"not a JSON object ({e.msg})") from None
         if not isinstance(record, dict):
-          raise InputError(path, number, "expected one JSON object per line")
+          raise DataFileError(path, number, "expected one JSON object per line")
         yield number, record
     return
   rows = tsv_rows(path)
@@ -49,7 +49,7 @@ def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
   check_header(header, path, header_line)
   for number, fields in rows:
     if len(fields) != len(header):
-      raise InputError(path, number, f"{len(fields)} field(s) but the header (line {header_line}) has "
+      raise DataFileError(path, number, f"{len(fields)} field(s) but the header (line {header_line}) has "
                                      f"{len(header)}: {header}")
     yield number, dict(zip(header, fields))
 
@@ -60,7 +60,7 @@ def check_header(header: list[str], path: str, line: int) -> None:
   no setting can name them."""
   repeated = sorted({name for name in header if name and header.count(name) > 1})
   if repeated:
-    raise InputError(path, line, f"column(s) {repeated} appear more than once in the header {header}; rename or "
+    raise DataFileError(path, line, f"column(s) {repeated} appear more than once in the header {header}; rename or "
                                  "drop the repeats.")
 
 
@@ -69,7 +69,7 @@ def _unique_keys(path: str, line: int, pairs: list[tuple[str, Any]]) -> dict[str
   out = {}
   for key, value in pairs:
     if key in out:
-      raise InputError(path, line, f"field {key!r} appears twice in the object; keep one.")
+      raise DataFileError(path, line, f"field {key!r} appears twice in the object; keep one.")
     out[key] = value
   return out
 
@@ -83,11 +83,11 @@ def csv_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
       if not any(f.strip() for f in fields):
         continue
       if len(fields) != len(header):
-        raise InputError(path, reader.line_num, f"{len(fields)} comma-separated field(s) but the header has "
+        raise DataFileError(path, reader.line_num, f"{len(fields)} comma-separated field(s) but the header has "
                                                 f"{len(header)}: {header}; quote fields that contain commas.")
       yield reader.line_num, dict(zip(header, fields))
   except csv.Error as e:
-    raise InputError(path, reader.line_num, f"not a CSV row ({e})") from None
+    raise DataFileError(path, reader.line_num, f"not a CSV row ({e})") from None
 
 
 def read_id_map(path: str, what: str, valid) -> dict[str, Any]:
@@ -98,19 +98,19 @@ def read_id_map(path: str, what: str, valid) -> dict[str, Any]:
     out = {}
     for key, value in pairs:
       if key in out and out[key] != value:
-        raise InputError(path, f"id {key}", f"given twice, as {out[key]!r} and {value!r}; keep one.")
+        raise DataFileError(path, f"id {key}", f"given twice, as {out[key]!r} and {value!r}; keep one.")
       out[key] = value
     return out
   try:
     values = json.loads(read_text(path), object_pairs_hook=unique)
   except json.JSONDecodeError as e:
-    raise InputError(path, e.lineno, f"not JSON ({e.msg}); pass the file write_predictions wrote.") from None
+    raise DataFileError(path, e.lineno, f"not JSON ({e.msg}); pass the file write_predictions wrote.") from None
   if not isinstance(values, dict) or not values:
     found = "an empty object" if isinstance(values, dict) else f"a JSON {type(values).__name__}"
-    raise InputError(path, None, f"{found}, expected an object {{id: {what}}}; pass the file write_predictions wrote.")
+    raise DataFileError(path, None, f"{found}, expected an object {{id: {what}}}; pass the file write_predictions wrote.")
   for key, value in values.items():
     if not valid(value):
-      raise InputError(path, f"id {key}", f"{value!r} is not {what}; is this the predictions file of this task?")
+      raise DataFileError(path, f"id {key}", f"{value!r} is not {what}; is this the predictions file of this task?")
   return values
 
 
@@ -118,7 +118,7 @@ def check_ids(path: str, predicted, split) -> None:
   """Refuses predictions for ids that the gold file lacks: they would be ignored, hiding a mix-up of files."""
   extra = [key for key in predicted if key not in {ex.qid for ex in split.examples}]
   if extra:
-    raise InputError(path, None, f"{len(extra)} id(s) are not in {split.path}, e.g. {extra[0]}; score against the "
+    raise DataFileError(path, None, f"{len(extra)} id(s) are not in {split.path}, e.g. {extra[0]}; score against the "
                                  "gold file these predictions are for.")
 
 
@@ -133,7 +133,7 @@ class Ids:
   def add(self, key: str, line: int, given: bool = True) -> str:
     if key in self.first:
       first_line, first_given = self.first[key]
-      raise InputError(self.path, line, f"id {key!r}{_row_number(given)} is also the id of line {first_line}"
+      raise DataFileError(self.path, line, f"id {key!r}{_row_number(given)} is also the id of line {first_line}"
                                         f"{_row_number(first_given)}; {self.fix}.")
     self.first[key] = (line, given)
     return key
@@ -153,9 +153,9 @@ def optional_id(record: dict[str, Any], path: str, line: int, row: int, ids: Ids
 
 def field(record: dict[str, Any], key: str, path: str, line: int, kind=str):
   if key not in record:
-    raise InputError(path, line, f"missing field {key!r} (have {sorted(record)})")
+    raise DataFileError(path, line, f"missing field {key!r} (have {sorted(record)})")
   kinds = kind if isinstance(kind, tuple) else (kind,)
   if not isinstance(record[key], kind) or isinstance(record[key], bool) and bool not in kinds:  # True is an int
     expected = " or ".join(k.__name__ for k in kinds)
-    raise InputError(path, line, f"field {key!r} should be {expected}, got {type(record[key]).__name__}")
+    raise DataFileError(path, line, f"field {key!r} should be {expected}, got {type(record[key]).__name__}")
   return record[key]

@@ -12,9 +12,11 @@ import abc
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax.errors import InputError
+from albert_jax.head_identity import SEQUENCE_CLASSIFICATION, HFHead
 from albert_jax.tasks import metrics
 from albert_jax.tasks.base import Split, Task, apply_model, check_outputs, cross_entropy, pack, stack_packed
-from albert_jax.tasks.heads import SEQUENCE_CLASSIFICATION, HFHead, PooledClassifier
+from albert_jax.tasks.heads import PooledClassifier
 
 
 def pack_text(tokenizer, text_a: str, text_b: str | None, max_len: int) -> tuple[np.ndarray, ...]:
@@ -88,5 +90,5 @@ class SequenceClassificationTask(Task):
   def score(self, split: Split, predictions) -> dict[str, float]:
     labels = [ex.label for ex in split.examples]
     if any(label is None for label in labels):
-      raise ValueError(f"split {split.name!r} ({split.path}) has no labels to score against.")
+      raise InputError(f"split {split.name!r} ({split.path}) has no labels to score against.")
     return {name: metrics.BY_NAME[name](labels, predictions) for name in self.metric_names}

@@ -32,11 +32,13 @@ import numpy as np
 import optax
 
 from albert_jax import storage
+from albert_jax.errors import InputError
+from albert_jax.head_identity import QUESTION_ANSWERING, HFHead
 from albert_jax.tasks import squad_decode, squad_metrics
 from albert_jax.tasks.alignment import AlignedText, align
-from albert_jax.tasks.base import (InputError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
+from albert_jax.tasks.base import (DataFileError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
                                     pack, read_text, stack_packed)
-from albert_jax.tasks.heads import QUESTION_ANSWERING, AnswerClassSpanHead, HFHead, SpanExtractor
+from albert_jax.tasks.heads import AnswerClassSpanHead, SpanExtractor
 from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
 
 
@@ -81,16 +83,16 @@ class SquadTask(Task):
     self.metric_name = "best_f1" if self.version_2 else "f1"
     d = settings
     if d.max_query_length + 3 >= d.max_seq_length:
-      raise ValueError(f"data.max_query_length={d.max_query_length} leaves no room for the context in "
+      raise InputError(f"data.max_query_length={d.max_query_length} leaves no room for the context in "
                        f"data.max_seq_length={d.max_seq_length}.")
     if d.v2_head not in V2_HEADS:
-      raise ValueError(f"data.v2_head={d.v2_head!r}; choose one of {', '.join(map(repr, V2_HEADS))}.")
+      raise InputError(f"data.v2_head={d.v2_head!r}; choose one of {', '.join(map(repr, V2_HEADS))}.")
     self.answer_class = d.v2_head == "answer_class"
     if self.answer_class and not self.version_2:
-      raise ValueError("data.v2_head='answer_class' is a SQuAD v2 head; use experiments/squad_v2.py.")
+      raise InputError("data.v2_head='answer_class' is a SQuAD v2 head; use experiments/squad_v2.py.")
     for name in ("start_n_top", "end_n_top"):
       if self.answer_class and not 1 <= getattr(d, name) <= d.max_seq_length:
-        raise ValueError(f"data.{name}={getattr(d, name)}; choose a beam width from 1 to data.max_seq_length="
+        raise InputError(f"data.{name}={getattr(d, name)}; choose a beam width from 1 to data.max_seq_length="
                          f"{d.max_seq_length} (the original uses 5).")
     # transformers has no answer-class head: `interop.save_hf` refuses those weights by name.
     self.hf_head = None if self.answer_class else HFHead(QUESTION_ANSWERING)
@@ -104,7 +106,7 @@ class SquadTask(Task):
     try:
       articles = json.loads(read_text(path))["data"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-      raise InputError(path, None, f"not a SQuAD JSON file with a top-level 'data' list ({e})") from None
+      raise DataFileError(path, None, f"not a SQuAD JSON file with a top-level 'data' list ({e})") from None
     return [example for article in articles for paragraph in article["paragraphs"]
             for example in self._paragraph_examples(paragraph, path)]
 
@@ -116,11 +118,11 @@ class SquadTask(Task):
       for answer in answers:
         start, text = answer["answer_start"], answer["text"]
         if not 0 <= start <= len(context) - len(text) or context[start:start + len(text)] != text:
-          raise InputError(path, where, f"answer {text!r} is not in its context at answer_start={start} "
+          raise DataFileError(path, where, f"answer {text!r} is not in its context at answer_start={start} "
                                         f"(context has {len(context)} characters)")
       impossible = bool(qa.get("is_impossible", False))
       if impossible and not self.version_2:
-        raise InputError(path, where, "unanswerable question (is_impossible) in a SQuAD v1.1 task; use "
+        raise DataFileError(path, where, "unanswerable question (is_impossible) in a SQuAD v1.1 task; use "
                                       "experiments/squad_v2.py")
       yield SquadExample(qa["id"], qa["question"], context, [a["text"] for a in answers],
                          -1 if impossible or not answers else answers[0]["answer_start"], impossible)
@@ -145,7 +147,7 @@ class SquadTask(Task):
         aligned[ex.context] = align(tokenizer, ex.context)
       doc = aligned[ex.context]
       if not doc.ids:
-        raise ValueError(f"question {ex.qid}: its context has no text to take an answer from.")
+        raise InputError(f"question {ex.qid}: its context has no text to take an answer from.")
       query = tokenizer.encode(ex.question)[:d.max_query_length]
       windows = _windows(len(doc.ids), d.max_seq_length - len(query) - 3, d.doc_stride)
       best_window = _max_context_window(windows, len(doc.ids))
@@ -263,7 +265,7 @@ class SquadTask(Task):
     check_ids(odds_path, null_odds, split)
     unmatched = [qid for qid in answers if qid not in null_odds]
     if unmatched:
-      raise InputError(odds_path, None, f"no null odds for {len(unmatched)} answered question(s), e.g. "
+      raise DataFileError(odds_path, None, f"no null odds for {len(unmatched)} answered question(s), e.g. "
                                         f"{unmatched[0]}; pass the file written with {path}.")
     return SquadPredictions(answers, null_odds)
 

@@ -27,10 +27,12 @@ import numpy as np
 import optax
 
 from albert_jax import storage
+from albert_jax.errors import InputError, MissingFileError
+from albert_jax.head_identity import TOKEN_CLASSIFICATION, HFHead
 from albert_jax.tasks import metrics
-from albert_jax.tasks.base import InputError, Split, Task, apply_model, check_outputs, pack, read_text, stack_packed
+from albert_jax.tasks.base import DataFileError, Split, Task, apply_model, check_outputs, pack, read_text, stack_packed
 from albert_jax.tasks.classification import label_order
-from albert_jax.tasks.heads import TOKEN_CLASSIFICATION, HFHead, TokenClassifier
+from albert_jax.tasks.heads import TokenClassifier
 from albert_jax.tasks.records import Ids, field, optional_id, user_records
 
 OUTSIDE = "O"
@@ -66,7 +68,7 @@ def read_conll(path: str, labeled: bool) -> list[TaggedSentence]:
       close()
     elif fields[0] != "-DOCSTART-":
       if labeled and len(fields) < 2:
-        raise InputError(path, number, f"a word without a tag ({line.strip()!r}); CoNLL lines are `word ... tag` "
+        raise DataFileError(path, number, f"a word without a tag ({line.strip()!r}); CoNLL lines are `word ... tag` "
                                        "(tag in the last column), with a blank line between sentences.")
       words.append(fields[0])
       tags.append(fields[-1])
@@ -93,8 +95,8 @@ class TokenClassificationTask(Task):
       return self.settings.labels
     path = self.split_path("train")
     if not storage.path(path).exists():
-      raise FileNotFoundError(f"{path} not found, and the tag set comes from the train file unless given: set "
-                              "--config.data.labels='(\"B-PER\", \"I-PER\", \"O\")' (the tags in output order).")
+      raise MissingFileError(f"{path} not found, and the tag set comes from the train file unless given: set "
+                             "--config.data.labels='(\"B-PER\", \"I-PER\", \"O\")' (the tags in output order).")
     return label_order({tag for sentence in read_conll(path, labeled=True) for tag in sentence.tags})
 
   @property
@@ -112,7 +114,7 @@ class TokenClassificationTask(Task):
     if labeled:
       unknown = {tag for s in sentences for tag in s.tags} - set(self.labels)
       if unknown:
-        raise InputError(path, None, f"tags {sorted(unknown)} are not in the tag set {list(self.labels)} (data.labels,"
+        raise DataFileError(path, None, f"tags {sorted(unknown)} are not in the tag set {list(self.labels)} (data.labels,"
                                      " else the train file's tags): add them there.")
     return sentences
 
@@ -190,7 +192,7 @@ class TokenClassificationTask(Task):
   def score(self, split: Split, predictions: TagPredictions) -> dict[str, float]:
     gold = [s.tags for s in split.examples]
     if any(tags is None for tags in gold):
-      raise ValueError(f"split {split.name!r} ({split.path}) has no tags to score against.")
+      raise InputError(f"split {split.name!r} ({split.path}) has no tags to score against.")
     scores = metrics.entity_scores([_as_iobes(tags) for tags in gold], [_as_iobes(tags) for tags in predictions.tags])
     return scores if self.metric_name == "f1" else {"accuracy": scores["accuracy"]}
 
@@ -210,11 +212,11 @@ class TokenClassificationTask(Task):
     out = TagPredictions([], [])
     for sentence in split.examples:
       if sentence.sid not in by_id:
-        raise InputError(path, None, f"no prediction for sentence {sentence.sid}")
+        raise DataFileError(path, None, f"no prediction for sentence {sentence.sid}")
       line, record = by_id[sentence.sid]
       tags = field(record, "tags", path, line, list)
       if len(tags) != len(sentence.words):
-        raise InputError(path, line, f"{len(tags)} tags for the {len(sentence.words)} words of sentence "
+        raise DataFileError(path, line, f"{len(tags)} tags for the {len(sentence.words)} words of sentence "
                                      f"{sentence.sid}; score against the file these predictions are for.")
       out.tags.append(tags)
       out.probabilities.append([None if p is None else np.asarray([p[name] for name in self.labels])

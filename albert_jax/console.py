@@ -1,0 +1,39 @@
+"""What a command line sets up in its process, in one place. Entry points (`albert_jax.main`, `albert_jax.convert`,
+the benchmarks) call `install()` before they run; importing the library changes nothing process-wide.
+
+Each setting and its reason:
+- absl's verbosity WARNING, unless `--verbosity` is given: orbax logs every file it opens and jax every backend it
+  probes at INFO, which buries the run's own progress lines.
+- `checkpointing.ORBAX_ERRORS` on absl's logger: orbax logs a failed background save as pages of ERROR records
+  with tracebacks before the loop learns of it; the loop's SaveError then says it in one line.
+- `sys.unraisablehook` without the reports that a failed save or restore leaves behind (asyncio's "Event loop is
+  closed" from every write still pending, tensorstore's dropped reads), which SaveError or the restore's line
+  already states; the same reports from anywhere else still print.
+- libtpu's host query answered off TPU VMs: otherwise loading libtpu on a CPU host waits on a metadata server that
+  is not there.
+- absl flags marked parsed where no absl app parsed them (a script): grain's worker processes read grain's absl
+  flags, which raise on access before parsing.
+"""
+from __future__ import annotations
+
+import logging as std_logging
+import sys
+
+from absl import flags, logging
+
+from albert_jax import checkpointing, topology
+
+
+def install() -> None:
+  """Applies the settings above; a second call changes nothing."""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  if "verbosity" not in flags.FLAGS or not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  absl_logger = std_logging.getLogger("absl")
+  if checkpointing.ORBAX_ERRORS not in absl_logger.filters:
+    absl_logger.addFilter(checkpointing.ORBAX_ERRORS)
+  if not getattr(sys.unraisablehook, "without_failed_checkpoint_reports", False):
+    sys.unraisablehook = checkpointing.without_reports_said_in_one_line(sys.unraisablehook)
+    sys.unraisablehook.without_failed_checkpoint_reports = True
+  topology.quiet_libtpu_off_tpu_vms()
