@@ -81,7 +81,7 @@ def _our_weights(src: str):
 
 def _check_dst_apart(src: str, dst: str) -> None:
   """Refuses a --dst that is, holds or lies in --src or a training workdir (a folder with checkpoints/), even with
-  --overwrite: the converted config.json used to replace the run's, which then could not resume."""
+  --overwrite: the converted config.json would replace the run's, which then could not resume."""
   resolve = lambda p: storage.absolute(p) if storage.is_remote(p) else os.path.realpath(p)
   source, target = resolve(src), resolve(dst)
   if source == target:

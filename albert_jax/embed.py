@@ -80,8 +80,8 @@ def embed(config, workdir: str, args) -> None:
   backbone = AlbertModel(model_config)
   s = engine.setup(config, _job(config, backbone))
   with s.context():
-    outputs = finetune.predict_features(embed_fn(backbone, args.pooling),
-                                        s.replicate(params["albert"]), features, s, f"embedding {args.input}")
+    outputs = finetune.predict_features(embed_fn(backbone, args.pooling), s.replicate(params["albert"]), features,
+                                        s, f"embedding {args.input}", finetune.length_buckets(config))
   if jax.process_index() == 0:
     with storage.open_atomic(args.output, "wb") as f:  # the very name given (np.save adds .npy), folders made
       np.save(f, outputs["embedding"].astype(np.float32))

@@ -49,7 +49,8 @@ class Job:
   summarize: Callable            # (sums added over steps, number of steps) -> reported metrics
   batches: Callable              # (split name, BatchSplit) -> host-batch iterator with get_state/set_state
   example_batch: Callable        # rows -> host arrays with the batch's shapes and dtypes
-  tokens_per_example: int
+  tokens_per_example: int        # in the longest batches' rows
+  tokens_per_row: Callable | None = None  # host batch -> tokens in each of its rows (batches cut to a length)
   flops_per_token: float = 0.0
   evaluate: Callable | None = None   # (step, params, Setup, writer) -> None: scores, writes, keeps the best
   warm_start: Callable | None = None  # params (host) -> (params, fresh paths); raises if the checkpoint misfits

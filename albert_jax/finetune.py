@@ -19,7 +19,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from albert_jax import engine, loop, pretrained, storage
+from albert_jax import buckets, engine, loop, pretrained, storage
 from albert_jax.errors import InputError
 from albert_jax.head_identity import (BEST_DIR, BEST_FILE, HEAD_FILE, check_head_trained_for, check_identity, describe,
                                       head_trained_for, read_best, recorded_identity, task_for_weights,
@@ -71,27 +71,45 @@ def prediction_split(split: engine.BatchSplit) -> engine.BatchSplit:
   return dataclasses.replace(split, global_batch=rows, accumulation_steps=1)
 
 
+def length_buckets(config, task=None) -> tuple[int, ...]:
+  """The lengths batches are cut to (`data.length_buckets`, albert_jax/buckets.py): only max_seq_length for a task
+  whose outputs are per token. `--mode=embed` passes no task."""
+  max_len = config.data.max_seq_length
+  if task is not None and not task.length_buckets_apply:
+    return (max_len,)
+  return buckets.parse(config.data.get("length_buckets", buckets.DEFAULT), max_len)
+
+
 def predict_features(predict_fn: Callable, params, features: dict[str, np.ndarray], s: engine.Setup,
-                     label: str | None = None) -> dict[str, np.ndarray]:
-  """Runs `predict_fn(params, batch)` over every feature row in `prediction_split` batches (the last one padded,
-  padding dropped). A row's outputs do not depend on the rows beside it, so the micro batch changes no number.
-  `label`: show progress under that name on process 0 (a whole test split takes minutes on a CPU)."""
+                     label: str | None = None, lengths: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
+  """Runs `predict_fn(params, batch)` over every feature row in `prediction_split` batches of one length bucket
+  each (`lengths`; default: the rows' full length), the last batch of a bucket padded, padding dropped, outputs
+  in row order. A row's outputs depend neither on the rows beside it nor on the padding after it, so the micro
+  batch and the buckets change no number beyond float rounding. `label`: show progress under that name on process
+  0 (a whole test split takes minutes on a CPU)."""
   predict = jax.jit(predict_fn, out_shardings=s.replicated)
   num_rows = len(next(iter(features.values())))
+  full = features["input_ids"].shape[-1]
   split = prediction_split(s.split)
   progress = Progress(label, "rows predicted", (num_rows, "rows")) if label and jax.process_index() == 0 else None
-  outputs: dict[str, list[np.ndarray]] = {}
-  for start in range(0, num_rows, split.global_batch):
-    rows = split.local(np.arange(start, start + split.global_batch) % num_rows)  # wrap to pad the last batch
-    batch = s.global_batch({k: v[rows] for k, v in features.items()})
-    for name, value in jax.device_get(predict(params, batch)).items():
-      outputs.setdefault(name, []).append(np.asarray(value))
-    if progress:
-      done = min(start + split.global_batch, num_rows)
-      progress.update(done, done)
+  outputs: dict[str, np.ndarray] = {}
+  done = 0
+  for length, bucket_rows in buckets.prediction_groups(features, lengths or (full,)):
+    bucket = buckets.cut({k: v[bucket_rows] for k, v in features.items()}, length, full)
+    for start in range(0, len(bucket_rows), split.global_batch):
+      chunk = np.arange(start, start + split.global_batch) % len(bucket_rows)  # wrap to pad the last batch
+      batch = s.global_batch({k: v[split.local(chunk)] for k, v in bucket.items()})
+      kept = chunk[:len(bucket_rows) - start]
+      for name, value in jax.device_get(predict(params, batch)).items():
+        if name not in outputs:
+          outputs[name] = np.zeros((num_rows, *np.shape(value)[1:]), np.asarray(value).dtype)
+        outputs[name][bucket_rows[kept]] = np.asarray(value)[:len(kept)]
+      done += len(kept)
+      if progress:
+        progress.update(done, done)
   if progress:
     progress.done()
-  return {name: np.concatenate(parts)[:num_rows] for name, parts in outputs.items()}
+  return outputs
 
 
 class BestKeeper:
@@ -133,7 +151,8 @@ class BestKeeper:
                    "selection": "best dev checkpoint of one run, scored every train.eval_every steps"}
     if jax.process_index() == 0:
       for split_name, (split, split_predictions) in predictions.items():
-        self.task.write_predictions(split, split_predictions, os.path.join(step_dir, self.task.predictions_name(split_name)))
+        self.task.write_predictions(split, split_predictions,
+                                    os.path.join(step_dir, self.task.predictions_name(split_name)))
       storage.write_atomic(os.path.join(self.directory, BEST_FILE), json.dumps(self.record, indent=2))
       self._remove_steps_except(os.path.basename(step_dir))
 
@@ -152,11 +171,11 @@ def _on_every_process(decision: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
 
 
-def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup):
-  """Scores every eval split; returns (flat metrics, {split: (split, predictions)})."""
+def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup, lengths: tuple[int, ...]):
+  """Scores every eval split in batches cut to `lengths`; returns (flat metrics, {split: (split, predictions)})."""
   metrics, predictions = {}, {}
   for name, split in splits.items():
-    outputs = predict_features(task.predictor(model), params, split.features, s)
+    outputs = predict_features(task.predictor(model), params, split.features, s, lengths=lengths)
     split_predictions = task.postprocess(split, outputs)
     scores = task.score(split, split_predictions)
     prefix = "" if name == "dev" else f"{name}/"
@@ -203,13 +222,17 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
   def batches(split_name, split):
     if train_split is None:
       raise InputError(f"No {split_name} data: this fine-tuning job was built for evaluation or prediction only.")
-    return FeatureBatches(train_split().features, split, config.seed)
+    lengths = length_buckets(config, task)
+    if len(lengths) == 1:
+      return FeatureBatches(train_split().features, split, config.seed)
+    return buckets.BucketedBatches(train_split().features, lengths, split, config.seed)
 
   example = task.dummy_batch(1)
   return engine.Job(init_params=lambda rng: task.init_params(model, rng), loss_fn=loss_fn,
                     totals_fn=lambda batch: {"examples": _rows(batch)},
                     summarize=lambda sums, steps: {k: v / steps for k, v in sums.items()}, batches=batches,
                     example_batch=task.dummy_batch, tokens_per_example=math.prod(example["input_ids"].shape[1:]),
+                    tokens_per_row=lambda batch: math.prod(batch["input_ids"].shape[1:]),
                     evaluate=evaluate, warm_start=warm_start)
 
 
@@ -231,7 +254,7 @@ def predict_split_file(config, workdir, task, model, params, split: Split, outpu
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
-                               f"predicting split {split.name}")
+                               f"predicting split {split.name}", length_buckets(config, task))
     path = output or os.path.join(workdir, task.submission_name(split.name))
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), path)
@@ -276,7 +299,7 @@ def train(config, workdir: str, args=None) -> None:
       storage.write_atomic(os.path.join(workdir, HEAD_FILE), json.dumps(task.identity(), indent=2))
 
   def evaluate(step, params, s, writer):
-    metrics, predictions = evaluate_splits(task, model, params, dev_splits, s)
+    metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, length_buckets(config, task))
     writer.write(step, metrics, "dev/")
     keeper.update(step, metrics, params, predictions)
     if jax.process_index() == 0:
@@ -317,7 +340,8 @@ def evaluate(config, workdir: str, args=None) -> None:
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
-    metrics, predictions = evaluate_splits(task, model, s.replicate(params), splits, s)
+    metrics, predictions = evaluate_splits(task, model, s.replicate(params), splits, s,
+                                           length_buckets(config, task))
     if jax.process_index() == 0:
       for name, (split, split_predictions) in predictions.items():
         task.write_predictions(split, split_predictions, os.path.join(workdir, task.predictions_name(name)))
@@ -342,7 +366,7 @@ def predict(config, workdir: str, args) -> None:
   with s.context():
     split = task.read_user_file(input_path, tokenizer)
     outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
-                               f"predicting {input_path}")
+                               f"predicting {input_path}", length_buckets(config, task))
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), output_path)
       print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

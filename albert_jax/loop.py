@@ -164,11 +164,12 @@ class _Window:
 
   def __init__(self, checkpointer: checkpointing.Checkpointer):
     self.checkpointer = checkpointer
-    self.total, self.steps, self.start, self.pending = {}, 0, time.time(), None
+    self.total, self.steps, self.tokens, self.start, self.pending = {}, 0, 0, time.time(), None
 
-  def push(self, step: int, device_metrics: Any) -> None:
+  def push(self, step: int, device_metrics: Any, tokens: int) -> None:
     self.drain()
     self.pending = (step, device_metrics)
+    self.tokens += tokens
 
   def drain(self) -> None:
     if self.pending is not None:
@@ -182,10 +183,10 @@ class _Window:
     job, steps = s.job, self.steps
     out = {**job.summarize(self.total["sums"], steps), "grad_norm": self.total["grad_norm"] / steps,
            "learning_rate": self.total["learning_rate"] / steps,
-           **metrics_lib.throughput(steps, time.time() - self.start, s.split.global_batch,
-                                    s.split.global_batch * job.tokens_per_example, job.flops_per_token,
-                                    jax.device_count(), _peak_flops() if job.flops_per_token else None)}
-    self.total, self.steps, self.start = {}, 0, time.time()
+           **metrics_lib.throughput(steps, time.time() - self.start, s.split.global_batch, self.tokens / steps,
+                                    job.flops_per_token, jax.device_count(),
+                                    _peak_flops() if job.flops_per_token else None)}
+    self.total, self.steps, self.tokens, self.start = {}, 0, 0, time.time()
     return out
 
 
@@ -294,9 +295,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
         if step == config.log.profile_start:
           profile = storage.Mirror(os.path.join(workdir, "profile"))  # the profiler writes local files only
           jax.profiler.start_trace(profile.local)
-        state, step_metrics = train_step(state, next(train_iter), rng)
+        batch = next(train_iter)
+        state, step_metrics = train_step(state, batch, rng)
         done = step + 1
-        window.push(done, step_metrics)
+        window.push(done, step_metrics, s.split.global_batch * (
+            job.tokens_per_row(batch) if job.tokens_per_row else job.tokens_per_example))
         ckpt.check()  # a failed background save stops the run now, not at the next save
         if config.log.profile_start >= 0 and done == config.log.profile_start + config.log.profile_steps:
           jax.profiler.stop_trace()

@@ -66,7 +66,7 @@ def _hms(seconds: float) -> str:
   return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def throughput(steps: int, seconds: float, examples_per_step: int, tokens_per_step: int, flops_per_token: float,
+def throughput(steps: int, seconds: float, examples_per_step: int, tokens_per_step: float, flops_per_token: float,
                num_devices: int, peak_per_device: float | None) -> dict[str, Any]:
   seconds = max(seconds, 1e-9)
   out = {"step_time": seconds / steps, "examples_per_sec": steps * examples_per_step / seconds,

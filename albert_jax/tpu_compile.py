@@ -92,6 +92,29 @@ def compile_for(config: ml_collections.ConfigDict, devices: list, keep_compiled:
                 compiled=compiled if keep_compiled else None, **settings)
 
 
+def shorter_bucket_compiles(config: ml_collections.ConfigDict, devices: list) -> list[dict[str, Any]]:
+  """The train steps a fine-tuning run compiles besides the longest one (`compile_for`), one per shorter length
+  bucket (`data.length_buckets`): each one's length, bytes per device and compile seconds."""
+  if is_pretraining(config):
+    return []
+  from albert_jax import buckets, finetune
+  from albert_jax.tasks import get_task
+  lengths = finetune.length_buckets(config, get_task(config))
+  job = job_for(config)
+  s = engine.setup(config, job, devices=devices, process_count=len({d.process_index for d in devices}),
+                   process_index=0)
+  compiles = []
+  for length in lengths[:-1]:
+    example = buckets.cut(job.example_batch(1), length, lengths[-1])
+    start = time.perf_counter()
+    with s.context():
+      compiled = s.lower_train_step(example).compile()
+    memory = compile_stats.memory_breakdown(compiled, {"state": s.abstract_state, "batch": s.abstract_batch(example)})
+    compiles.append({"length": length, "peak_bytes_per_device": max(memory.total, memory.peak),
+                     "compile_seconds": round(time.perf_counter() - start, 2)})
+  return compiles
+
+
 def micro_batch_candidates(config: ml_collections.ConfigDict, devices: list) -> list[int]:
   """Micro batches that divide the per-device share of the global batch, largest first."""
   s = engine.setup(config, job_for(config), devices=devices, process_count=len({d.process_index for d in devices}),
@@ -217,6 +240,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
   result = compile_for(config, devices)
   print_report(result, topo, args.num_slices, devices)
   report = summary(result, topo, args.num_slices, devices)
+  shorter = shorter_bucket_compiles(config, devices) if report["fits"] else []
+  for bucket in shorter:
+    print(f"length bucket {bucket['length']}: {bucket['peak_bytes_per_device'] / GiB:.2f} GiB per device, compiled "
+          f"in {bucket['compile_seconds']:.1f} s", flush=True)
+  if shorter:
+    print(f"{len(shorter) + 1} train steps, one per length bucket; the longest sets the memory above.", flush=True)
+  report.update(shorter_buckets=shorter, compiles=len(shorter) + 1)
   print(json.dumps(report), flush=True)
   if not report["fits"]:
     print(f"Does not fit on {topo.name}; try {_suggestions(config, result)}.", file=sys.stderr)

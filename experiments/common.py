@@ -191,6 +191,7 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
   c.data.spm_model = spm_model    # SentencePiece model of the checkpoint (ALBERT: spiece.model / 30k-clean.model)
   c.data.do_lower_case = True     # ALBERT's English models are uncased
   c.data.max_seq_length = 512
+  c.data.length_buckets = "64,128,256,512"  # batches cut to the shortest holding them; "none": max_seq_length
 
   c.train.optimizer = "adamw"
   c.train.weight_decay = 0.01
@@ -203,10 +204,9 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
 
 # Tokens per device in one micro step that each size fine-tunes within a device of 16 GiB (TPU v3; the original
 # fine-tuned on 8 cores, num_tpu_cores=8) in float32 without remat, with 10% of it to spare: measured with
-# `--mode=compile --topology=v3-8 --fit` (bench/tpu_recipes.py, rows finetune_*). Large and xlarge doubled once
-# LayerNorm, GELU and the softmax kept one array each for the backward (albert_jax/ops.py); xxlarge's parameters and
-# optimizer state leave it no room to. A bigger device may take more: --config.train.max_micro_batch_size=0 lifts
-# the cap.
+# `--mode=compile --topology=v3-8 --fit` (bench/tpu_recipes.py, rows finetune_*); LayerNorm, GELU and the softmax
+# keep one array each for the backward (albert_jax/ops.py). A bigger device may take more:
+# --config.train.max_micro_batch_size=0 lifts the cap.
 FINETUNE_TOKENS_PER_DEVICE = {"base": 8192, "large": 4096, "xlarge": 2048, "xxlarge": 1024}
 
 

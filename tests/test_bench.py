@@ -479,3 +479,20 @@ def test_saved_activations_reports_the_hand_count_and_the_compiled_layers(tmp_pa
   assert row["cpu_kib"] > 0 and row["gpu_kib"] is None and row["tpu_kib"] is None
   record = json.loads((tmp_path / "saved_activations.json").read_text())
   assert record["rows"] == [row] and "loadavg" in record["environment"]["machine"]["start"]
+
+
+@pytest.mark.slow
+def test_finetune_buckets(shared_data, tmp_path):
+  from tests.helpers import glue_data, spm
+  root = glue_data(shared_data, "sst-2", tmp_path / "glue")
+  out, record = bench("finetune_buckets", "--glue", str(root), "--spm", str(spm(shared_data)), "--tasks",
+                      "sst-2:train", "--blocks", "1", "--block", "2", "--train-steps", "4", "--workdir",
+                      str(tmp_path / "runs"), results=tmp_path)
+  (speed,) = record["speeds"]
+  assert speed["task"] == "sst-2" and speed["buckets"] == [64, 128, 256, 512] and speed["speedup"] > 0
+  assert speed["steps_timed_per_length"]["512"] == 2 and sum(speed["batches_per_epoch_by_length"].values()) >= 1
+  padded, bucketed = record["training_runs"]
+  assert (padded["length_buckets"], bucketed["length_buckets"]) == ("none", "64,128,256,512")
+  assert padded["train_step_compiles"] == 1 and bucketed["train_step_compiles"] >= 1
+  assert record["predictions"]["labels_identical"] and record["predictions"]["max_abs_probability_difference"] < 1e-5
+  assert "examples/s bucketed" in out and "labels identical True" in out

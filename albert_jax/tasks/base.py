@@ -168,6 +168,9 @@ class Task(abc.ABC):
   eval_splits: tuple[str, ...] = ("dev",)  # scored at every evaluation; the first one selects the checkpoint
   test_splits: tuple[str, ...] = ("test",)  # predicted with the best checkpoint after training, where present
   predictions_suffix: str = ".jsonl"  # the format `write_predictions` writes
+  # Outputs per example, which padding does not change: batches are cut to length buckets (albert_jax/buckets.py).
+  # Tasks with outputs per token keep every batch at max_seq_length.
+  length_buckets_apply: bool = True
 
   def __init__(self, settings: TaskSettings):
     self.settings = settings

@@ -87,6 +87,7 @@ def _as_iobes(tags: list[str]) -> list[str]:
 
 
 class TokenClassificationTask(Task):
+  length_buckets_apply = False  # outputs per token
 
   @functools.cached_property
   def labels(self) -> tuple[str, ...]:
