@@ -68,7 +68,7 @@ class _OrbaxErrors(logging.Filter):
     self.lock = threading.Lock()
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if (record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
+    if (record.levelno < logging.ERROR or not _from_orbax(record)
         or getattr(record, "albert_jax_released", False)):
       return True
     with self.lock:
@@ -88,7 +88,14 @@ class _OrbaxErrors(logging.Filter):
       logging.getLogger(record.name).handle(record)
 
 
-ORBAX_ERRORS = _OrbaxErrors()  # installed on absl's logger, which orbax logs through, by `console.install`
+def _from_orbax(record: logging.LogRecord) -> bool:
+  """Logged by orbax, or by asyncio, whose only user in a run is orbax's checkpoint I/O: the writes of an abandoned
+  save are reported ("Future exception was never retrieved", often with no traceback) when they are collected, as
+  late as exit."""
+  return f"{os.sep}orbax{os.sep}" in record.pathname or record.name == "asyncio"
+
+
+ORBAX_ERRORS = _OrbaxErrors()  # installed on the loggers of absl (which orbax logs through) and asyncio
 
 
 def _said_in_one_line(unraisable) -> bool:

@@ -4,8 +4,9 @@ the benchmarks) call `install()` before they run; importing the library changes 
 Each setting and its reason:
 - absl's verbosity WARNING, unless `--verbosity` is given: orbax logs every file it opens and jax every backend it
   probes at INFO, which buries the run's own progress lines.
-- `checkpointing.ORBAX_ERRORS` on absl's logger: orbax logs a failed background save as pages of ERROR records
-  with tracebacks before the loop learns of it; the loop's SaveError then says it in one line.
+- `checkpointing.ORBAX_ERRORS` on the loggers of absl and asyncio: orbax logs a failed background save as pages
+  of ERROR records with tracebacks before the loop learns of it, and asyncio reports each of its abandoned writes
+  when the write's task is collected, as late as exit; the loop's SaveError says it all in one line.
 - `sys.unraisablehook` without the reports that a failed save or restore leaves behind (asyncio's "Event loop is
   closed" from every write still pending, tensorstore's dropped reads), which SaveError or the restore's line
   already states; the same reports from anywhere else still print.
@@ -30,9 +31,10 @@ def install() -> None:
     flags.FLAGS.mark_as_parsed()
   if "verbosity" not in flags.FLAGS or not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  absl_logger = std_logging.getLogger("absl")
-  if checkpointing.ORBAX_ERRORS not in absl_logger.filters:
-    absl_logger.addFilter(checkpointing.ORBAX_ERRORS)
+  for name in ("absl", "asyncio"):
+    logger = std_logging.getLogger(name)
+    if checkpointing.ORBAX_ERRORS not in logger.filters:
+      logger.addFilter(checkpointing.ORBAX_ERRORS)
   if not getattr(sys.unraisablehook, "without_failed_checkpoint_reports", False):
     sys.unraisablehook = checkpointing.without_reports_said_in_one_line(sys.unraisablehook)
     sys.unraisablehook.without_failed_checkpoint_reports = True

@@ -1,6 +1,7 @@
 """Training engine: optimizer vs the reference formula, accumulation, resume after kill -9, SIGTERM, 1 vs 8 devices,
 2 processes vs 1, and clear errors for bad configs."""
 import json
+import logging
 import os
 import re
 import shutil
@@ -686,6 +687,34 @@ def test_the_default_run_says_what_it_does_before_the_first_step(tmp_path):
                 "Compiled the train step in"):
     assert any(phase in line for line in lines[:first_step]), (phase, lines[:first_step])
   assert any(line.startswith("held-out eval at step 2: mlm_loss") for line in lines[first_step:])
+
+
+def test_asyncio_reports_of_abandoned_orbax_writes_are_held_like_orbax_records():
+  """The writes of a failed save are reported by asyncio ("Future exception was never retrieved") when they are
+  collected, which can be after the SaveError line: asyncio's ERROR records are held with orbax's, dropped once a
+  save failed and let through when none did; other records pass."""
+  import asyncio.base_events
+  def record(name, pathname, level=logging.ERROR):
+    return logging.LogRecord(name, level, pathname, 1771, "Future exception was never retrieved", None, None)
+  orbax_file = os.path.join("site-packages", "orbax", "checkpoint", "_src", "serialization", "serialization.py")
+  released = []
+  logging.getLogger("asyncio").addHandler(handler := logging.Handler())
+  handler.emit = released.append
+  try:
+    errors = checkpointing._OrbaxErrors()
+    assert errors.filter(record("absl", "/home/user/my_module.py"))
+    assert errors.filter(record("asyncio", asyncio.base_events.__file__, logging.WARNING))
+    assert not errors.filter(record("asyncio", asyncio.base_events.__file__))
+    assert not errors.filter(record("absl", orbax_file))
+    errors.release()   # no save failed: both are printed, late
+    assert [r.name for r in released] == ["asyncio"] and not errors.held
+    assert not errors.filter(record("asyncio", asyncio.base_events.__file__)) and len(errors.held) == 1
+    errors.drop()
+    assert not errors.filter(record("asyncio", asyncio.base_events.__file__)) and not errors.held
+    errors.release()
+    assert len(released) == 1
+  finally:
+    logging.getLogger("asyncio").removeHandler(handler)
 
 
 def test_closed_event_loop_reports_of_a_failed_save_are_not_printed():
