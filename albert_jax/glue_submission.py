@@ -5,7 +5,8 @@ predictions that training wrote under the GLUE server's names (CoLA.tsv, ..., MN
 an MNLI run writes AX.tsv too when DATA/glue/diagnostic/ is there). Where several runs give the same file
 (seeds), the one with the best dev score in best/best.json is taken. Every file is checked as the server reads
 it: the header `index<TAB>prediction`, a known label (STS-B: a number) on every row, and the official number of
-test rows; then copied to --out. Zip that folder's files to upload: `cd OUT && zip ../submission.zip *.tsv`.
+test rows; then copied to --out, which must hold no other file (an earlier assembly's would be zipped with
+them). Zip that folder's files to upload: `cd OUT && zip ../submission.zip *.tsv`.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import math
 import os
 
 from albert_jax import storage
-from albert_jax.errors import InputError, MissingFileError, one_line_user_errors
+from albert_jax.errors import ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.tasks import TaskSettings
 from albert_jax.tasks.base import DataFileError
 from albert_jax.tasks.glue import SPECS, GlueTask
 from albert_jax.tasks.records import tsv_rows
+from data_pipeline import writers
 
 # Rows of each official test file (the GLUE server refuses a submission with any other count).
 TEST_ROWS = {"CoLA.tsv": 1063, "SST-2.tsv": 1821, "MRPC.tsv": 1725, "STS-B.tsv": 1379, "QQP.tsv": 390965,
@@ -64,9 +66,11 @@ def dev_score(run: str) -> float:
 
 
 def assemble(runs: list[str], out: str, allow_partial: bool = False, check_counts: bool = True) -> dict[str, str]:
-  """{file name: the run it was taken from}, after copying each chosen file into `out`."""
+  """{file name: the run it was taken from}, after copying each chosen file into `out`, which one assembly writes
+  at a time (`writers.WriterLock`) and which must hold no other file."""
   chosen: dict[str, tuple[float, str]] = {}
   for run in runs:
+    writers.check_apart("--out", out, "--runs", run, "the submission")
     config_path = os.path.join(run, "config.json")
     if not storage.path(config_path).exists():
       raise MissingFileError(f"{config_path} not found; --runs takes fine-tuning workdirs of experiments/glue.py.")
@@ -84,9 +88,20 @@ def assemble(runs: list[str], out: str, allow_partial: bool = False, check_count
                      "with init_checkpoint = the MNLI model), or pass --allow_partial.")
   for name, (_, run) in chosen.items():
     check_file(os.path.join(run, name), check_counts)
-  for name, (_, run) in chosen.items():
-    storage.copy_atomic(os.path.join(run, name), os.path.join(out, name))
+  with writers.WriterLock(os.path.join(out, writers.LOCK_FILE), f"--out={out}", "--out"):
+    _check_no_other_files(out, set(chosen))
+    for name, (_, run) in chosen.items():
+      storage.copy_atomic(os.path.join(run, name), os.path.join(out, name))
   return {name: run for name, (_, run) in sorted(chosen.items())}
+
+
+def _check_no_other_files(out: str, names: set[str]) -> None:
+  """Refuses files in `out` that this assembly does not write: an earlier assembly's CoLA.tsv would be zipped and
+  submitted with this one's files."""
+  others = sorted(p.name for p in storage.path(out).iterdir() if p.name not in names and p.name != writers.LOCK_FILE)
+  if others:
+    raise ExistsError(f"--out={out} holds {', '.join(others)}, which this submission does not write: a zip of the "
+                      "folder would submit them too; delete them or choose an empty --out.")
 
 
 def main(argv=None) -> None:

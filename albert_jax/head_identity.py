@@ -29,9 +29,26 @@ HEAD_FILE = "head.json"  # what the head was trained for: a fine-tuning workdir'
                          # directory's `HFHead.identity()`
 
 
+# The fields of a best record that the readers use, and their types (finetune.BestKeeper writes them).
+BEST_FIELDS = {"step": int, "metric": str, "value": (int, float), "weights": str}
+
+
 def read_best(workdir: str) -> dict | None:
+  """A fine-tuning workdir's best record (None without one), refused in one line unless it is the JSON object
+  that fine-tuning writes (not a file cut short or edited into another shape)."""
   path = storage.path(workdir) / BEST_DIR / BEST_FILE
-  return json.loads(path.read_text()) if path.exists() else None
+  if not path.exists():
+    return None
+  try:
+    best = json.loads(path.read_text())
+  except ValueError:  # not JSON (nor UTF-8)
+    best = None
+  if not (isinstance(best, dict) and all(isinstance(best.get(k), t) for k, t in BEST_FIELDS.items())
+          and isinstance(best.get("head", {}), dict)):
+    raise InputError(f"{path} is not a best-checkpoint record (a JSON object with " + ", ".join(BEST_FIELDS) +
+                     "); restore it from a copy, or remove it: eval and predict then use the latest checkpoint, "
+                     "and training keeps a new best from its next evaluation.")
+  return best
 
 
 def best_weights(workdir: str, best: dict) -> str:

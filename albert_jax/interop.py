@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import warnings
 from typing import Any, Mapping
 
 from absl import logging
@@ -18,7 +20,7 @@ import ml_collections
 import numpy as np
 import safetensors.numpy
 
-from albert_jax import head_identity, storage
+from albert_jax import head_identity, pretrained, storage
 from albert_jax import model as model_lib
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
 from albert_jax.head_identity import (HF_HEAD_PARAMS, MASKED_LM, QUESTION_ANSWERING, TOKEN_CLASSIFICATION,
@@ -30,6 +32,7 @@ CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
+_REFETCH = "fetch the checkpoint again, or re-save it with transformers' save_pretrained (safetensors)"
 
 # HF `AlbertConfig` defaults (REFERENCE b.1), for config.json files that leave a field out.
 _HF_DEFAULTS = {"vocab_size": 30000, "embedding_size": 128, "hidden_size": 4096, "num_hidden_layers": 12,
@@ -149,19 +152,47 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
   if os.path.isfile(os.path.join(path, SAFETENSORS_FILE)):
     return safetensors.numpy.load_file(os.path.join(path, SAFETENSORS_FILE))
   if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):  # sharded checkpoint
-    with open(os.path.join(path, SAFETENSORS_INDEX)) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
-    return {k: v for name in files for k, v in safetensors.numpy.load_file(os.path.join(path, name)).items()}
+    return {k: v for name in _shard_files(path) for k, v in safetensors.numpy.load_file(name).items()}
   if os.path.isfile(os.path.join(path, TORCH_FILE)):
-    try:
-      import torch
-    except ImportError as e:
-      raise ImportError(f"{path} holds {TORCH_FILE}, which needs torch to read: `pip install torch` (CPU build is "
-                        "enough), or re-save the checkpoint as safetensors.") from e
-    state = torch.load(os.path.join(path, TORCH_FILE), map_location="cpu", weights_only=True)
-    return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
+    return _read_torch(os.path.join(path, TORCH_FILE))
   raise MissingFileError(f"No weights in {path!r}: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "
                          f"{TORCH_FILE} (as written by transformers' save_pretrained).")
+
+
+def _shard_files(path: str) -> list[str]:
+  """The shards that the index of a sharded checkpoint names, each refused unless it is a file name in `path`
+  itself, as transformers writes them: a crafted index must not make us open `../../etc/passwd` or `/etc/passwd`."""
+  index = os.path.join(path, SAFETENSORS_INDEX)
+  weight_map = pretrained.read_json_object(index, "a safetensors index", _REFETCH).get("weight_map")
+  if not isinstance(weight_map, dict):
+    raise InputError(f"{index} has no weight_map (each tensor's shard file); {_REFETCH}.")
+  outside = sorted({str(name) for name in weight_map.values()
+                    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name})
+  if outside:
+    raise InputError(f"{index} names shard files outside {path}: {outside}; an index names files in its own "
+                     f"folder only: {_REFETCH}.")
+  return [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
+
+
+def _read_torch(file: str) -> dict[str, np.ndarray]:
+  """The tensors of a pickled state dict, read by torch's tensors-only unpickler (weights_only), which runs
+  nothing in the file; anything else in it is refused in one line."""
+  try:
+    import torch
+  except ImportError as e:
+    raise EnvironmentUserError(f"{file} needs torch to read: `pip install torch` (CPU build is enough), or "
+                               "re-save the checkpoint as safetensors.") from e
+  try:
+    with warnings.catch_warnings():  # a plain pickle's protocol, warned of in two lines before the refusal's one
+      warnings.filterwarnings("ignore", "Detected pickle protocol")
+      state = torch.load(file, map_location="cpu", weights_only=True)
+  except (pickle.UnpicklingError, EOFError, RuntimeError) as e:  # an object it will not build, cut short, no pickle
+    raise InputError(f"{file} is not a PyTorch state dict that torch.load reads safely ({type(e).__name__}; it "
+                     f"builds tensors only, and nothing in the file was run): {_REFETCH}.") from None
+  if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    raise InputError(f"{file} is not a PyTorch state dict: it holds a {type(state).__name__} of other objects than "
+                     f"tensors; {_REFETCH}.")
+  return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
 
 
 def _check_shape(key: str, path: Path, found: tuple[int, ...], expected: tuple[int, ...], where: str) -> None:
@@ -232,8 +263,7 @@ def _read_config(path: str) -> dict[str, Any]:
   if not os.path.isfile(config_path):
     raise MissingFileError(f"{config_path} not found; point to a directory written by transformers' "
                            "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
-  with open(config_path) as f:
-    return json.load(f)
+  return pretrained.read_json_object(config_path, "a transformers config", _REFETCH)
 
 
 def read_head(path: str) -> HFHead | None:
@@ -302,8 +332,9 @@ def _write_hf(path: str, tensors: dict[str, np.ndarray], hf_config: dict[str, An
     storage.write_atomic(config, json.dumps(hf_config, indent=2))
   except (OSError, safetensors.SafetensorError) as e:
     storage.remove(f"{weights}.tmp")
-    raise EnvironmentUserError(f"Writing the transformers model into {path} failed ({e}); nothing there is left as a complete "
-                               "model. Free space on that disk (or make it writable) and run again, or write elsewhere.") from e
+    raise EnvironmentUserError(f"Writing the transformers model into {path} failed ({e}); nothing there is left as a "
+                               "complete model. Free space on that disk (or make it writable) and run again, or write "
+                               "elsewhere.") from e
 
 
 def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
@@ -338,5 +369,6 @@ def _run_task(workdir: str):
   config_path = os.path.join(workdir, "config.json")
   if not storage.path(config_path).is_file():
     return None
-  config = ml_collections.ConfigDict(json.loads(storage.path(config_path).read_text()))
+  config = ml_collections.ConfigDict(pretrained.read_json_object(config_path, "a run's config",
+                                                                 pretrained.RESTORE_RUN_CONFIG))
   return get_task(config) if "task" in config else None

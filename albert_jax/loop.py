@@ -5,6 +5,7 @@ non-finite step. Pretraining and fine-tuning both run through `fit`.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import signal
@@ -46,8 +47,9 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Before a run writes into `workdir`: refuses a different model shape, and settings changed in ways that break
   an exact resume; says and records legitimate changes (the previous resolved config is kept as
-  `config.<step>.json`). Every process must decide alike (opening the checkpoints is a barrier), so the new
-  config.json is written later, by `write_workdir_config`, once all of them are past this check."""
+  `config.<step>.json`, or `config.<step>.<n>.json` after earlier resumes at that step). Every process must decide
+  alike (opening the checkpoints is a barrier), so the new config.json is written later, by
+  `write_workdir_config`, once all of them are past this check."""
   path = storage.path(workdir) / "config.json"
   latest = latest_step(workdir) if path.exists() else None
   if latest is not None:
@@ -69,9 +71,21 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
                          f"the same run (data order, dropout or step size change). Restore the saved values "
                          f"(config.json there), use a new --workdir, or pass --config.resume_with_changes=True.")
       if jax.process_index() == 0:
-        storage.write_atomic(os.fspath(storage.path(workdir) / f"config.{latest}.json"), text)
         print(f"Resuming at step {latest} with changed settings: {listed} (the previous config is kept as "
-              f"config.{latest}.json).", flush=True)
+              f"{_keep_config(workdir, latest, text)}).", flush=True)
+
+
+def _keep_config(workdir: str, step: int, text: str) -> str:
+  """The name of the file that keeps `text`, the config.json a resume with changes replaces: the first free one of
+  `config.<step>.json`, `config.<step>.1.json`, ..., since writing over an earlier one would lose its settings
+  (unless one of them holds `text` already)."""
+  for n in itertools.count():
+    kept = storage.path(workdir) / (f"config.{step}.json" if n == 0 else f"config.{step}.{n}.json")
+    if not kept.exists():
+      storage.write_atomic(os.fspath(kept), text)
+      return kept.name
+    if kept.read_text() == text:
+      return kept.name
 
 
 def latest_step(workdir: str) -> int | None:

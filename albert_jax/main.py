@@ -5,6 +5,7 @@ function that `runner.MODES` names for the mode and the config's task.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sys
@@ -14,7 +15,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from albert_jax import runner
-from albert_jax.errors import (MissingFileError, NotADirectoryUserError, NotWritableError, UserError,
+from data_pipeline import writers
+from albert_jax.errors import (InputError, MissingFileError, NotADirectoryUserError, NotWritableError, UserError,
                                one_line_user_errors)
 
 FLAGS = flags.FLAGS
@@ -120,19 +122,46 @@ def _experiment_error(error: flags.Error) -> Exception | None:
   return found
 
 
+def _config_file_error(argv: list[str]) -> str | None:
+  """A `--config` that names no file; ml_collections would raise it only when the config is first read."""
+  spec = _config_spec(argv)
+  if spec is None:
+    return "error: --config is required: pass an experiment file, e.g. experiments/pretrain_tiny.py."
+  path = spec.split(":", 1)[0]
+  if os.path.isfile(path):
+    return None
+  found = "is a directory" if os.path.isdir(path) else "does not exist"
+  return f"error: --config={spec}: {path} {found}; pass an experiment file, e.g. experiments/pretrain_tiny.py."
+
+
+HELP_FLAGS = ("-?", "--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with two mistakes reported in one line instead of the page of traceback absl shows: a
+  """absl's flag parsing, each mistake said in one line instead of absl's usage page or a traceback: a flag's bad
+  value or an unknown flag (absl's message names it), a `--config` file that is missing or has no `get_config`, a
   misspelt `--config.<field>` (ml_collections raises a KeyError or AttributeError from inside the parser) and a bad
-  experiment argument (our ValueError from get_config, with the usual `error: ` of our messages)."""
+  experiment argument (our ValueError from get_config, with the usual `error: ` of our messages). `--help` exits 0
+  (absl's exits 1)."""
+  if any(arg in HELP_FLAGS for arg in argv[1:]):
+    with contextlib.suppress(SystemExit):
+      FLAGS(argv)  # prints the usage, then exits 1
+    sys.exit(0)
+  message = _config_file_error(argv)
   try:
-    return FLAGS(argv)
+    if message is None:
+      return FLAGS(argv)
   except flags.Error as e:
     ours = _experiment_error(e)
-    if ours is None:
-      return app.parse_flags_with_usage(argv)  # absl's own report, from a second parse that fails the same way
-    print(f"error: {ours}", file=sys.stderr)
-  except (KeyError, AttributeError) as e:
-    print(f"FATAL Flags parsing error: {_unknown_field(argv) or e}", file=sys.stderr)
+    message = f"error: {ours}" if ours else f"FATAL Flags parsing error: {e} (--helpfull lists every flag)"
+  except AttributeError as e:
+    no_get_config = str(e).endswith("'get_config'")
+    message = (f"error: --config={_config_spec(argv)} defines no get_config(); an experiment file returns its "
+               "ConfigDict from get_config(), as experiments/pretrain_tiny.py does." if no_get_config
+               else f"FATAL Flags parsing error: {_unknown_field(argv) or e}")
+  except KeyError as e:
+    message = f"FATAL Flags parsing error: {_unknown_field(argv) or e}"
+  print(message, file=sys.stderr)
   sys.exit(1)
 
 
@@ -166,15 +195,40 @@ def check_workdir(workdir: str, mode_name: str, output: str | None = None, pretr
     raise NotWritableError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory{hint}.")
 
 
-def main(argv) -> None:
+# The flags that only some modes read: given to another mode they would be ignored without a word.
+MODE_FLAGS = {"input": ("predict", "embed"), "output": ("predict", "embed"), "split": ("predict",),
+              "pooling": ("embed",), "topology": ("compile",), "num_slices": ("compile",), "fit": ("compile",)}
+
+
+def check_command_line(argv: list[str], mode_name: str) -> None:
+  """Refuses leftover arguments, a missing --workdir, and a flag the mode does not read."""
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    raise InputError(f"unexpected arguments {argv[1:]}; every setting is a --flag or a --config.<field> override.")
+  if runner.MODES[mode_name].needs_workdir and not FLAGS.workdir:
+    raise InputError(f"--workdir is required for --mode={mode_name}: where the run's checkpoints and metrics are.")
+  for name, modes in MODE_FLAGS.items():
+    if FLAGS[name].present and mode_name not in modes:
+      raise InputError(f"--{name} does nothing with --mode={mode_name}; it is read by --mode="
+                       f"{' and --mode='.join(modes)}. Drop it, or choose that mode.")
+  if FLAGS.output:
+    _check_output_apart(FLAGS.output, FLAGS.input, FLAGS.workdir)
+
+
+def _check_output_apart(output: str, input_path: str | None, workdir: str | None) -> None:
+  """Predictions and embeddings never replace their input, nor land among the run's weights."""
+  if input_path:
+    writers.check_apart("--output", output, "--input", input_path, "the output", new="file")
+  for folder in ("checkpoints", "best") if workdir else ():
+    inside = writers.resolved(os.path.join(workdir, folder))
+    if writers.resolved(output).startswith(inside + "/"):
+      raise InputError(f"--output={output} is inside the run's {folder}/ ({inside}); write it outside the weights.")
+
+
+def main(argv) -> None:
   from albert_jax import console
   console.install()
-  mode = runner.MODES[FLAGS.mode]
-  if mode.needs_workdir and not FLAGS.workdir:
-    raise app.UsageError(f"--workdir is required for --mode={FLAGS.mode}.")
   with one_line_user_errors():
+    check_command_line(argv, FLAGS.mode)
     run(FLAGS.config, FLAGS.workdir, FLAGS.mode)
 
 

@@ -6,6 +6,8 @@ config.json from either maps one to one (see `interop.py`).
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
 from typing import Any, Mapping
 
 from albert_jax.errors import InputError
@@ -18,6 +20,12 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 # Keys of earlier versions that no longer change anything, ignored where a saved config.json still has them:
 # softmax_custom_jvp (the attention softmax now always differentiates from its output, albert_jax.ops).
 RETIRED_KEYS = ("softmax_custom_jvp",)
+# The sizes: positive integers, each at most INT32_MAX, the largest index or counter the compiled step holds (token
+# ids, positions and loop counters are int32).
+SIZE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size", "num_hidden_groups", "inner_group_num", "max_position_embeddings",
+               "type_vocab_size", "scan_unroll")
+INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,12 +117,11 @@ class ModelConfig:
 
 def validate(c: ModelConfig) -> None:
   """Raises ValueError naming the bad field and how to fix it."""
-  positive = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-              "intermediate_size", "num_hidden_groups", "inner_group_num", "max_position_embeddings",
-              "type_vocab_size", "scan_unroll")
-  for name in positive:
-    if getattr(c, name) < 1:
-      raise InputError(f"model.{name} must be >= 1, got {getattr(c, name)}.")
+  for name in SIZE_FIELDS:
+    value = getattr(c, name)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value <= INT32_MAX:
+      raise InputError(f"model.{name}={value!r} must be an integer from 1 to {INT32_MAX:,} (token ids, positions "
+                       "and loop counters are int32).")
   if c.hidden_size % c.num_attention_heads:
     raise InputError(
         f"model.hidden_size={c.hidden_size} is not divisible by model.num_attention_heads="
@@ -147,6 +154,66 @@ def validate(c: ModelConfig) -> None:
   for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
     if not 0.0 <= getattr(c, name) < 1.0:
       raise InputError(f"model.{name} must be in [0, 1), got {getattr(c, name)}.")
+  _check_fits_host(c)
+
+
+def parameter_count(c: ModelConfig, **sizes: int) -> int:
+  """The parameters of `AlbertForPreTraining(c)` (describe's params_total), with `sizes` in place of c's fields:
+  from the sizes alone, since a config must be checked before the model, even its shapes, can be traced."""
+  s = _sizes(c, sizes)
+  v, e, h, i = s["vocab_size"], s["embedding_size"], s["hidden_size"], s["intermediate_size"]
+  layers = s["num_hidden_layers"]
+  projection = c.embedding_projection if c.embedding_projection is not None else e != h
+  attention = 4 * (h * h + h) + 2 * h  # query, key, value, dense; LayerNorm
+  ffn = 2 * h * i + i + h + 2 * h      # intermediate, output; LayerNorm
+  encoder = {"all": s["num_hidden_groups"] * s["inner_group_num"] * (attention + ffn),
+             "attention": attention + layers * ffn, "ffn": layers * attention + ffn,
+             "none": layers * (attention + ffn)}[c.sharing]
+  embeddings = (v + s["max_position_embeddings"] + s["type_vocab_size"]) * e + 2 * e
+  heads = (h * e + e) + 2 * e + v + (2 * h + 2)  # MLM dense, LayerNorm, output bias; sentence-order classifier
+  return embeddings + projection * (e * h + h) + encoder + (h * h + h) + heads
+
+
+def _sizes(c: ModelConfig, sizes: Mapping[str, int]) -> dict[str, int]:
+  return {**{name: getattr(c, name) for name in SIZE_FIELDS}, **sizes}
+
+
+def host_memory() -> int:
+  """This host's physical memory in bytes."""
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _memory_needed(c: ModelConfig, **sizes: int) -> int:
+  """Bytes that `c` (with `sizes` in place of its fields) needs at least: one copy of the parameters, which
+  restores, warm starts and exports hold in host memory, and one longest sequence's input to every layer
+  application, which a training step keeps for its backward pass."""
+  s = _sizes(c, sizes)
+  saved = s["num_hidden_layers"] * s["inner_group_num"] * s["max_position_embeddings"] * s["hidden_size"]
+  return parameter_count(c, **sizes) * _bytes(c.param_dtype) + saved * _bytes(c.dtype)
+
+
+def _bytes(dtype: str) -> int:
+  return 4 if dtype == "float32" else 2
+
+
+def _check_fits_host(c: ModelConfig) -> None:
+  """Refuses a model beyond this host's memory, naming the size (of those the need grows with) furthest beyond
+  the released models' and the most of it that fits with the others as they are, found by bisection."""
+  memory, needed = host_memory(), _memory_needed(c)
+  if needed <= memory:
+    return
+  released = [{**DEFAULT_SIZES, **size} for size in MODEL_SIZES.values()]
+  growing = [n for n in SIZE_FIELDS if _memory_needed(c, **{n: 2 * getattr(c, n)}) > needed]
+  name = max(growing, key=lambda n: getattr(c, n) / max(size[n] for size in released))
+  fits, beyond = 0, getattr(c, name)
+  while beyond - fits > 1:
+    middle = (fits + beyond) // 2
+    fits, beyond = (middle, beyond) if _memory_needed(c, **{name: middle}) <= memory else (fits, middle)
+  most = f"at most {fits:,} fits with the other sizes as they are" if fits else "no value fits with the other sizes"
+  raise InputError(f"model.{name}={getattr(c, name)} makes the model need {needed / 2**30:,.1f} GiB ("
+                   f"{parameter_count(c):,} parameters in {c.param_dtype} and one {c.max_position_embeddings}-token "
+                   f"sequence through every layer), more than this host's {memory / 2**30:,.1f} GiB of memory: "
+                   f"{most}; lower model.{name}.")
 
 
 def _albert(L, H, heads, dropout, act):
@@ -183,6 +250,7 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
                  intermediate_size=256, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                  hidden_act="gelu_new", sharing="all", max_position_embeddings=128),
 }
+DEFAULT_SIZES = {name: getattr(ModelConfig, name) for name in SIZE_FIELDS}
 # v2 is the default flavour, as in the released README's first table.
 for _size in ("base", "large", "xlarge", "xxlarge"):
   MODEL_SIZES[f"{_size}_v2"] = MODEL_SIZES[_size]

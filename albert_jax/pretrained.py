@@ -29,6 +29,8 @@ from albert_jax.model_config import ModelConfig
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
+_CONVERT_AGAIN = "convert the weights again (python -m albert_jax.convert)"
+RESTORE_RUN_CONFIG = "restore it from a copy, or from the config.<step>.json that a resume kept there"
 
 
 def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head: dict | None = None) -> None:
@@ -61,7 +63,8 @@ def load_pretrained(directory: str) -> tuple[ModelConfig, Any]:
     raise MissingFileError(f"{directory!r} is not a pretrained-weights directory (expected {CONFIG_FILE} and "
                            f"{PARAMS_DIR}/); write one with `python -m albert_jax.convert --from=hf ...` or point "
                            "to a training workdir.")
-  model_config = ModelConfig.from_mapping(json.loads((storage.path(directory) / CONFIG_FILE).read_text()))
+  model_config = ModelConfig.from_mapping(read_json_object(os.path.join(directory, CONFIG_FILE), "a model config",
+                                                           _CONVERT_AGAIN))
   path = os.path.join(directory, PARAMS_DIR)
   with ocp.StandardCheckpointer() as checkpointer:
     params = checkpointer.restore(path, local_restore_target(checkpointer.metadata(path).item_metadata))
@@ -74,10 +77,22 @@ def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_c
   weight shape shows: they would load and compute another function (`head_identity.check_shapeless_fields`)."""
   saved = None
   if storage.path(os.path.join(path, CONFIG_FILE)).is_file():
-    saved = json.loads(storage.path(os.path.join(path, CONFIG_FILE)).read_text())
+    saved = read_json_object(os.path.join(path, CONFIG_FILE), "a model config", _CONVERT_AGAIN)
   elif storage.path(os.path.join(path, "config.json")).is_file():
-    saved = json.loads(storage.path(os.path.join(path, "config.json")).read_text()).get("model")
+    saved = read_json_object(os.path.join(path, "config.json"), "a run's config", RESTORE_RUN_CONFIG).get("model")
   check_shapeless_fields(saved, model, path, name)
+
+
+def read_json_object(path: str, what: str, fix: str) -> dict[str, Any]:
+  """The JSON object in `path` (a config file), refused in one line naming the file, `what` it should be and `fix`
+  when the file was cut short or edited into something else."""
+  try:
+    value = json.loads(storage.path(path).read_text())
+  except ValueError:  # not JSON (nor UTF-8)
+    value = None
+  if not isinstance(value, dict):
+    raise InputError(f"{path} is not {what} (a JSON object); {fix}.")
+  return value
 
 
 def load_init_params(path: str, name: str = "init_checkpoint", model: Mapping[str, Any] | None = None) -> Any:

@@ -17,7 +17,7 @@ import re
 import jax
 from jax.experimental import topologies
 
-from albert_jax.errors import InputError
+from albert_jax.errors import EnvironmentUserError, InputError
 
 GiB = 1 << 30
 
@@ -156,8 +156,8 @@ def tpu_devices(name: str | TpuTopology, num_slices: int = 1) -> list:
     raise InputError(f"libtpu rejected topology {topo.topology!r} ({topo.name!r}): {e}. Use a shape that the "
                      f"generation comes in; {_FORMS}.") from e
   except RuntimeError as e:  # jax: "JAX TPU support not installed; cannot generate TPU topology."
-    raise RuntimeError(f"The TPU compiler (libtpu) is not installed, so {topo.name!r} cannot be described on this "
-                       f"host ({e}). Install it with: pip install -e '.[tpu]'") from e
+    raise EnvironmentUserError(f"The TPU compiler (libtpu) is not installed, so {topo.name!r} cannot be described "
+                               f"on this host ({e}). Install it with: pip install -e '.[tpu]'") from e
   expected = topo.devices * num_slices
   if len(devices) != expected:
     raise RuntimeError(f"libtpu described {len(devices)} devices for {topo.topology!r} x {num_slices} slice(s); "

@@ -20,7 +20,9 @@ output). The same settings over changed inputs or a replaced --spm_model mean "p
 stderr. A preparation that finds no documents deletes what it wrote, so the corrected command starts afresh.
 Files are only ever written under a fresh temporary name and renamed into place, so a symlink placed in the output
 folder is replaced, never written through. Worker processes end themselves when the parent process dies (kill -9
-included), so no orphan writes on.
+included), so no orphan writes on. One preparation writes a folder at a time: a second is refused naming the first,
+which holds `run.lock` there (`data_pipeline.writers`; a killed one does not block), and a folder that is or holds
+an input file is refused.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from data_pipeline import cli, records, rng, sources
+from data_pipeline import cli, records, rng, sources, writers
 from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source, absolute_input, binary_file_error
@@ -265,11 +267,21 @@ def _watch_parent(parent: int) -> None:
 
 
 def prepare(config: PrepareConfig) -> dict:
-  """Write (or finish writing) the shards and the manifest; returns the manifest."""
+  """Write (or finish writing) the shards and the manifest; returns the manifest. The output folder has one writer
+  at a time (`writers.WriterLock`), apart from the inputs."""
   tokenizer = Tokenizer(config.spm_model, config.do_lower_case)   # fails early on a bad model path
   source = config.source()
   files = source.files("data_pipeline.prepare")
+  for file in files:
+    writers.check_apart("--output_dir", config.output_dir, "--input", file, "the preparation")
   inputs = [input_fingerprint(f, text=source.format != "tfds") for f in files]
+  storage.path(config.output_dir).mkdir(parents=True, exist_ok=True)   # not the lock's: kept, emptied, if no documents
+  with writers.WriterLock(os.path.join(config.output_dir, writers.LOCK_FILE), f"--output_dir={config.output_dir}",
+                          "--output_dir", cli.on_stderr("data_pipeline.prepare")):
+    return _prepare(config, tokenizer, files, inputs)
+
+
+def _prepare(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inputs: list[dict]) -> dict:
   _check_or_record_identity(config, {**config.identity(), "inputs": inputs, "tokenizer_sha256": tokenizer.sha256})
   counts = config.shard_counts()
   todo = [(split, i) for split in SPLITS for i in range(counts[split])
@@ -291,7 +303,7 @@ def prepare(config: PrepareConfig) -> dict:
   if not sum(manifest["splits"][s]["documents"] for s in SPLITS):
     _delete_outputs(config)   # nothing worth resuming: the corrected command (another --format) starts afresh
     raise InputError(f"No documents in --input={config.input!r} ({manifest['totals']}); check --format "
-                     f"(now {source.format!r}) and that the files hold text.")
+                     f"(now {config.source().format!r}) and that the files hold text.")
   for split in SPLITS:
     if not manifest["splits"][split]["documents"]:
       print(f"data_pipeline.prepare: warning: no document went to the {split} split (--eval_fraction="
@@ -343,7 +355,7 @@ def parse_args(argv: list[str]) -> PrepareConfig:
     default = getattr(defaults, field.name)
     required = field.name in ("input", "spm_model", "output_dir")
     if isinstance(default, bool):
-      parser.add_argument(f"--{field.name}", type=lambda v: v.lower() in ("1", "true", "yes"), default=default)
+      parser.add_argument(f"--{field.name}", type=cli.boolean, default=default)
     else:
       kind = type(default) if default is not None and not required else str
       parser.add_argument(f"--{field.name}", type=kind, default=None if required else default, required=required)

@@ -23,7 +23,7 @@ import sentencepiece as spm
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from data_pipeline import cli
+from data_pipeline import cli, writers
 from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source, raw_pieces
@@ -78,15 +78,25 @@ def train(source: Source, model_path: str, vocab_size: int = 30000, input_senten
           seed: int = 0, num_threads: int = 1, do_lower_case: bool = True) -> str:
   """Train on the sentences of `source` and write `model_path` (a .model file); returns the path. The arguments and
   the input are checked before training (InputError), and the trainer's errors about them are told in its flags'
-  words."""
+  words. One run writes `model_path` at a time (`writers.WriterLock`, `model_path`.lock), never over an input."""
   cli.check_at_least("vocab_size", vocab_size, FIXED_PIECES + 1)
   cli.check_at_least("input_sentence_size", input_sentence_size, 0)
   cli.check_at_least("num_threads", num_threads, 1)
   if storage.path(model_path).is_dir():
     raise InputError(f"--output={model_path} is a directory; pass the path of the .model file to write, e.g. "
                      f"--output={os.path.join(model_path, 'spm.model')}.")
+  for file in source.files("data_pipeline.train_spm"):   # also says if --input names a file twice
+    writers.check_apart("--output", model_path, "--input", file, "the model", new="file")
+  with writers.WriterLock(f"{model_path}.lock", f"--output={model_path}", "--output",
+                          cli.on_stderr("data_pipeline.train_spm")):
+    storage.write_atomic(model_path, _trained(source, vocab_size, input_sentence_size, seed, num_threads,
+                                              do_lower_case))
+  return model_path
+
+
+def _trained(source: Source, vocab_size: int, input_sentence_size: int, seed: int, num_threads: int,
+             do_lower_case: bool) -> bytes:
   model = io.BytesIO()
-  source.files("data_pipeline.train_spm")   # says if --input names a file twice
   progress = Progress(f"data_pipeline.train_spm (vocab {vocab_size:,})", "sentences read", source.total())
   feed = sentences(source, do_lower_case, progress)
   if input_sentence_size:   # the trainer gets no more than it keeps, so its own sampler never draws
@@ -122,9 +132,8 @@ def train(source: Source, model_path: str, vocab_size: int = 30000, input_senten
       raise InputError(f"--vocab_size={vocab_size} is less than this text needs: at least {least[1]} (a piece "
                        "for each character kept, and the fixed pieces); raise --vocab_size.") from None
     raise
-  storage.write_atomic(model_path, model.getvalue())
   progress.done()
-  return model_path
+  return model.getvalue()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--vocab_size", type=int, default=30000)
   parser.add_argument("--input_sentence_size", type=int, default=10_000_000,
                       help="sentences sampled for training (0: all); the sample is fixed by --seed")
-  parser.add_argument("--do_lower_case", type=lambda v: v.lower() in ("1", "true", "yes"), default=True)
+  parser.add_argument("--do_lower_case", type=cli.boolean, default=True)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--num_threads", type=int, default=os.cpu_count() or 1)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)

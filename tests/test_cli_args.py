@@ -75,3 +75,71 @@ def test_convert_refuses_bad_paths_before_loading(tmp_path, args, message):
   assert result.returncode == 1, result.stderr
   assert result.stderr.strip().splitlines()[-1] == f"convert: error: {message.format(**paths)}", result.stderr
   assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "run" / "config.json").read_text() == '{"model": {}}'
+
+
+BAD_FLAGS = [("--mode=trian", "flag --mode=trian: value should be one of <train|eval|predict|embed|compile|describe>"),
+             ("--pooling=max", "flag --pooling=max: value should be one of <mean|pooled>"),
+             ("--num_slices=two", "flag --num_slices=two: invalid literal for int()"),
+             ("--fit=ture", "flag --fit=ture: ('Non-boolean argument to boolean flag', 'ture')"),
+             ("--bogus=1", "Unknown command line flag 'bogus'")]
+
+
+@pytest.mark.parametrize("overrides", [[], ["--config.train.num_train_steps=2", "--config.log.every=1"]],
+                         ids=["alone", "with_overrides"])
+@pytest.mark.parametrize("flag, message", BAD_FLAGS, ids=[flag for flag, _ in BAD_FLAGS])
+def test_a_bad_flag_is_one_line_naming_it_with_or_without_overrides(flag, message, overrides):
+  """absl's message for the flag itself; with `--config.*` overrides present a second parse used to report the
+  overrides as "defined twice" instead."""
+  result = run("albert_jax.main", "--config=experiments/pretrain_tiny.py", flag, *overrides)
+  assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert result.stderr.startswith(f"FATAL Flags parsing error: {message}"), result.stderr
+
+
+@pytest.mark.parametrize("config, message", [
+    (None, "--config is required: pass an experiment file, e.g. experiments/pretrain_tiny.py."),
+    ("experiments/pretrain_tyni.py", "--config=experiments/pretrain_tyni.py: experiments/pretrain_tyni.py does not "
+                                     "exist; pass an experiment file, e.g. experiments/pretrain_tiny.py."),
+    ("experiments:size=tiny", "--config=experiments:size=tiny: experiments is a directory; pass an experiment file"),
+    ("{tmp}/notes.py", "--config={tmp}/notes.py defines no get_config(); an experiment file returns its "
+                       "ConfigDict from get_config(), as experiments/pretrain_tiny.py does.")])
+def test_a_config_file_that_is_missing_or_not_an_experiment_is_one_line(tmp_path, config, message):
+  """Not ml_collections' traceback, which for a missing file came only when the config was first read."""
+  (tmp_path / "notes.py").write_text("size = 'tiny'\n")
+  result = run("albert_jax.main", *([f"--config={config.format(tmp=tmp_path)}"] if config else []), "--mode=describe")
+  assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert result.stderr.startswith(f"error: {message.format(tmp=tmp_path)}"), result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode=train", "--workdir={w}", "--fit"], "--fit does nothing with --mode=train; it is read by "
+                                                 "--mode=compile. Drop it, or choose that mode."),
+    (["--mode=train", "--workdir={w}", "--output=preds.tsv"], "--output does nothing with --mode=train; it is read "
+                                                              "by --mode=predict and --mode=embed."),
+    (["--mode=eval", "--workdir={w}", "--split=test"], "--split does nothing with --mode=eval; it is read by "
+                                                       "--mode=predict."),
+    (["--mode=predict", "--workdir={w}", "--pooling=mean"], "--pooling does nothing with --mode=predict"),
+    (["--mode=describe", "--topology=v3-8"], "--topology does nothing with --mode=describe"),
+    (["--mode=train"], "--workdir is required for --mode=train: where the run's checkpoints and metrics are."),
+    (["--mode=describe", "stray"], "unexpected arguments ['stray']; every setting is a --flag or a --config.<field> "
+                                   "override."),
+    (["--mode=predict", "--workdir={w}", "--input={w}.tsv", "--output={w}.tsv"], "--output={w}.tsv is --input; "
+                                                                                  "write the output to a new file."),
+    (["--mode=embed", "--workdir={w}", "--input={w}.txt", "--output={w}/best/vectors.npy"],
+     "--output={w}/best/vectors.npy is inside the run's best/ ({w}/best); write it outside the weights.")])
+def test_a_flag_the_mode_does_not_read_is_refused_before_anything_is_written(tmp_path, args, message):
+  """Ignoring it would let a user believe it took effect (`--fit` on a training run, `--output` on eval); an
+  `--output` that would replace the input or land among the weights is refused the same way."""
+  workdir = tmp_path / "run"
+  result = run("albert_jax.main", "--config=experiments/pretrain_tiny.py",
+               *[arg.format(w=workdir) for arg in args])
+  assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert result.stderr.startswith(f"error: {message.format(w=workdir)}"), result.stderr
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("flag", ["--help", "--helpfull"])
+def test_help_prints_the_flags_and_exits_0(flag):
+  result = run("albert_jax.main", flag)
+  assert result.returncode == 0 and not result.stderr, result.stderr
+  assert "--config: Experiment file" in result.stdout and "--mode: <train|eval|predict|embed|compile|describe>" in \
+      result.stdout, result.stdout

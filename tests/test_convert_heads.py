@@ -98,7 +98,7 @@ def test_a_converted_classifier_predicts_and_exports_in_its_own_class_order(hf, 
                                        r"labels=neg\|pos; .*pass labels=pos\|neg \(--config.data.labels\)"):
     finetune.predict(own_data_config(shared_data, tmp_path, labels="neg|pos"), weights, args)
 
-  convert.convert(None, "hf", weights, str(tmp_path / "back"))
+  convert.convert(None, "hf", weights, str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
   back = json.loads((tmp_path / "back" / "config.json").read_text())
   assert (back["architectures"], back["id2label"], back["label2id"], back["problem_type"]) == (
       ["AlbertForSequenceClassification"], {"0": "pos", "1": "neg"}, {"pos": 0, "neg": 1},
@@ -122,7 +122,8 @@ def test_a_fine_tuning_run_exports_the_class_order_it_recorded(shared_data, tmp_
   pretrained.save_pretrained(str(step), model_config, params)
   (workdir / "config.json").write_text(config.to_json_best_effort())
   (workdir / "best" / "best.json").write_text(json.dumps(
-      {"step": 3, "weights": str(step), "head": {"task": "classification", "task_name": "", "labels": ["pos", "neg"]}}))
+      {"step": 3, "metric": "accuracy", "value": 0.5, "weights": str(step),
+       "head": {"task": "classification", "task_name": "", "labels": ["pos", "neg"]}}))
   convert.convert(None, "hf", str(workdir), str(tmp_path / "hf"))
   assert json.loads((tmp_path / "hf" / "config.json").read_text())["id2label"] == {"0": "pos", "1": "neg"}
 
@@ -191,7 +192,7 @@ def test_a_warm_start_takes_a_converted_heads_order_for_the_train_files_classes(
     ids=["regression", "named", "unnamed"])
 def test_hf_to_ours_to_hf_keeps_id2label_and_problem_type(hf, tmp_path, overrides, head):
   weights = converted(hf, tmp_path, "AlbertForSequenceClassification", **overrides)
-  convert.convert(None, "hf", weights, str(tmp_path / "back"))
+  convert.convert(None, "hf", weights, str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
   source, back = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("ours_hf", "back"))
   assert back["id2label"] == source["id2label"] and back["label2id"] == source["label2id"]
   assert back["problem_type"] == (source.get("problem_type") or "single_label_classification")
@@ -218,7 +219,7 @@ def test_classes_without_a_pooler_round_trip_as_themselves(hf, tmp_path, archite
   class (no invented pooler, no AlbertForSequenceClassification for a token classifier)."""
   weights = converted(hf, tmp_path, architecture, **{**overrides, "vocab_size": 97})
   assert not np.any(pretrained.load_pretrained(weights)[1]["albert"]["pooler"]["kernel"])
-  convert.convert(None, "hf", weights, str(tmp_path / "back"))
+  convert.convert(None, "hf", weights, str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
   back = json.loads((tmp_path / "back" / "config.json").read_text())
   assert back["architectures"] == [architecture] and back.get("id2label") == (
       {str(i): name for i, name in overrides["id2label"].items()} if overrides else None)
@@ -302,10 +303,11 @@ LIMITED = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, s
 def test_export_that_cannot_be_written_is_one_line_and_leaves_no_model(hf, tmp_path):
   weights = converted(hf, tmp_path, "AlbertForPreTraining", vocab_size=97)
   dst = tmp_path / "hf"
-  convert.convert(None, "hf", weights, str(dst))  # an earlier export, overwritten below
+  convert.convert(None, "hf", weights, str(dst), spm_model=convert.NO_TOKENIZER)  # an earlier export, overwritten below
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONDONTWRITEBYTECODE": "1"}
-  result = subprocess.run([sys.executable, "-c", LIMITED.format(16384), "--to=hf", "--overwrite", f"--src={weights}",
-                           f"--dst={dst}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  result = subprocess.run([sys.executable, "-c", LIMITED.format(16384), "--to=hf", "--overwrite", "--spm_model=none",
+                           f"--src={weights}", f"--dst={dst}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
   assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
   assert result.stderr.startswith(f"convert: error: Writing the transformers model into {dst} failed (")
   assert "File too large" in result.stderr and "Free space on that disk" in result.stderr

@@ -12,9 +12,9 @@ def _install_requires() -> list[str]:
 
 
 def test_convert_needs_only_the_base_dependencies():
-  assert {"safetensors>=0.4", "google-crc32c>=1.5"} <= set(_install_requires())
+  assert {"safetensors>=0.4", "google-crc32c>=1.5", "tokenizers>=0.20"} <= set(_install_requires())
   # Without the `hf` extra (no torch, no transformers) or TensorFlow the converter and its safetensors I/O import.
   code = ("import sys; sys.modules.update(torch=None, transformers=None, tensorflow=None); import albert_jax.convert, "
-          "safetensors.numpy; print('ok')")
+          "safetensors.numpy, tokenizers; print('ok')")
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert result.stdout == "ok\n", result.stderr

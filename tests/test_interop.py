@@ -183,10 +183,10 @@ def test_convert_cli_round_trip(tmp_path, hf_dir):
   assert result.returncode == 0, result.stderr
   config, params = pretrained.load_pretrained(ours)
   assert config == interop.load_hf(hf_dir)[0]
-  result = run("--to=hf", f"--src={ours}", f"--dst={back}")
+  result = run("--to=hf", "--spm_model=none", f"--src={ours}", f"--dst={back}")
   assert result.returncode == 0, result.stderr
   assert_same_tensors(read(hf_dir), read(back))
-  result = run("--to=hf", f"--src={ours}", f"--dst={back}")
+  result = run("--to=hf", "--spm_model=none", f"--src={ours}", f"--dst={back}")
   assert result.returncode == 1 and "--dst" in result.stderr and "--overwrite" in result.stderr
 
 
@@ -231,8 +231,9 @@ def test_convert_cli_exports_a_pretraining_workdir(tmp_path):
   trained = pretrain_cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=2")
   assert trained.returncode == 0, trained.stderr
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-  result = subprocess.run([sys.executable, "-m", "albert_jax.convert", "--to=hf", f"--src={tmp_path / 'run'}",
-                           f"--dst={tmp_path / 'hf'}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  result = subprocess.run([sys.executable, "-m", "albert_jax.convert", "--to=hf", "--spm_model=none",
+                           f"--src={tmp_path / 'run'}", f"--dst={tmp_path / 'hf'}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   assert f"--src={tmp_path / 'run'}: loading its newest checkpoint (step 2)" in result.stdout
   step, params = final_params(tmp_path / "run")
@@ -323,7 +324,8 @@ def test_finetuned_best_checkpoint_exports_to_its_hf_class_and_back(task, tmp_pa
   rng = np.random.RandomState(0)
   params = jax.tree.map(lambda x: (rng.standard_normal(x.shape) * 0.3).astype(np.float32),  # logits of order 1
                         nn.unbox(model_lib.abstract_params(model)))
-  convert.convert(None, "hf", str(finetuned_workdir(tmp_path, task, config, params)), str(tmp_path / "hf"))
+  convert.convert(None, "hf", str(finetuned_workdir(tmp_path, task, config, params)), str(tmp_path / "hf"),
+                  spm_model=convert.NO_TOKENIZER)  # its 97 pieces are no SentencePiece model's
   hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert hf_config["architectures"] == [FINETUNED[task][1]]
   if task == "rte":

@@ -247,6 +247,12 @@ def test_embed_with_a_pretraining_config_writes_the_file_it_names(tmp_path):
   assert result.returncode == 0, result.stdout + result.stderr
   assert "loading its newest checkpoint (step 2)" in result.stdout and f"to {output}\n" in result.stdout
   assert np.load(output).shape == (3, 64)
+  texts.write_text("Alice was beginning\rto get very tired\r")  # old Mac line ends: not one text of two lines
+  result = pretrain_cli(tmp_path / "pt", *SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
+                        f"--output={output}.cr", f"--config.data.spm_model={model}")
+  assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
+      f"error: {texts}:1: a carriage return (\\r) inside the line"), result.stderr
+  assert not (tmp_path / "new" / "vectors.cr").exists()
 
 
 @pytest.mark.parametrize("record, message", [

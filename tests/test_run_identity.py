@@ -63,7 +63,8 @@ def test_a_best_record_by_another_metric_is_replaced_by_the_first_score(shared_d
   accuracy of 0.3 does not compare with an F1 of 0.9."""
   workdir = tmp_path / "run"
   (workdir / "best").mkdir(parents=True)
-  (workdir / "best" / "best.json").write_text(json.dumps({"step": 2, "metric": "f1", "value": 0.9}))
+  (workdir / "best" / "best.json").write_text(json.dumps({"step": 2, "metric": "f1", "value": 0.9,
+                                                          "weights": str(workdir / "best" / "step_2")}))
   keeper = finetune.BestKeeper(str(workdir), get_task(config_for(tmp_path, spm(shared_data), labels="neg|pos")),
                                None, 2)
   assert keeper.record["metric"] == "f1" and keeper.is_better(0.3)

@@ -8,8 +8,10 @@ The training engine only sees `features`; everything else stays on the host.
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 import math
+import re
 from typing import Any
 
 import jax
@@ -23,6 +25,9 @@ from albert_jax.model_config import ModelConfig
 from data_pipeline.tokenization import Tokenizer
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Control characters and Unicode line breaks: in an id or a class name they would split or shift rows of the
+# prediction files (GLUE's are TSV; str.splitlines() also cuts at \v, \f, \x1c-\x1e, \x85, \u2028, \u2029).
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclasses.dataclass
@@ -93,6 +98,13 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
   return loss, (logits.argmax(-1) == labels).mean()
 
 
+def control_character(text: str, what: str) -> str | None:
+  """The complaint about an id or class name that holds a control character (see CONTROL); None when it is clean."""
+  found = CONTROL.search(text)
+  return found and (f"{what} {text!r} holds the control character {found.group()!r}; ids and class names are "
+                    "written into prediction files, whose rows it would break: remove it.")
+
+
 def score_label(text: str, path: str, line: int, hint: str) -> float:
   """A regression label: a finite number, else a DataFileError naming the row (a nan would train and score as nan)."""
   try:
@@ -145,6 +157,18 @@ class TaskSettings:
   labels: tuple[str, ...] = ()            # class or tag names in output order; () = sorted set of the train file's
   regression: bool = False                # classification: one float output (MSE) instead of classes
   num_choices: int = 4                    # multiple_choice: options per question (fewer are padded and masked)
+
+  def __post_init__(self):
+    """Refuses class names that would be misread: a name given twice makes a phantom class (the labels map to the
+    first, the other output never trains) and a control character breaks the prediction files' rows."""
+    name, count = max(collections.Counter(self.labels).items(), key=lambda item: item[1], default=("", 0))
+    if count > 1:
+      times = "twice" if count == 2 else f"{count} times"
+      raise InputError(f"data.labels={list(self.labels)} names {name!r} {times}; list each class once, in output "
+                       "order.")
+    for name in self.labels:
+      if problem := control_character(name, "data.labels name"):
+        raise InputError(problem)
 
   @classmethod
   def from_config(cls, config) -> "TaskSettings":

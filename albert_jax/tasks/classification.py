@@ -19,7 +19,7 @@ from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.tasks.base import DataFileError, Split, TaskSettings, check_outputs, score_label
 from albert_jax.tasks.glue import GlueExample
-from albert_jax.tasks.records import Ids, field, user_records
+from albert_jax.tasks.records import Ids, check_name, class_spelling, field, near_miss, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
 
 FORMATS = (".tsv", ".csv", ".jsonl")
@@ -49,6 +49,18 @@ def cell(record: dict, key: str, path: str, line: int) -> str:
   return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
+def check_spellings(first_line: dict[str, int], path: str) -> None:
+  """Refuses two labels of a train file that say one class but for their spacing or number format ("0", "0 ",
+  "0.0"): the label set would get a class per spelling, each trained on part of the class's rows."""
+  said: dict[str | float, str] = {}
+  for name, line in first_line.items():
+    other = said.setdefault(class_spelling(name), name)
+    if other != name:
+      raise DataFileError(path, line, f"label {name!r} differs from label {other!r} (line {first_line[other]}) only in "
+                                   "spacing or number format; write each class one way (or list both in data.labels "
+                                   "to keep them apart).")
+
+
 class ClassificationTask(SequenceClassificationTask):
 
   def __init__(self, settings: TaskSettings):
@@ -72,11 +84,14 @@ class ClassificationTask(SequenceClassificationTask):
       raise MissingFileError(f"{path} not found, and the label set comes from the train file unless given: set "
                              "--config.data.labels='(\"neg\", \"pos\")' (the class names in output order).")
     s = self.settings
-    names = {self._label_cell(record, path, line) for line, record in user_records(path)}
+    names: dict[str, int] = {}  # label -> its first line
+    for line, record in user_records(path):
+      names.setdefault(self._label_cell(record, path, line), line)
+    check_spellings(names, path)
     if len(names) < 2:
       raise DataFileError(path, None, f"column {s.label_column!r} has {len(names)} distinct label(s) {sorted(names)}; "
                                    "a classifier needs two or more (or set data.regression=True for numbers).")
-    return label_order(names)
+    return label_order(set(names))
 
   @property
   def is_regression(self) -> bool:  # without reading the train file's labels
@@ -109,14 +124,15 @@ class ClassificationTask(SequenceClassificationTask):
     if not text.strip():
       raise DataFileError(path, line, f"missing label: column {self.settings.label_column!r} is empty; every row of "
                                    "train and dev needs its label (unlabelled rows belong in the test file).")
-    return text
+    return check_name(text, "label", path, line)
 
   def _label(self, text: str, path: str, line: int) -> int | float:
     if self.is_regression:
       return score_label(text, path, line, "data.regression=True")
     if text not in self.labels:
-      raise DataFileError(path, line, f"unknown label {text!r}; expected one of {list(self.labels)} (the label set "
-                                   "is data.labels, else the train file's labels: add it there).")
+      raise DataFileError(path, line, f"unknown label {text!r}{near_miss(text, self.labels)}; expected one of "
+                                   f"{list(self.labels)} (the label set is data.labels, else the train file's "
+                                   "labels: add it there).")
     return self.labels.index(text)
 
   # --- outputs --------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.errors import InputError
 from albert_jax.tasks.base import DataFileError, Split, TaskSettings, score_label
-from albert_jax.tasks.records import Ids, column, field, optional_id, tsv_rows, user_records
+from albert_jax.tasks.records import Ids, column, field, near_miss, optional_id, tsv_rows, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
 
 _NLI = ("contradiction", "entailment", "neutral")
@@ -125,7 +125,8 @@ class GlueTask(SequenceClassificationTask):
 
   def read_examples(self, path: str, labeled: bool) -> list[GlueExample]:
     """Every row must have as many fields as the header (CoLA's header-less train/dev files: 4), since a stray tab
-    inside a sentence otherwise shifts the columns silently (text_a = its first words, text_b lost)."""
+    inside a sentence otherwise shifts the columns silently (text_a = its first words, text_b lost). A test file's
+    index is the submission's key, so it is unique (`Ids`)."""
     rows = tsv_rows(path)
     if labeled and self.spec.headerless_fields:
       width, expected = self.spec.headerless_fields, f"{self.spec.directory} files have {self.spec.headerless_fields}"
@@ -134,7 +135,7 @@ class GlueTask(SequenceClassificationTask):
       width, expected = len(header), f"the header (line {header_line}) has {len(header)}"
     if labeled and self.spec.columns is None:
       raise InputError(f"GLUE {self.name} has no labelled files (test only: predict with --mode=predict).")
-    examples = []
+    examples, ids = [], Ids(path)
     for number, fields in rows:
       if len(fields) != width:
         raise DataFileError(path, number, f"{len(fields)} tab-separated fields but {expected}; a tab inside the text? "
@@ -145,14 +146,15 @@ class GlueTask(SequenceClassificationTask):
         examples.append(GlueExample(str(len(examples)), get(a), get(b), self._label(get(label), path, number)))
       else:
         a, b = self.spec.test_columns
-        examples.append(GlueExample(get(0), get(a), get(b), None))
+        examples.append(GlueExample(ids.add(get(0), number), get(a), get(b), None))
     return examples
 
   def _label(self, text: str, path: str, line: int) -> int | float:
     if self.spec.is_regression:
       return score_label(text, path, line, "STS-B scores are 0-5")
     if text not in self.spec.labels:
-      raise DataFileError(path, line, f"unknown label {text!r} for {self.name}; expected one of {self.spec.labels}")
+      raise DataFileError(path, line, f"unknown label {text!r} for {self.name}{near_miss(text, self.spec.labels)}; "
+                                   f"expected one of {self.spec.labels}")
     return self.spec.labels.index(text)
 
   def read_user_examples(self, path: str) -> list[GlueExample]:

@@ -22,7 +22,7 @@ from albert_jax.head_identity import MULTIPLE_CHOICE, HFHead
 from albert_jax.tasks.base import (DataFileError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
                                     pack, read_text, stack_packed)
 from albert_jax.tasks.heads import PooledClassifier
-from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
+from albert_jax.tasks.records import Ids, check_ids, field, optional_id, parse_json, read_id_map, user_records
 
 LETTERS = "ABCD"
 LEVELS = ("middle", "high")
@@ -64,16 +64,16 @@ class RaceTask(Task):
     if not levels:
       raise MissingFileError(f"{path} has neither middle/ nor high/; point --config.data.path at the RACE folder "
                              "holding train/ dev/ test/ (each with middle/ and high/).")
-    examples = []
+    examples, ids = [], Ids(path)  # unique across the split's files
     for level in levels:
       folder = os.path.join(path, level)
       for name in sorted(p.name for p in storage.path(folder).iterdir() if p.name.endswith(".txt")):
-        examples.extend(self._passage(os.path.join(folder, name), level, labeled))
+        examples.extend(self._passage(os.path.join(folder, name), level, labeled, ids))
     return examples
 
-  def _passage(self, path: str, level: str, labeled: bool) -> list[RaceExample]:
+  def _passage(self, path: str, level: str, labeled: bool, ids: Ids) -> list[RaceExample]:
     try:
-      passage = json.loads(read_text(path))
+      passage = parse_json(read_text(path), path)
     except json.JSONDecodeError as e:
       raise DataFileError(path, e.lineno, f"not a RACE JSON passage ({e.msg})") from None
     questions, options = field(passage, "questions", path, 1, list), field(passage, "options", path, 1, list)
@@ -82,9 +82,10 @@ class RaceTask(Task):
       raise DataFileError(path, 1, f"{len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
     examples = []
     for i, (question, choices, answer) in enumerate(zip(questions, options, answers)):
-      examples.append(self._example(f"{passage.get('id', os.path.basename(path))}-{i}", level,
-                                    field(passage, "article", path, 1), question, choices, answer, path,
-                                    f"1 (question {i})"))
+      where = f"1 (question {i})"
+      qid = ids.add(f"{passage.get('id', os.path.basename(path))}-{i}", where, path=path)
+      examples.append(self._example(qid, level, field(passage, "article", path, 1), question, choices, answer, path,
+                                    where))
     return examples
 
   @staticmethod
@@ -96,10 +97,11 @@ class RaceTask(Task):
     return RaceExample(qid, level, article, question, list(options), None if answer is None else LETTERS.index(answer))
 
   def read_user_examples(self, path: str) -> list[RaceExample]:
-    """JSON lines {"id", "article", "question", "options": [4 strings]}."""
-    return [self._example(str(r.get("id", line)), "", field(r, "article", path, line),
+    """JSON lines {"id" (optional: else the row number; unique), "article", "question", "options": [4 strings]}."""
+    ids = Ids(path)
+    return [self._example(optional_id(r, path, line, row, ids), "", field(r, "article", path, line),
                           field(r, "question", path, line), field(r, "options", path, line, list), None, path, line)
-            for line, r in user_records(path)]
+            for row, (line, r) in enumerate(user_records(path))]
 
   def featurize(self, examples: list[RaceExample], tokenizer):
     d = self.settings

@@ -6,16 +6,30 @@ import csv
 import functools
 import io
 import json
+import math
+import re
 from typing import Any, Iterator
 
-from albert_jax.tasks.base import DataFileError, read_text
+from albert_jax.tasks.base import DataFileError, control_character, read_text
+
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # where json.loads may make a lone surrogate
+
+
+def text_lines(path: str) -> Iterator[tuple[int, str]]:
+  """(1-based line number, line without its \\n or \\r\\n) of a line-based file (TSV, JSON lines, CoNLL). Any other
+  carriage return is refused: old Mac line ends (\\r alone) would make the file one line, its rows merged."""
+  for number, line in enumerate(read_text(path).split("\n"), start=1):
+    line = line.removesuffix("\r")
+    if "\r" in line:
+      raise DataFileError(path, number, "a carriage return (\\r) inside the line: old Mac line ends, or a stray \\r in "
+                                     "the text; end lines with \\n or \\r\\n (e.g. tr '\\r' '\\n' < old > new).")
+    yield number, line
 
 
 def tsv_rows(path: str) -> Iterator[tuple[int, list[str]]]:
   """(1-based line number, fields) for every non-blank line. Tabs only, no quoting: GLUE's sentences contain
   bare quotes, and the original reads them with `csv.reader(delimiter="\\t", quotechar=None)`."""
-  for number, line in enumerate(read_text(path).split("\n"), start=1):
-    line = line.rstrip("\r")
+  for number, line in text_lines(path):
     if line.strip():
       yield number, line.split("\t")
 
@@ -34,10 +48,10 @@ def user_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     yield from csv_records(path)
     return
   if path.endswith((".jsonl", ".json")):
-    for number, line in enumerate(read_text(path).split("\n"), start=1):
+    for number, line in text_lines(path):
       if line.strip():
         try:
-          record = json.loads(line, object_pairs_hook=functools.partial(_unique_keys, path, number))
+          record = parse_json(line, path, number, object_pairs_hook=functools.partial(_unique_keys, path, number))
         except json.JSONDecodeError as e:
           raise DataFileError(path, number, f"not a JSON object ({e.msg})") from None
         if not isinstance(record, dict):
@@ -74,20 +88,67 @@ def _unique_keys(path: str, line: int, pairs: list[tuple[str, Any]]) -> dict[str
   return out
 
 
+def parse_json(text: str, path: str, line: int | None = None, **hooks) -> Any:
+  """json.loads, refusing by file and line what it reads silently or with a traceback: a number beyond a float's
+  range (read as infinity), NaN and Infinity (not JSON), an integer too long to read (a ValueError), a lone UTF-16
+  surrogate ("\\ud800", half a character: writing it out fails later). `line`: the line `text` is; None: `text` is
+  a whole file, and the first line that holds the culprit is named."""
+  def refuse(culprit: str, message: str):
+    at = line or text.count("\n", 0, max(text.lower().find(culprit.lower()), 0)) + 1
+    raise DataFileError(path, at, message)
+
+  def out_of_range(literal: str, reason: str):
+    shown = literal if len(literal) <= 30 else f"{literal[:20]}... ({len(literal)} characters)"
+    refuse(literal, f"number {shown} is out of range ({reason}); write a smaller number, or quote it to keep it as "
+                    "text.")
+
+  def read_int(literal: str) -> int:
+    try:
+      return int(literal)
+    except ValueError:
+      out_of_range(literal, "too many digits to read")
+
+  def read_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+      out_of_range(literal, "beyond a float's ±1.8e308, it would read as infinity")
+    return value
+
+  def constant(literal: str):
+    refuse(literal, f"{literal} is not a JSON number (json.loads would read it as {float(literal)}); write a finite "
+                    "number, or quote it to keep it as text.")
+
+  value = json.loads(text, parse_int=read_int, parse_float=read_float, parse_constant=constant, **hooks)
+  if SURROGATE_ESCAPE.search(text):
+    try:
+      json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+      escape = f"\\u{ord(e.object[e.start]):04x}"
+      refuse(escape, f"a lone UTF-16 surrogate {escape} (half of a character's escape, which no UTF-8 text can "
+                     "hold); write the character itself, or both halves of its escape.")
+  return value
+
+
 def csv_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-  reader = csv.reader(io.StringIO(read_text(path), newline=""))
+  """Rows named by the line they start on (a quoted field may hold line breaks). Read in csv's strict mode: its
+  default reads on past a quote left open or text after a closing quote, merging rows or mangling a field silently."""
+  reader = csv.reader(io.StringIO(read_text(path), newline=""), strict=True)
+  start = 1
   try:
     header = next(reader, [])
-    check_header(header, path, reader.line_num)
+    check_header(header, path, start)
+    start = reader.line_num + 1
     for fields in reader:
-      if not any(f.strip() for f in fields):
-        continue
-      if len(fields) != len(header):
-        raise DataFileError(path, reader.line_num, f"{len(fields)} comma-separated field(s) but the header has "
-                                                f"{len(header)}: {header}; quote fields that contain commas.")
-      yield reader.line_num, dict(zip(header, fields))
+      if any(f.strip() for f in fields):
+        if len(fields) != len(header):
+          raise DataFileError(path, start, f"{len(fields)} comma-separated field(s) but the header has "
+                                        f"{len(header)}: {header}; quote fields that contain commas.")
+        yield start, dict(zip(header, fields))
+      start = reader.line_num + 1
   except csv.Error as e:
-    raise DataFileError(path, reader.line_num, f"not a CSV row ({e})") from None
+    raise DataFileError(path, start, f"not a CSV row ({e}, line {reader.line_num}); a field that starts with a quote "
+                                  "runs to the next lone quote: close each quoted field's quote, and double the quotes "
+                                  "inside it (\"\").") from None
 
 
 def read_id_map(path: str, what: str, valid) -> dict[str, Any]:
@@ -107,7 +168,8 @@ def read_id_map(path: str, what: str, valid) -> dict[str, Any]:
     raise DataFileError(path, e.lineno, f"not JSON ({e.msg}); pass the file write_predictions wrote.") from None
   if not isinstance(values, dict) or not values:
     found = "an empty object" if isinstance(values, dict) else f"a JSON {type(values).__name__}"
-    raise DataFileError(path, None, f"{found}, expected an object {{id: {what}}}; pass the file write_predictions wrote.")
+    raise DataFileError(path, None, f"{found}, expected an object {{id: {what}}}; pass the file write_predictions "
+                                 "wrote.")
   for key, value in values.items():
     if not valid(value):
       raise DataFileError(path, f"id {key}", f"{value!r} is not {what}; is this the predictions file of this task?")
@@ -123,20 +185,50 @@ def check_ids(path: str, predicted, split) -> None:
 
 
 class Ids:
-  """The ids of one file's examples, each once: predictions are keyed by id, so a repeat would overwrite the other
-  example's prediction (and a line without id takes its row number, which may be another line's id)."""
+  """The ids of one file's (or one folder's) examples, each once: predictions are keyed by id, so a repeat would
+  overwrite the other example's prediction (and a line without id takes its row number, which may be another line's
+  id). Ids are written into prediction files, so they hold no control characters."""
 
   def __init__(self, path: str, fix: str = "give every example its own id"):
     self.path, self.fix = path, fix
-    self.first: dict[str, tuple[int, bool]] = {}
+    self.first: dict[str, tuple[str, int | str, bool]] = {}
 
-  def add(self, key: str, line: int, given: bool = True) -> str:
+  def add(self, key: str, line: int | str, given: bool = True, path: str | None = None) -> str:
+    """`line`: a line number, or where in a file without lines the id is (e.g. "question #3"); `path`: the file,
+    when one Ids spans several."""
+    path = path or self.path
+    check_name(key, "id", path, line)
     if key in self.first:
-      first_line, first_given = self.first[key]
-      raise DataFileError(self.path, line, f"id {key!r}{_row_number(given)} is also the id of line {first_line}"
-                                        f"{_row_number(first_given)}; {self.fix}.")
-    self.first[key] = (line, given)
+      first_path, first_line, first_given = self.first[key]
+      place = f"line {first_line}" if isinstance(first_line, int) else first_line
+      if first_path != path:
+        place = f"{first_path}:{first_line}"
+      raise DataFileError(path, line, f"id {key!r}{_row_number(given)} is also the id of {place}"
+                                   f"{_row_number(first_given)}; {self.fix}.")
+    self.first[key] = (path, line, given)
     return key
+
+
+def check_name(text: str, what: str, path: str, line: int | str) -> str:
+  """An id, label or tag read from a file, refused when it holds a control character (base.CONTROL)."""
+  if problem := control_character(text, what):
+    raise DataFileError(path, line, problem)
+  return text
+
+
+def class_spelling(name: str) -> str | float:
+  """What a label says whatever its spacing or number format: "0", " 0" and "0.0" say 0.0."""
+  try:
+    number = float(name)
+  except ValueError:
+    return name.strip()
+  return number if math.isfinite(number) else name.strip()
+
+
+def near_miss(text: str, names) -> str:
+  """" (did you mean '0'?)" when `text` says one of `names` but for its spacing or number format, else ""."""
+  match = next((name for name in names if class_spelling(name) == class_spelling(text)), None)
+  return "" if match is None else f" (did you mean {match!r}?)"
 
 
 def _row_number(given: bool) -> str:

@@ -39,7 +39,7 @@ from albert_jax.tasks.alignment import AlignedText, align
 from albert_jax.tasks.base import (DataFileError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
                                     pack, read_text, stack_packed)
 from albert_jax.tasks.heads import AnswerClassSpanHead, SpanExtractor
-from albert_jax.tasks.records import check_ids, field, read_id_map, user_records
+from albert_jax.tasks.records import Ids, check_ids, field, optional_id, parse_json, read_id_map, user_records
 
 
 @dataclasses.dataclass
@@ -104,38 +104,53 @@ class SquadTask(Task):
     return os.path.join(self.settings.path, f"{split}-{version}.json")
 
   def read_examples(self, path: str, labeled: bool = True) -> list[SquadExample]:
+    """Ids are unique: a repeat is named by the questions' ordinals in the file (both have that id). Every
+    level's fields are checked, so a file of another layout is named by the field it lacks, not a KeyError."""
     try:
-      articles = json.loads(read_text(path))["data"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      top = parse_json(read_text(path), path)
+    except json.JSONDecodeError as e:
       raise DataFileError(path, None, f"not a SQuAD JSON file with a top-level 'data' list ({e})") from None
-    return [example for article in articles for paragraph in article["paragraphs"]
-            for example in self._paragraph_examples(paragraph, path)]
+    articles = field(_object(top, path, None, "the file"), "data", path, None, list)
+    examples = [example for a, article in enumerate(articles, start=1)
+                for p, paragraph in enumerate(field(_object(article, path, f"article #{a}", "an article"),
+                                                    "paragraphs", path, f"article #{a}", list), start=1)
+                for example in self._paragraph_examples(
+                    _object(paragraph, path, f"article #{a} paragraph #{p}", "a paragraph"), path,
+                    f"article #{a} paragraph #{p}")]
+    ids = Ids(path)
+    for number, example in enumerate(examples, start=1):
+      ids.add(example.qid, f"question #{number}")
+    return examples
 
-  def _paragraph_examples(self, paragraph, path: str):
-    context = paragraph["context"]
-    for qa in paragraph["qas"]:
-      where = f"question {qa['id']}"
-      answers = qa.get("answers", [])
+  def _paragraph_examples(self, paragraph, path: str, where: str):
+    context = field(paragraph, "context", path, where)
+    for qa in field(paragraph, "qas", path, where, list):
+      qid = str(field(_object(qa, path, where, "a question"), "id", path, where, (str, int)))
+      at = f"question {qid}"
+      answers = field(qa, "answers", path, at, list) if "answers" in qa else []
       for answer in answers:
-        start, text = answer["answer_start"], answer["text"]
+        answer = _object(answer, path, at, "an answer")
+        start, text = field(answer, "answer_start", path, at, int), field(answer, "text", path, at)
         if not 0 <= start <= len(context) - len(text) or context[start:start + len(text)] != text:
-          raise DataFileError(path, where, f"answer {text!r} is not in its context at answer_start={start} "
-                                        f"(context has {len(context)} characters)")
+          raise DataFileError(path, at, f"answer {text!r} is not in its context at answer_start={start} "
+                                     f"(context has {len(context)} characters)")
       impossible = bool(qa.get("is_impossible", False))
       if impossible and not self.version_2:
-        raise DataFileError(path, where, "unanswerable question (is_impossible) in a SQuAD v1.1 task; use "
-                                      "experiments/squad_v2.py")
-      yield SquadExample(qa["id"], qa["question"], context, [a["text"] for a in answers],
+        raise DataFileError(path, at, "unanswerable question (is_impossible) in a SQuAD v1.1 task; use "
+                                   "experiments/squad_v2.py")
+      yield SquadExample(qid, field(qa, "question", path, at), context, [a["text"] for a in answers],
                          -1 if impossible or not answers else answers[0]["answer_start"], impossible)
 
   def read_user_examples(self, path: str) -> list[SquadExample]:
-    """JSON lines {"id", "question", "context"}, or a file in SQuAD's own format."""
+    """JSON lines {"id" (optional: else the row number; unique), "question", "context"}, or a file in SQuAD's own
+    format."""
     records = list(user_records(path))
     if len(records) == 1 and "data" in records[0][1]:
       return [dataclasses.replace(ex, answers=[], answer_start=-1, is_impossible=False)
               for ex in self.read_examples(path)]
-    return [SquadExample(str(r.get("id", line)), field(r, "question", path, line), field(r, "context", path, line),
-                         []) for line, r in records]
+    ids = Ids(path)
+    return [SquadExample(optional_id(r, path, line, row, ids), field(r, "question", path, line),
+                         field(r, "context", path, line), []) for row, (line, r) in enumerate(records)]
 
   def featurize(self, examples: list[SquadExample], tokenizer):
     d = self.settings
@@ -269,6 +284,13 @@ class SquadTask(Task):
       raise DataFileError(odds_path, None, f"no null odds for {len(unmatched)} answered question(s), e.g. "
                                         f"{unmatched[0]}; pass the file written with {path}.")
     return SquadPredictions(answers, null_odds)
+
+
+def _object(value, path: str, where: str | None, what: str) -> dict:
+  if not isinstance(value, dict):
+    raise DataFileError(path, where, f"{what} should be a JSON object, got {type(value).__name__}; is this a SQuAD "
+                                  "file?")
+  return value
 
 
 def _write_json(path: str, values: dict) -> None:

@@ -30,10 +30,10 @@ from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import TOKEN_CLASSIFICATION, HFHead
 from albert_jax.tasks import metrics
-from albert_jax.tasks.base import DataFileError, Split, Task, apply_model, check_outputs, pack, read_text, stack_packed
+from albert_jax.tasks.base import DataFileError, Split, Task, apply_model, check_outputs, pack, stack_packed
 from albert_jax.tasks.classification import label_order
 from albert_jax.tasks.heads import TokenClassifier
-from albert_jax.tasks.records import Ids, field, optional_id, user_records
+from albert_jax.tasks.records import Ids, check_name, field, near_miss, optional_id, text_lines, user_records
 
 OUTSIDE = "O"
 IGNORED = -1  # label of positions the loss skips
@@ -62,8 +62,8 @@ def read_conll(path: str, labeled: bool) -> list[TaggedSentence]:
       sentences.append(TaggedSentence(str(len(sentences)), list(words), list(tags) if labeled else None))
       words.clear()
       tags.clear()
-  for number, line in enumerate(read_text(path).split("\n"), start=1):
-    fields = COLUMNS.split(line.strip(" \t\r")) if line.strip(" \t\r") else []
+  for number, line in text_lines(path):
+    fields = COLUMNS.split(line.strip(" \t")) if line.strip(" \t") else []
     if not fields:
       close()
     elif fields[0] != "-DOCSTART-":
@@ -71,7 +71,7 @@ def read_conll(path: str, labeled: bool) -> list[TaggedSentence]:
         raise DataFileError(path, number, f"a word without a tag ({line.strip()!r}); CoNLL lines are `word ... tag` "
                                        "(tag in the last column), with a blank line between sentences.")
       words.append(fields[0])
-      tags.append(fields[-1])
+      tags.append(check_name(fields[-1], "tag", path, number) if labeled else fields[-1])
   close()
   return sentences
 
@@ -113,10 +113,10 @@ class TokenClassificationTask(Task):
   def read_examples(self, path: str, labeled: bool) -> list[TaggedSentence]:
     sentences = read_conll(path, labeled)
     if labeled:
-      unknown = {tag for s in sentences for tag in s.tags} - set(self.labels)
+      unknown = sorted({tag for s in sentences for tag in s.tags} - set(self.labels))
       if unknown:
-        raise DataFileError(path, None, f"tags {sorted(unknown)} are not in the tag set {list(self.labels)} (data.labels,"
-                                     " else the train file's tags): add them there.")
+        raise DataFileError(path, None, f"tags {unknown}{near_miss(unknown[0], self.labels)} are not in the tag set "
+                                     f"{list(self.labels)} (data.labels, else the train file's tags): add them there.")
     return sentences
 
   def read_user_examples(self, path: str) -> list[TaggedSentence]:

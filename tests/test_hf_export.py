@@ -1,0 +1,141 @@
+"""`convert --to=hf` exports the run's tokenizer: transformers' own pipeline on the folder gives our labels and
+probabilities, its tokenizer our ids on every text of the shared data, and an export whose tokenizer would give
+other ids, or that names none, is refused with nothing written."""
+import glob
+import json
+import shutil
+import sys
+import types
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+import tokenizers
+
+from albert_jax import convert, finetune, hf_export, pretrained
+from albert_jax import model as model_lib
+from albert_jax.errors import InputError
+from albert_jax.model_config import model_config_from
+from albert_jax.tasks.heads import PooledClassifier
+from data_pipeline import train_spm
+from data_pipeline.sources import Source
+from data_pipeline.tokenization import Tokenizer
+from tests.helpers import config_for, quietly, require_module, spm, write_split
+
+MODEL = dict(vocab_size=30000, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=64, max_position_embeddings=64)
+TEXTS = ["I loved it.", "I hated it!", "A GREAT film, wasn't it?", "Crème brûlée in São Paulo (Brazil)",
+         "In 1990, 3,400 people paid $1,628.26."]
+
+
+@pytest.fixture(scope="module")
+def run(shared_data, tmp_path_factory):
+  """A fine-tuning workdir as training leaves it (config.json, best/step_3 with random weights: logits of order 1)
+  and its export."""
+  root = tmp_path_factory.mktemp("hf_export")
+  (root / "data").mkdir()
+  write_split(root / "data" / "train.tsv", 8)
+  write_split(root / "data" / "dev.tsv", 4)
+  config = config_for(root / "data", spm(shared_data))
+  config.model.update(MODEL)
+  config.data.max_seq_length = MODEL["max_position_embeddings"]  # no text of TEXTS cut short
+  workdir, step = root / "run", root / "run" / "best" / "step_3"
+  model_config = model_config_from(config)
+  rng = np.random.RandomState(0)
+  params = jax.tree.map(lambda x: (rng.standard_normal(x.shape) * 0.3).astype(np.float32),
+                        nn.unbox(model_lib.abstract_params(PooledClassifier(model_config, 2))))
+  pretrained.save_pretrained(str(step), model_config, params)
+  (workdir / "config.json").write_text(config.to_json_best_effort())
+  (workdir / "best" / "best.json").write_text(json.dumps(
+      {"step": 3, "metric": "accuracy", "value": 0.5, "weights": str(step),
+       "head": {"task": "classification", "task_name": "", "labels": ["neg", "pos"]}}))
+  said = quietly(convert.convert, None, "hf", str(workdir), str(root / "hf"))
+  return types.SimpleNamespace(root=root, workdir=workdir, config=config, hf=root / "hf", said=said)
+
+
+def test_a_pipeline_on_the_export_gives_our_labels_and_probabilities(run):
+  transformers = require_module("transformers", extra="hf")
+  assert "checked to give its ids through" in run.said, run.said
+  (run.root / "in.tsv").write_text("sentence\n" + "".join(f"{t}\n" for t in TEXTS))
+  args = types.SimpleNamespace(input=str(run.root / "in.tsv"), output=str(run.root / "out.jsonl"), split="")
+  quietly(finetune.predict, run.config, str(run.workdir), args)
+  ours = [json.loads(line) for line in open(run.root / "out.jsonl")]
+  theirs = transformers.pipeline("text-classification", model=str(run.hf), top_k=None)(TEXTS)
+  assert len({tuple(row["probabilities"].values()) for row in ours}) == len(TEXTS)  # the texts are told apart
+  for mine, their in zip(ours, theirs):
+    assert their[0]["label"] == mine["label"]
+    assert {row["label"]: row["score"] for row in their} == pytest.approx(mine["probabilities"], abs=1e-5)
+
+
+def _shared_texts(shared_data) -> list[str]:
+  """The 14,630 texts hf_export's docstring counts: 400 lines of 30 corpus books, 299 lines of each GLUE dev set,
+  the contexts of SQuAD's first 20 articles."""
+  texts = []
+  for book in sorted(glob.glob(str(shared_data / "corpus" / "*.txt")))[:30]:
+    texts += [line for line in open(book, encoding="utf-8") if line.strip()][:400]
+  for dev in sorted(glob.glob(str(shared_data / "glue" / "*" / "dev.tsv"))):
+    texts += [line.split("\t")[-1] for line in open(dev, encoding="utf-8")][1:300]
+  squad = json.load(open(sorted(glob.glob(str(shared_data / "squad" / "*.json")))[0]))
+  return texts + [p["context"] for article in squad["data"][:20] for p in article["paragraphs"]]
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_the_exported_tokenizer_gives_our_ids_on_every_shared_text(shared_data, tmp_path, lower):
+  """The tokenizer.json the export writes, as the tokenizers library loads it, cased and uncased; transformers'
+  AlbertTokenizer from spiece.model alone differs on parentheses and numbers with commas."""
+  ours = Tokenizer(str(shared_data / "albert_spm" / "spiece.model"), lower)
+  hf_export.save_tokenizer(ours, str(tmp_path), 512)
+  theirs = tokenizers.Tokenizer.from_file(str(tmp_path / hf_export.TOKENIZER_FILE))
+  texts = _shared_texts(shared_data)
+  assert len(texts) == 14630
+  differ = [text for text in texts if theirs.encode(text).ids != hf_export.our_ids(ours, text, None)[0]]
+  assert not differ, (len(differ), differ[:3])
+  assert json.loads((tmp_path / hf_export.TOKENIZER_CONFIG).read_text())["do_lower_case"] is lower
+
+
+def test_transformers_loads_the_export_with_our_ids_and_segments(run, tokenizer):
+  transformers = require_module("transformers", extra="hf")
+  theirs = transformers.AutoTokenizer.from_pretrained(str(run.hf))
+  for first, second in [*((text, None) for text in TEXTS), (TEXTS[0], TEXTS[3])]:
+    got = theirs(first, second)
+    assert (got["input_ids"], got["token_type_ids"]) == hf_export.our_ids(tokenizer, first, second)
+  assert (run.hf / hf_export.SPM_FILE).read_bytes() == open(tokenizer.model_path, "rb").read()
+
+
+def test_an_export_whose_tokenizer_would_give_other_ids_is_refused_with_nothing_written(run, tmp_path, monkeypatch):
+  """Digit-comma pieces allowed to win, as a plain conversion of the SentencePiece model allows them."""
+  built = hf_export.hf_tokenizer
+  def with_digit_comma_pieces(tokenizer):
+    spec = json.loads(built(tokenizer).to_str())
+    spec["model"]["vocab"] = [[piece, 0.0 if score < -1e8 else score] for piece, score in spec["model"]["vocab"]]
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
+  monkeypatch.setattr(hf_export, "hf_tokenizer", with_digit_comma_pieces)
+  with pytest.raises(InputError, match=r"gives other ids than .*spiece.model for \('In 1990, 3,400 people paid "
+                                       r"\$1,628.26 \(or 1.53 percent\).', None\).*nothing was written"):
+    quietly(convert.convert, None, "hf", str(run.workdir), str(tmp_path / "hf"))
+  assert not (tmp_path / "hf").exists()
+
+
+def test_weights_that_name_no_tokenizer_are_refused_unless_told_to_export_them_alone(run, shared_data, tmp_path):
+  weights = tmp_path / "weights"
+  shutil.copytree(run.workdir / "best" / "step_3", weights)
+  with pytest.raises(InputError, match=r"names no SentencePiece model .* --spm_model=PATH .* --spm_model=none"):
+    quietly(convert.convert, None, "hf", str(weights), str(tmp_path / "a"))
+  assert not (tmp_path / "a").exists()
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(_shared_texts(shared_data)[:3000]))
+  small = train_spm.train(Source(str(corpus)), str(tmp_path / "small.model"), vocab_size=300)
+  with pytest.raises(InputError, match=r"small.model has 300 pieces but the model has vocab_size=30000"):
+    quietly(convert.convert, None, "hf", str(weights), str(tmp_path / "b"), False, False, small)
+  assert not (tmp_path / "b").exists()
+  quietly(convert.convert, None, "hf", str(weights), str(tmp_path / "c"), False, False, convert.NO_TOKENIZER)
+  assert not (tmp_path / "c" / hf_export.TOKENIZER_FILE).exists() and (tmp_path / "c" / "config.json").is_file()
+  quietly(convert.convert, None, "hf", str(weights), str(tmp_path / "d"), False, False, spm(shared_data))
+  assert (tmp_path / "d" / hf_export.TOKENIZER_FILE).is_file()
+
+
+def test_without_transformers_the_export_is_checked_through_the_tokenizers_library(tokenizer, monkeypatch):
+  """`convert` needs only the base install (tests/test_install.py); the check then loads tokenizer.json itself."""
+  monkeypatch.setitem(sys.modules, "transformers", None)
+  assert hf_export.check_tokenizer(tokenizer, tokenizer.vocab_size, 512) == "Tokenizer"

@@ -1,0 +1,151 @@
+"""Writers never race or overwrite history: one writer per output (a second is refused naming the holder, a killed
+holder does not block), an unreadable lock file is one line, a resume keeps every earlier config, no tool writes
+where it reads or leaves a stale file in a submission, and a boolean flag takes only a boolean."""
+import functools
+import importlib
+import json
+import multiprocessing
+import socket
+import time
+
+import pytest
+
+from albert_jax import convert, errors, glue_submission
+from albert_jax.errors import InputError, UserError
+from data_pipeline import train_spm
+from data_pipeline.prepare import PrepareConfig, parse_args, prepare
+from data_pipeline.sources import Source
+from tests.helpers import TEXT
+from tests.test_glue_submission import run_dir
+
+
+def _stall(ready, *args, **kwargs):
+  ready.set()
+  time.sleep(600)
+
+
+def _hold(module: str, name: str, write, ready) -> None:
+  """The holder process: runs `write`, stalled where it writes its output (`module.name` waits for ever)."""
+  setattr(importlib.import_module(module), name, functools.partial(_stall, ready))
+  write()
+
+
+@pytest.fixture
+def holder():
+  """Starts a process that runs a tool until it stalls while writing; returns it (it is killed at the end)."""
+  context = multiprocessing.get_context("spawn")
+  started = []
+
+  def start(module, name, write):
+    ready = context.Event()
+    process = context.Process(target=_hold, args=(module, name, write, ready), daemon=True)
+    process.start()
+    started.append(process)
+    assert ready.wait(60), "the holder never reached its writing"
+    return process
+
+  yield start
+  for process in started:
+    process.kill()
+    process.join()
+
+
+def _tools(shared_data, tmp_path):
+  """(module, function stalled there, a call that writes) of each tool that writes an output."""
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text(TEXT)
+  spm = str(shared_data / "albert_spm" / "spiece.model")
+  run = run_dir(tmp_path / "run", 0.5, [("RTE.tsv", ["entailment"] * 3)])
+  (tmp_path / "weights").mkdir()
+  return {
+      "prepare": ("data_pipeline.prepare", "_write_shards", functools.partial(
+          prepare, PrepareConfig(input=str(corpus), spm_model=spm, output_dir=str(tmp_path / "out"), num_shards=2,
+                           eval_fraction=0.2))),
+      "train_spm": ("data_pipeline.train_spm", "sample", functools.partial(
+          train_spm.train, Source(str(corpus)), str(tmp_path / "spm.model"), vocab_size=40)),
+      "convert": ("albert_jax.convert", "to_hf", functools.partial(
+          convert.convert, None, "hf", str(tmp_path / "weights"), str(tmp_path / "hf"))),
+      "glue_submission": ("albert_jax.storage", "copy_atomic", functools.partial(
+          glue_submission.assemble, [run], str(tmp_path / "submission"), allow_partial=True, check_counts=False)),
+  }
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("tool", ["prepare", "train_spm", "convert", "glue_submission"])
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_does_not_block(
+    shared_data, tmp_path, holder, capsys, tool):
+  module, stalled, write = _tools(shared_data, tmp_path)[tool]
+  first = holder(module, stalled, write)
+  with pytest.raises(UserError, match=f"is in use by a run on host {socket.gethostname()} \\(PID {first.pid}, "):
+    write()
+  if tool != "prepare":
+    return
+  first.kill()  # SIGKILL
+  first.join()
+  manifest = write()
+  assert f"from a run that is no longer alive (host {socket.gethostname()}, PID {first.pid})" in capsys.readouterr().err
+  out = tmp_path / "out"
+  assert manifest["totals"]["documents"] == 20 and not (out / "run.lock").exists()
+  assert all((out / s["file"]).stat().st_size > 0 for split in manifest["splits"].values() for s in split["shards"])
+
+
+@pytest.mark.parametrize("contents", [b"\x00\xff\xfegarbage", b"", b"[1, 2]", b'{"host": "h", "pid": "x"}'])
+def test_an_unreadable_lock_file_is_one_line(tmp_path, contents):
+  from albert_jax.workdir_lock import WorkdirLock
+  (tmp_path / "run.lock").write_bytes(contents)
+  with pytest.raises(UserError) as refused:
+    with WorkdirLock(str(tmp_path)):
+      pass
+  message = str(refused.value)
+  assert errors.is_user_error(refused.value) and "\n" not in message
+  assert message.startswith(f"{tmp_path / 'run.lock'} holds no lock record (") and "delete it" in message
+  assert (tmp_path / "run.lock").read_bytes() == contents
+
+
+def test_every_resume_with_changes_keeps_the_config_it_replaced(tmp_path, monkeypatch, capsys):
+  import ml_collections
+  from albert_jax import loop
+  monkeypatch.setattr(loop, "latest_step", lambda workdir: 2)
+  config = lambda every: ml_collections.ConfigDict({"model": {"hidden_size": 8}, "log": {"every": every}})
+  saved = lambda name: json.loads((tmp_path / name).read_text())["log"]["every"]
+  loop.write_workdir_config(str(tmp_path), config(1))
+  for every, kept in ((2, "config.2.json"), (3, "config.2.1.json")):  # two resumes at step 2, nothing saved between
+    loop.check_workdir_config(str(tmp_path), config(every))
+    assert f"(the previous config is kept as {kept})" in capsys.readouterr().out
+    loop.write_workdir_config(str(tmp_path), config(every))
+  assert (saved("config.2.json"), saved("config.2.1.json"), saved("config.json")) == (1, 2, 3)
+
+
+@pytest.mark.shared_data
+def test_no_tool_writes_where_it_reads_nor_leaves_a_stale_file_in_a_submission(shared_data, tmp_path):
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text(TEXT)
+  spm = str(shared_data / "albert_spm" / "spiece.model")
+  for output_dir, where in ((corpus, "is --input"), (tmp_path, f"holds --input={corpus}")):
+    with pytest.raises(InputError, match=f"--output_dir={output_dir} {where}; write the preparation to a "):
+      prepare(PrepareConfig(input=str(corpus), spm_model=spm, output_dir=str(output_dir)))
+  with pytest.raises(InputError, match=f"--output={corpus} is --input; write the model to a new file."):
+    train_spm.train(Source(str(corpus)), str(corpus), vocab_size=40)
+  assert corpus.read_text() == TEXT
+  rte = run_dir(tmp_path / "rte", 0.5, [("RTE.tsv", ["entailment"] * 3)])
+  with pytest.raises(InputError, match=f"--out={rte} is --runs; write the submission to a new directory."):
+    glue_submission.assemble([rte], rte, allow_partial=True, check_counts=False)
+  out = tmp_path / "submission"
+  out.mkdir()
+  (out / "CoLA.tsv").write_text("index\tprediction\n0\t1\n")  # an earlier assembly's
+  with pytest.raises(errors.ExistsError, match=f"--out={out} holds CoLA.tsv, which this submission does not write"):
+    glue_submission.assemble([rte], str(out), allow_partial=True, check_counts=False)
+  (out / "CoLA.tsv").unlink()
+  assert glue_submission.assemble([rte], str(out), allow_partial=True, check_counts=False) == {"RTE.tsv": rte}
+  assert sorted(p.name for p in out.iterdir()) == ["RTE.tsv"]
+
+
+def test_a_boolean_flag_takes_only_a_boolean(tmp_path, capsys):
+  required = ["--input=x.txt", "--spm_model=x.model", f"--output_dir={tmp_path}"]
+  for text, value in (("TRUE", True), ("yes", True), ("1", True), ("False", False), ("NO", False), ("0", False)):
+    assert parse_args([*required, f"--do_lower_case={text}"]).do_lower_case is value
+  for parse, flags in ((parse_args, required), (train_spm.main, ["--input=x.txt", "--output=x.model"])):
+    with pytest.raises(SystemExit) as refused:
+      parse([*flags, "--do_lower_case=ture"])
+    assert refused.value.code == 2
+    assert "argument --do_lower_case: 'ture' is not a boolean" in capsys.readouterr().err
