@@ -19,7 +19,7 @@ import tokenizers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import Regex, normalizers, pre_tokenizers, processors
 
-from albert_jax import head_identity, storage
+from albert_jax import head_identity, pretrained, storage
 from albert_jax.errors import InputError
 from data_pipeline import records, tiny
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
@@ -128,7 +128,9 @@ def _run_config(src: str) -> dict:
   src = storage.absolute(src).rstrip("/")
   best = os.path.basename(os.path.dirname(src)) == head_identity.BEST_DIR
   path = storage.path(os.path.join(os.path.dirname(os.path.dirname(src)) if best else src, "config.json"))
-  return json.loads(path.read_text()) if path.is_file() else {}
+  if not path.is_file():
+    return {}
+  return pretrained.read_json_object(str(path), "a run's config", pretrained.RESTORE_RUN_CONFIG)
 
 
 def _manifest(data: dict) -> tuple[str, dict] | None:
@@ -136,4 +138,7 @@ def _manifest(data: dict) -> tuple[str, dict] | None:
   kind, path = data.get("kind"), data.get("path", "")
   folder = path if kind == "prepared" else os.path.join(path or tiny.DEFAULT_DIR, "prepared") if kind == "tiny" else ""
   manifest = storage.path(os.path.join(folder, records.MANIFEST)) if folder else None
-  return (folder, json.loads(manifest.read_text())["tokenizer"]) if manifest and manifest.is_file() else None
+  if not (manifest and manifest.is_file()):
+    return None
+  record = pretrained.read_json_object(str(manifest), "a preparation's manifest", "prepare the data again")
+  return folder, record["tokenizer"]
