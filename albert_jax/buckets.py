@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from albert_jax.errors import InputError
+from albert_jax.tasks.base import MODEL_INPUTS
 
 NONE = ("", "none")
 DEFAULT = "64,128,256,512"  # fine-tuning configs' data.length_buckets; --mode=embed's where a config has none
@@ -61,12 +62,11 @@ def assign(lengths: np.ndarray, buckets: tuple[int, ...]) -> np.ndarray:
 
 
 def cut(features: dict[str, np.ndarray], length: int, full_length: int) -> dict[str, np.ndarray]:
-  """The rows' arrays with their sequence axis (the last, of `full_length` positions) cut to `length`; per-row
-  values (labels) are kept whole."""
+  """The model inputs with their sequence axis (the last, of `full_length` positions) cut to `length`; every other
+  array (labels, a multi-label row's classes however many) is kept whole."""
   if length == full_length:
     return features
-  return {name: a[..., :length] if a.ndim >= 2 and a.shape[-1] == full_length else a
-          for name, a in features.items()}
+  return {name: a[..., :length] if name in MODEL_INPUTS else a for name, a in features.items()}
 
 
 def prediction_groups(features: dict[str, np.ndarray], buckets: tuple[int, ...]) -> Iterator[tuple[int, np.ndarray]]:

@@ -137,6 +137,7 @@ class _Instr:
   operands: list[str]
   rest: str                       # operands and attributes, as printed
   root: bool
+  shape: str = ""                 # the result shape, as printed
 
 
 def _arrays(shape_text: str) -> list[tuple[int, int]]:
@@ -183,7 +184,7 @@ def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], str, dict[str, in
       operands, _ = _split_call(m[4])
       computations[current].append(_Instr(
           name=m[1], opcode=m[3], arrays=_arrays(m[2]), operands=re.findall(r"%([\w.\-]+)", operands),
-          rest=m[4], root=line.lstrip().startswith("ROOT")))
+          rest=m[4], root=line.lstrip().startswith("ROOT"), shape=m[2]))
   if not entry:
     raise InputError("No ENTRY computation in the HLO text; pass `compiled.as_text()` of a compiled executable.")
   return computations, entry, header
@@ -349,3 +350,50 @@ def collective_stats(compiled_or_text, devices: Sequence | None = None) -> Colle
                             executions=t["executions"], group_size=None, across_slices=True))
   return CollectiveStats(collectives=tuple(found), unknown_trip_counts=tuple(unknown))
 
+
+
+# ------------------------------------------------------------------------------------------ matmul FLOPs
+
+
+def _dims(shape_text: str) -> list[int]:
+  """The dimensions of the first array in a printed shape."""
+  found = _ARRAY.search(shape_text)
+  return [int(d) for d in found[2].split(",") if d] if found else []
+
+
+def _matmul_flops(instr: _Instr, table: dict[str, _Instr]) -> int:
+  """2 x (multiply-adds) of one dot or convolution. A dot's output elements each sum over its lhs contracting
+  dimensions; a convolution's over the kernel's input features times the window taps that land on the input: the
+  TPU compiler writes batched matmuls as convolutions whose input is dilated by the window size (`lhs_dilate`),
+  where one tap per output is real."""
+  out = math.prod(_dims(instr.shape))
+  if instr.opcode == "dot":
+    lhs = _dims(table[instr.operands[0]].shape)
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.rest)
+    return 2 * out * math.prod(lhs[int(d)] for d in contracting[1].split(",") if d) if contracting else 0
+  kernel = _dims(table[instr.operands[1]].shape)
+  labels = re.search(r"dim_labels=\w+_(\w+)->", instr.rest)
+  if not labels or len(labels[1]) != len(kernel):
+    return 0
+  size = re.search(r"\bsize=([\dx]+)", instr.rest)
+  dilate = re.search(r"\blhs_dilate=([\dx]+)", instr.rest)
+  window = [int(k) for k in size[1].split("x")] if size else []
+  dilation = [int(d) for d in dilate[1].split("x")] if dilate else [1] * len(window)
+  taps = math.prod(-(-k // d) for k, d in zip(window, dilation))
+  groups = re.search(r"batch_group_count=(\d+)", instr.rest)
+  return 2 * out * kernel[labels[1].index("i")] * taps // (int(groups[1]) if groups else 1)
+
+
+def matmul_flops(compiled_or_text) -> tuple[int, tuple[str, ...]]:
+  """FLOPs of the dots and convolutions of a compiled executable (or its `as_text()`) per call, per device, with
+  each op counted once per execution of its computation (while-loop trips included, which XLA's
+  `cost_analysis()` counts once). Returns (FLOPs, the while loops counted once because their trip count was not
+  read)."""
+  text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
+  computations, entry, _ = _parse_module(text)
+  counts, unknown = _executions(computations, entry)
+  total = 0
+  for comp, instrs in computations.items():
+    table = {i.name: i for i in instrs}
+    total += counts.get(comp, 0) * sum(_matmul_flops(i, table) for i in instrs if i.opcode in ("dot", "convolution"))
+  return total, tuple(unknown)

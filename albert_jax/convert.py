@@ -12,12 +12,12 @@ The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
 """
 from __future__ import annotations
 
-import json
 import os
 
 from absl import app, flags
 
-from albert_jax import checkpointing, console, head_identity, hf_export, interop, pretrained, storage, tf1
+from albert_jax import (checkpointing, console, head_identity, hf_export, interop, pretrained, run_config, storage,
+                        tf1)
 from albert_jax.errors import ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
 from data_pipeline import writers
@@ -38,6 +38,7 @@ flags.DEFINE_string("spm_model", None, "--to=hf: the SentencePiece model to expo
                     "'none': the weights alone, no tokenizer.")
 FLAGS = flags.FLAGS
 NO_TOKENIZER = "none"
+PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 
 def from_hf(src: str, dst: str) -> None:
@@ -87,12 +88,11 @@ def _our_weights(src: str):
   checkpoint, the model from its config.json)."""
   if pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir():
     return pretrained.load_pretrained(src)
-  run_config_file = storage.path(src) / "config.json"
-  if not run_config_file.is_file():
-    raise MissingFileError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: pass a "
-                           "training workdir as albert_jax.main wrote it (config.json next to checkpoints/).")
-  run_config = json.loads(run_config_file.read_text())
-  return ModelConfig.from_mapping(run_config["model"]), pretrained.load_init_params(src, name="--src")
+  if not run_config.exists(src):
+    raise MissingFileError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: "
+                           f"{PASS_WORKDIR} (config.json next to checkpoints/).")
+  model = run_config.read(src, "--src", PASS_WORKDIR)["model"]
+  return ModelConfig.from_mapping(model), pretrained.load_init_params(src, name="--src")
 
 
 def _check_dst_apart(src: str, dst: str) -> None:

@@ -38,13 +38,12 @@ def embed_fn(model: AlbertModel, pooling: str):
   return embed
 
 
-def _weights(config, workdir: str):
-  """Only the backbone is used, so a fine-tuning run's head (its task, its classes) does not matter here."""
+def _weights_path(config, workdir: str) -> tuple[str, str]:
+  """(where the weights are, the flag that named it): the workdir's, else init_checkpoint's."""
   if read_best(workdir) or storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
-    return pretrained.load_init_params(workdir, "--workdir", model=config.model), f"--workdir {workdir}"
+    return workdir, "--workdir"
   if config.init_checkpoint:
-    return (pretrained.load_init_params(config.init_checkpoint, model=config.model),
-            f"init_checkpoint {config.init_checkpoint}")
+    return config.init_checkpoint, "init_checkpoint"
   raise InputError(f"No weights to embed with: {workdir} has no checkpoints and config.init_checkpoint is empty; "
                    "pass --workdir of a training run or --config.init_checkpoint=DIR (an albert_jax.convert output).")
 
@@ -64,12 +63,15 @@ def embed(config, workdir: str, args) -> None:
     raise InputError("--mode=embed needs --input=FILE (one text per line) and --output=PATH.npy.")
   if args.pooling not in POOLINGS:
     raise InputError(f"--pooling={args.pooling!r}; choose one of {POOLINGS}.")
+  path, name = _weights_path(config, workdir)
+  config = pretrained.with_recorded_model(config, path)
   tokenizer = make_tokenizer(config)
   model_config = model_config_from(config)
   tokenizer.check_vocab(model_config.vocab_size)
   max_len = config.data.max_seq_length
   model_config.check_seq_length(max_len)
-  params, which = _weights(config, workdir)
+  # Only the backbone is used, so a fine-tuning run's head (its task, its classes) does not matter here.
+  params, which = pretrained.load_init_params(path, name, model=config.model), f"{name} {path}"
   if "albert" not in params:
     raise InputError(f"The weights ({which}) have no backbone 'albert' (found {sorted(params)}).")
   texts = [line for _, line in text_lines(args.input)]  # a CR-only file is refused, not embedded as one text

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from albert_jax import checkpointing, compilation_cache, model_config, optim, sharding
+from albert_jax import checkpointing, compilation_cache, model_config, optim, sharding, trackers
 from albert_jax.errors import InputError
 
 
@@ -152,6 +152,7 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
       (log.every > 0, f"log.every={log.every} must be positive (steps between log lines)"),
   ]
   _refuse(checks)
+  trackers.check_trackers(log)
   if t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
     print(f"WARNING: train.warmup_steps={t.warmup_steps} > train.num_train_steps={t.num_train_steps}: the learning "
           f"rate never reaches train.learning_rate={t.learning_rate}.", flush=True)

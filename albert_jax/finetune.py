@@ -21,9 +21,9 @@ import numpy as np
 
 from albert_jax import buckets, engine, loop, pretrained, storage
 from albert_jax.errors import InputError
-from albert_jax.head_identity import (BEST_DIR, BEST_FILE, HEAD_FILE, check_head_trained_for, check_identity, describe,
-                                      head_trained_for, read_best, recorded_identity, task_for_weights,
-                                      weights_identity)
+from albert_jax.head_identity import (BEST_DIR, BEST_FILE, HEAD_FILE, best_weights, check_head_trained_for,
+                                      check_identity, describe, head_trained_for, read_best, recorded_identity,
+                                      task_for_weights, weights_identity)
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks import Split, get_task, make_tokenizer
 from albert_jax.workdir_lock import WorkdirLock
@@ -150,6 +150,7 @@ class BestKeeper:
                    "weights": step_dir, "head": self.task.identity(),
                    "selection": "best dev checkpoint of one run, scored every train.eval_every steps"}
     if jax.process_index() == 0:
+      self.task.tune(predictions, step_dir)
       for split_name, (split, split_predictions) in predictions.items():
         self.task.write_predictions(split, split_predictions,
                                     os.path.join(step_dir, self.task.predictions_name(split_name)))
@@ -263,6 +264,7 @@ def predict_split_file(config, workdir, task, model, params, split: Split, outpu
 
 def train(config, workdir: str, args=None) -> None:
   """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
+  config = pretrained.with_recorded_model(config, config.init_checkpoint)
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
     raise InputError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
                      "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
@@ -315,10 +317,13 @@ def train(config, workdir: str, args=None) -> None:
     return
   if test_splits:
     params = pretrained.load_pretrained(best["weights"])[1]
+    task.use_tuning(best["weights"])
   for split in test_splits:
     print(f"Test predictions (best checkpoint): {predict_split_file(config, workdir, task, model, params, split)}",
           flush=True)
   print(json.dumps(best), flush=True)
+  loop.say_done(f"best checkpoint {best['weights']} ({best['metric']} {best['value']:.4f})",
+                f"python -m albert_jax.convert --to=hf --src={workdir} --dst={workdir.rstrip('/')}_hf")
 
 
 def _trained_params(config, workdir: str, task, model):
@@ -326,6 +331,7 @@ def _trained_params(config, workdir: str, task, model):
   (a pretraining workdir has none) and their model is config.model's."""
   best = read_best(workdir)
   check_identity(task, recorded_identity(workdir, best), f"--workdir={workdir}")
+  task.use_tuning(best_weights(workdir, best) if best else workdir)
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
   params = pretrained.load_init_params(workdir, "--workdir", model=config.model)
   pretrained.check_params(jax.eval_shape(lambda: nn.unbox(task.init_params(model, jax.random.key(0)))), params,
@@ -337,6 +343,7 @@ def _trained_params(config, workdir: str, task, model):
 
 def evaluate(config, workdir: str, args=None) -> None:
   """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions."""
+  config = pretrained.with_recorded_model(config, workdir)
   task, tokenizer, _, model = _task_and_model(config, workdir)
   params, which = _trained_params(config, workdir, task, model)
   s = engine.setup(config, make_job(config, task, model))
@@ -357,6 +364,7 @@ def predict(config, workdir: str, args) -> None:
   if bool(args.split) == bool(input_path) or (input_path and not output_path):
     raise InputError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
                      "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
+  config = pretrained.with_recorded_model(config, workdir)
   task, tokenizer, _, model = _task_and_model(config, workdir)
   params, which = _trained_params(config, workdir, task, model)
   if args.split:

@@ -78,6 +78,7 @@ QUESTION_ANSWERING = "AlbertForQuestionAnswering"
 MULTIPLE_CHOICE = "AlbertForMultipleChoice"
 TOKEN_CLASSIFICATION = "AlbertForTokenClassification"
 MASKED_LM = "AlbertForMaskedLM"
+MULTI_LABEL = "multi_label_classification"  # the problem_type of a classifier with a sigmoid per class
 HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", MULTIPLE_CHOICE: "classifier",
                   QUESTION_ANSWERING: "qa_outputs", TOKEN_CLASSIFICATION: "classifier"}
 # The answer-class head's top-level param names (the original's variable scopes, `heads.AnswerClassSpanHead`);
@@ -210,10 +211,12 @@ def task_for_weights(task, recorded: dict | None, warm_start: bool = False):
 
 def converted_head_fits(task, recorded: dict) -> bool:
   """A converted transformers head (`HFHead.identity()`) names a class, not a task: it fits a task of that class
-  whose classes it names in the same order (HF's default LABEL_i names say nothing: the shapes decide)."""
+  whose classes it names in the same order (HF's default LABEL_i names say nothing: the shapes decide) and that
+  picks one class per row, or several (multi-label), as the head was trained to."""
   head, ours = HFHead.from_identity(recorded), task.hf_head
   return (head is not None and ours is not None and head.architecture == ours.architecture
-          and head.labels in (None, ours.labels))
+          and head.labels in (None, ours.labels)
+          and (head.problem_type == MULTI_LABEL) == (ours.problem_type == MULTI_LABEL))
 
 
 def describe(identity: dict) -> str:
@@ -240,6 +243,8 @@ def _identity_fix(task, recorded: dict) -> str:
   if task.hf_head is None or converted.architecture != task.hf_head.architecture:
     return (f"use it with a task whose model is an {converted.architecture}, or fine-tune from it "
             "(--config.init_checkpoint: a head for other classes starts afresh)")
+  if (converted.problem_type == MULTI_LABEL) != (task.hf_head.problem_type == MULTI_LABEL):
+    return "fine-tune from it (--config.init_checkpoint: its head, of another problem_type, then starts afresh)"
   if task.settings.labels:
     return f"pass labels={labels} (--config.data.labels), the order of its transformers config.json (id2label)"
   return ("as this task's class order is fixed, fine-tune from it (--config.init_checkpoint: its head then starts "

@@ -19,9 +19,8 @@ import tokenizers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import Regex, normalizers, pre_tokenizers, processors
 
-from albert_jax import head_identity, pretrained, storage
+from albert_jax import pretrained, storage
 from albert_jax.errors import InputError
-from data_pipeline import records, tiny
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -109,36 +108,13 @@ def check_tokenizer(tokenizer: Tokenizer, vocab_size: int, max_length: int) -> s
 
 
 def run_tokenizer(src: str, spm_model: str | None = None) -> Tokenizer:
-  """The tokenizer `src` was trained with: --spm_model, else its run's config.json data.spm_model (with the
-  run's lower-casing), else its prepared data's copy (with the preparation's)."""
-  data = _run_config(src).get("data", {})
-  model, lower = data.get("spm_model"), data.get("do_lower_case")
-  if not model and (manifest := _manifest(data)):
-    model, lower = os.path.join(manifest[0], manifest[1]["model"]), manifest[1]["do_lower_case"]
-  if not (spm_model or model):
+  """The tokenizer `src` was trained with: --spm_model, else the one its run recorded, with the lower-casing it
+  recorded (`pretrained.recorded_tokenizer`: its config.json's data.spm_model, its prepared data's copy)."""
+  recorded = pretrained.recorded_tokenizer(storage.absolute(src).rstrip("/"))
+  if not (spm_model or recorded):
     raise InputError(f"--src={src} names no SentencePiece model (no run config.json with data.spm_model, nor "
                      "prepared data): pass the one it was trained with, --spm_model=PATH (ALBERT's is "
                      "spiece.model), so that the export's tokenizer gives the model's ids, or --spm_model=none to "
                      "export the weights alone.")
+  model, lower = recorded or (None, None)
   return Tokenizer(spm_model or model, True if lower is None else lower)
-
-
-def _run_config(src: str) -> dict:
-  """The config.json of the run of `src`: a workdir, or its best/step_N weights; {} for a converted directory."""
-  src = storage.absolute(src).rstrip("/")
-  best = os.path.basename(os.path.dirname(src)) == head_identity.BEST_DIR
-  path = storage.path(os.path.join(os.path.dirname(os.path.dirname(src)) if best else src, "config.json"))
-  if not path.is_file():
-    return {}
-  return pretrained.read_json_object(str(path), "a run's config", pretrained.RESTORE_RUN_CONFIG)
-
-
-def _manifest(data: dict) -> tuple[str, dict] | None:
-  """(folder, tokenizer record) of a pretraining run's prepared data, or None (synthetic data, files gone)."""
-  kind, path = data.get("kind"), data.get("path", "")
-  folder = path if kind == "prepared" else os.path.join(path or tiny.DEFAULT_DIR, "prepared") if kind == "tiny" else ""
-  manifest = storage.path(os.path.join(folder, records.MANIFEST)) if folder else None
-  if not (manifest and manifest.is_file()):
-    return None
-  record = pretrained.read_json_object(str(manifest), "a preparation's manifest", "prepare the data again")
-  return folder, record["tokenizer"]

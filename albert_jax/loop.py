@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -27,9 +28,8 @@ SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layer
 
 
 # Settings whose change breaks an exact resume (data order, dropout, the function the weights compute, what a step
-# means): refused unless
-# `resume_with_changes` is set. Every other change (schedule length, logging, checkpoints, mesh, micro batch) is
-# legitimate: said on the console and recorded.
+# means): refused unless `resume_with_changes` is set. Every other change (schedule length, logging, checkpoints,
+# mesh, micro batch) is legitimate: said on the console and recorded.
 EXACT_RESUME_FIELDS = ("seed", "train.global_batch_size", "train.optimizer", "data.", "model.hidden_act",
                        "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob")
 
@@ -301,7 +301,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
       return {}
     write_workdir_config(workdir, config)
     train_step = _StepPerShape(s)
-    writer = metrics_lib.MetricWriter(workdir, total_steps)
+    writer = metrics_lib.MetricWriter(workdir, total_steps, config)
     signals = _StopSignals()
     window, last, stop = _Window(ckpt), {}, False
     try:
@@ -324,6 +324,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
           last = window.report(s)
           writer.write(done, last)
           writer.progress(done, last, first_step)
+        elif done == first_step + 1:
+          _say_first_step(window, job, done, config)
         if job.evaluate and config.train.eval_every and (done % config.train.eval_every == 0 or last_step):
           job.evaluate(done, state.params, s, writer)
         if done % config.checkpoint.every == 0 or last_step or stop:
@@ -358,6 +360,21 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
   if stop:  # nothing after training (a fine-tuning run's test predictions) runs on a stopped run
     raise SystemExit(signals.exit_code())
   return last
+
+
+def _say_first_step(window: _Window, job: engine.Job, step: int, config) -> None:
+  """The first step's metrics as soon as it is done (it compiles first): minutes of silence until the first
+  progress line would look like a hang. They stay in the window's totals for that line."""
+  window.drain()  # waits for the step
+  if jax.process_index() == 0:
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in job.summarize(window.total["sums"], window.steps).items())
+    print(f"step {step}/{config.train.num_train_steps} done in {time.time() - window.start:.1f} s (compiling "
+          f"included): {shown}; progress every {config.log.every} steps", file=sys.stderr, flush=True)
+
+
+def say_done(what: str, next_command: str) -> None:
+  if jax.process_index() == 0:  # the last line of a finished run: what it leaves, the command that goes on from it
+    print(f"done: {what}; next: {next_command}", flush=True)
 
 
 class _StepPerShape:

@@ -1,7 +1,8 @@
 """Command line: `python -m albert_jax.main --config experiments/pretrain_large.py --workdir=DIR [--mode=...]`.
 
 Thin, after flax `examples/lm1b/main.py`: flags, `jax.distributed.initialize()` on several hosts, then the
-function that `runner.MODES` names for the mode and the config's task.
+function that `runner.MODES` names for the mode and the config's task. Without --config, the modes that read a
+run take its resolved config from the workdir (`run_config.py`).
 """
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from albert_jax import runner
+from albert_jax import run_config, runner
 from data_pipeline import writers
 from albert_jax.errors import (InputError, MissingFileError, NotADirectoryUserError, NotWritableError, UserError,
                                one_line_user_errors)
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `file.py:arg`.", lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `file.py:arg`. Left out, eval, predict, "
+                                "embed and a resume use the run's resolved config, --workdir's config.json.",
+                                lock_config=True)
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and the resolved config go.")
 flags.DEFINE_enum("mode", "train", list(runner.MODES), "What to run:\n" + runner.modes_help())
 flags.DEFINE_string("input", None, "--mode=predict: the user's TSV/JSONL file; --mode=embed: one text per line.")
@@ -62,13 +65,57 @@ def experiment_config(argv: list[str]) -> ml_collections.ConfigDict:
   return flag_values.config
 
 
-def _config_spec(argv: list[str]) -> str | None:
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--name=value` or `--name value` in `argv`, read before absl parses it."""
   for i, arg in enumerate(argv):
-    if arg.startswith("--config="):
+    if arg.startswith(f"--{name}="):
       return arg.split("=", 1)[1]
-    if arg == "--config" and i + 1 < len(argv):
+    if arg == f"--{name}" and i + 1 < len(argv):
       return argv[i + 1]
   return None
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  return _flag_value(argv, "config")
+
+
+def _run_workdir(spec: str) -> str | None:
+  """The workdir of a `--config` that reads a run's resolved config (`_with_run_config`), else None."""
+  path, _, workdir = spec.partition(":")
+  return workdir if os.path.abspath(path) == run_config.__file__ else None
+
+
+def _config_name(spec: str) -> str:
+  """How a message names the config: the experiment file as given, or the run's config.json."""
+  workdir = _run_workdir(spec)
+  return spec if workdir is None else run_config.config_path(workdir)
+
+
+# Modes that use a trained run's weights: without --config they read its settings from the workdir.
+RUN_CONFIG_MODES = ("eval", "predict", "embed")
+
+
+def _with_run_config(argv: list[str]) -> list[str]:
+  """`argv` with `--config=albert_jax/run_config.py:WORKDIR` where --config is left out and the mode reads a
+  workdir: eval, predict and embed always (an unreadable config.json is then refused in one line naming --config),
+  train when the workdir holds a run's config.json (a resume; a fresh run needs an experiment file)."""
+  workdir, mode_name = _flag_value(argv, "workdir"), _flag_value(argv, "mode") or "train"
+  if _config_spec(argv) is not None or not workdir:
+    return argv
+  if mode_name in RUN_CONFIG_MODES or (mode_name == "train" and run_config.exists(workdir)):
+    return [argv[0], f"--config={run_config.__file__}:{workdir}", *argv[1:]]
+  return argv
+
+
+def _say_run_config(spec: str) -> None:
+  """One line on where the config came from when it is the run's own, with the overrides given on top of it."""
+  workdir = _run_workdir(spec)
+  if workdir is None:
+    return
+  given = [f"{name.removeprefix('config.')}={FLAGS[name].value}" for name in FLAGS
+           if name.startswith("config.") and FLAGS[name].present]
+  overrides = f"overrides: {', '.join(given)}" if given else "no overrides"
+  print(f"config: {run_config.config_path(workdir)} (the run's resolved config); {overrides}", flush=True)
 
 
 def _unknown_field(argv: list[str]) -> str | None:
@@ -91,7 +138,7 @@ def _unknown_field(argv: list[str]) -> str | None:
         hint = f"; did you mean --config.{'.'.join([*parts[:depth], *close])}?" if close else ""
       else:
         hint = f"; {'.'.join(parts[:depth])} is a value, not a section"
-      return f"{arg.split('=', 1)[0]}: {spec} has no field {'.'.join(parts)}{hint}"
+      return f"{arg.split('=', 1)[0]}: {_config_name(spec)} has no field {'.'.join(parts)}{hint}"
   return None
 
 
@@ -123,10 +170,17 @@ def _experiment_error(error: flags.Error) -> Exception | None:
 
 
 def _config_file_error(argv: list[str]) -> str | None:
-  """A `--config` that names no file; ml_collections would raise it only when the config is first read."""
+  """A `--config` that names no file; ml_collections would raise it only when the config is first read (as it does
+  any OSError of get_config: a run's config.json that cannot be read raises its one-line error here)."""
   spec = _config_spec(argv)
+  workdir = None if spec is None else _run_workdir(spec)
+  if workdir is not None:
+    run_config.read(workdir)
+    return None
   if spec is None:
-    return "error: --config is required: pass an experiment file, e.g. experiments/pretrain_tiny.py."
+    reads_run = (_flag_value(argv, "mode") or "train") in RUN_CONFIG_MODES
+    run = ", or the --workdir of a training run (its config.json is read)" if reads_run else ""
+    return f"error: --config is required: pass an experiment file, e.g. experiments/pretrain_tiny.py{run}."
   path = spec.split(":", 1)[0]
   if os.path.isfile(path):
     return None
@@ -142,15 +196,21 @@ def parse_flags(argv: list[str]) -> list[str]:
   value or an unknown flag (absl's message names it), a `--config` file that is missing or has no `get_config`, a
   misspelt `--config.<field>` (ml_collections raises a KeyError or AttributeError from inside the parser) and a bad
   experiment argument (our ValueError from get_config, with the usual `error: ` of our messages). `--help` exits 0
-  (absl's exits 1)."""
+  (absl's exits 1). Without --config, a run's config.json in --workdir is the config (`_with_run_config`), said in
+  one line."""
   if any(arg in HELP_FLAGS for arg in argv[1:]):
     with contextlib.suppress(SystemExit):
       FLAGS(argv)  # prints the usage, then exits 1
     sys.exit(0)
-  message = _config_file_error(argv)
   try:
+    argv = _with_run_config(argv)
+    message = _config_file_error(argv)
     if message is None:
-      return FLAGS(argv)
+      remaining = FLAGS(argv)
+      _say_run_config(_config_spec(argv))
+      return remaining
+  except UserError as e:  # a run's config.json that cannot be read, or a gs:// workdir's bucket
+    message = f"error: {e}"
   except flags.Error as e:
     ours = _experiment_error(e)
     message = f"error: {ours}" if ours else f"FATAL Flags parsing error: {e} (--helpfull lists every flag)"

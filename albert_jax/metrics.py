@@ -1,44 +1,43 @@
-"""Metric output: `workdir/metrics.jsonl`, TensorBoard event files and a console progress line.
+"""Metric output: the trackers of `albert_jax/trackers.py` (`metrics.jsonl`, TensorBoard, W&B) and a console
+progress line.
 
-Only process 0 writes (big_vision / flax lm1b). For a `gs://` workdir both files are written to a local
+Only process 0 writes (big_vision / flax lm1b). For a `gs://` workdir the files are written to a local
 `storage.Mirror` and uploaded whole at every log step: objects cannot be appended to, and one put per file keeps
 every visible version complete. Throughput and MFU come from the step time measured on the host between fetched
 steps, with FLOPs from `flops.train_flops_per_token` (the `--mode=describe` formula).
 """
 from __future__ import annotations
 
-import json
-import math
-import os
 import sys
 import time
 from typing import Any
 
 import jax
-from tensorboardX import SummaryWriter
+import ml_collections
 
-from albert_jax import storage
+from albert_jax import storage, trackers
 
 
 class MetricWriter:
-  def __init__(self, workdir: str, total_steps: int):
+  """Fans each log step out to the run's trackers; the resolved config goes to them once per start."""
+
+  def __init__(self, workdir: str, total_steps: int, config: ml_collections.ConfigDict):
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
     self.start_time = time.time()
     if self.enabled:
       self._files = storage.Mirror(workdir, resume=("metrics.jsonl",))
-      self._jsonl = open(os.path.join(self._files.local, "metrics.jsonl"), "a", buffering=1)
-      self._tb = SummaryWriter(os.path.join(self._files.local, "tensorboard"))
+      self._trackers = trackers.open_trackers(self._files.local, workdir, config.log)
+      for tracker in self._trackers:
+        tracker.hparams(config)
+      self._files.sync()
 
   def write(self, step: int, metrics: dict[str, float], prefix: str = "") -> None:
     if not self.enabled:
       return
-    record = {"step": int(step), **({f"{prefix}{k}": float(v) for k, v in metrics.items()})}
-    self._jsonl.write(json.dumps(record) + "\n")
-    for key, value in record.items():
-      if key != "step" and math.isfinite(value):
-        self._tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
-    self._tb.flush()
+    record = {f"{prefix}{k}": float(v) for k, v in metrics.items()}
+    for tracker in self._trackers:
+      tracker.write(int(step), record)
     self._files.sync()
 
   def progress(self, step: int, metrics: dict[str, float], first_step: int) -> None:
@@ -56,8 +55,8 @@ class MetricWriter:
 
   def close(self) -> None:
     if self.enabled:
-      self._jsonl.close()
-      self._tb.close()
+      for tracker in self._trackers:
+        tracker.close()
       self._files.close()
 
 

@@ -124,10 +124,9 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, workd
     raise InputError(f"data.kind={kind!r}; choose 'prepared', 'tiny' or 'synthetic'.")
   from data_pipeline import loader
   data_config = config.data
-  # The bundled corpus, built once inside a local workdir; a gs:// one uses the loader's local cache, since
-  # ArrayRecord reads local files only.
-  if kind == "tiny" and not config.data.path and not storage.is_remote(workdir):
-    data_config = ml_collections.ConfigDict({**config.data.to_dict(), "path": os.path.join(workdir, "tiny_data")})
+  if kind == "tiny":  # the bundled corpus, built once
+    data_config = ml_collections.ConfigDict({**config.data.to_dict(),
+                                             "path": pretrained.tiny_data_dir(config.data.path, workdir)})
   if kind == "tiny" and jax.process_count() > 1:
     _build_tiny_dataset_on_process_0_first(data_config.path)
   batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
@@ -236,7 +235,18 @@ def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[st
   if config.init_checkpoint and loop.latest_step(workdir) is None:  # a resume goes on from its own weights
     loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
     job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
-  return loop.fit(config, workdir, job)
+  last = loop.fit(config, workdir, job)
+  loop.say_done(f"checkpoint {os.path.join(checkpointing.checkpoint_dir(workdir), str(loop.latest_step(workdir)))}",
+                _fine_tuning_command(workdir))
+  return last
+
+
+def _fine_tuning_command(workdir: str) -> str:
+  """The command that fine-tunes GLUE RTE from the run in `workdir` (DATA: the GLUE folder): its model, and its
+  tokenizer where it recorded one, are taken from there (`pretrained.take_recorded`)."""
+  spm = "" if pretrained.recorded_tokenizer(workdir) else ",spm=SPM"
+  return (f"python -m albert_jax.main --config experiments/glue.py:task=rte,data=DATA/glue{spm} "
+          f"--workdir {workdir.rstrip('/')}_rte --config.init_checkpoint={workdir}")
 
 
 def evaluate(config, s: engine.Setup, params) -> dict[str, float]:

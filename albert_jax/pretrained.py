@@ -7,28 +7,38 @@ converted fine-tuned weights, `head.json` (what the head was trained for, as a f
 `model_config.json` is removed first and written last, so a directory whose writing was cut short (kill -9 of a
 `convert --overwrite`) is refused, never read as new params under the old config.
 A training workdir's step checkpoints are read too (see `checkpointing.py`), and `merge_init_params` fits what
-was read into a model's parameter tree (warm starts of pretraining and fine-tuning).
+was read into a model's parameter tree (warm starts of pretraining and fine-tuning). `take_recorded` gives a run the
+model and the tokenizer that the weights it loads were trained with.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
+from absl import flags
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
+from ml_collections import config_flags
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from albert_jax import checkpointing, storage
 from albert_jax.checkpointing import local_restore_target
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.head_identity import HEAD_FILE, best_weights, check_shapeless_fields, read_best
+from albert_jax.head_identity import (BEST_DIR, HEAD_FILE, SHAPELESS_FIELDS, best_weights, check_shapeless_fields,
+                                      read_best)
 from albert_jax.model_config import ModelConfig
+from data_pipeline import records, tiny
 
 CONFIG_FILE = "model_config.json"
+RUN_CONFIG_FILE = "config.json"  # a training workdir's resolved config (loop.write_workdir_config)
 PARAMS_DIR = "params"
+TINY_DATA_DIR = "tiny_data"  # where a local workdir of data.kind=tiny builds the bundled dataset
 _CONVERT_AGAIN = "convert the weights again (python -m albert_jax.convert)"
 RESTORE_RUN_CONFIG = "restore it from a copy, or from the config.<step>.json that a resume kept there"
 
@@ -75,12 +85,126 @@ def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_c
   """Refuses weights at `path` whose recorded model (model_config.json of a converted directory, config.json of a
   training workdir) differs from `model` (the config.model they are about to be loaded into) in a field that no
   weight shape shows: they would load and compute another function (`head_identity.check_shapeless_fields`)."""
-  saved = None
+  check_shapeless_fields(recorded_model(path)[0], model, path, name)
+
+
+def recorded_model(path: str) -> tuple[dict[str, Any] | None, str]:
+  """The model recorded with the weights at `path` and the file recording it: model_config.json of a converted
+  directory (or of a fine-tuning run's best/step_N), config.json of a training workdir; (None, "") without one."""
   if storage.path(os.path.join(path, CONFIG_FILE)).is_file():
-    saved = read_json_object(os.path.join(path, CONFIG_FILE), "a model config", _CONVERT_AGAIN)
-  elif storage.path(os.path.join(path, "config.json")).is_file():
-    saved = read_json_object(os.path.join(path, "config.json"), "a run's config", RESTORE_RUN_CONFIG).get("model")
-  check_shapeless_fields(saved, model, path, name)
+    return read_json_object(os.path.join(path, CONFIG_FILE), "a model config", _CONVERT_AGAIN), CONFIG_FILE
+  if storage.path(os.path.join(path, RUN_CONFIG_FILE)).is_file():
+    return _run_config(path).get("model"), RUN_CONFIG_FILE
+  return None, ""
+
+
+def run_workdir(path: str) -> str | None:
+  """The training workdir that the weights at `path` come from (`path` itself, or WORKDIR of WORKDIR/best/step_N):
+  the one whose config.json says how they were trained; None for other weights (a converted directory)."""
+  parent = os.path.dirname(os.path.dirname(path.rstrip("/")))
+  for workdir in (path, parent) if os.path.basename(os.path.dirname(path.rstrip("/"))) == BEST_DIR else (path,):
+    if storage.path(os.path.join(workdir, RUN_CONFIG_FILE)).is_file():
+      return workdir
+  return None
+
+
+def _run_config(workdir: str) -> dict[str, Any]:
+  return read_json_object(os.path.join(workdir, RUN_CONFIG_FILE), "a run's config", RESTORE_RUN_CONFIG)
+
+
+def tiny_data_dir(data_path: str, workdir: str) -> str:
+  """Where a run of data.kind=tiny builds the bundled dataset: data.path, else inside a local workdir, else (a gs://
+  workdir) the loader's local cache, since ArrayRecord reads local files only."""
+  if data_path:
+    return data_path
+  return tiny.DEFAULT_DIR if storage.is_remote(workdir) else os.path.join(workdir, TINY_DATA_DIR)
+
+
+def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
+  """(SentencePiece model, do_lower_case or None where unrecorded) that the weights at `path` were trained with:
+  their run's data.spm_model, else the copy kept with its prepared data (the bundled tiny run's is built into its
+  workdir), else a spiece.model kept beside converted weights; None where nothing names one (synthetic data)."""
+  workdir = run_workdir(path)
+  data = _run_config(workdir).get("data", {}) if workdir else {}
+  kind = data.get("kind")
+  folder = (data.get("path", "") if kind == "prepared" else
+            os.path.join(tiny_data_dir(data.get("path", ""), workdir), "prepared") if kind == "tiny" else "")
+  manifest = os.path.join(folder, records.MANIFEST)
+  prepared = (read_json_object(manifest, "a preparation's manifest", "prepare the data again")["tokenizer"]
+              if folder and storage.path(manifest).is_file() else {})
+  model = data.get("spm_model") or (os.path.join(folder, prepared["model"]) if prepared else "")
+  if model:
+    return model, data.get("do_lower_case", prepared.get("do_lower_case"))
+  beside = os.path.join(path, records.SPM_MODEL)
+  return (beside, None) if storage.path(beside).is_file() else None
+
+
+def with_recorded_model(config: ml_collections.ConfigDict, path: str | None):
+  """`take_recorded` from the weights at `path` (those a fine-tuning, eval, predict or embed run loads), the
+  `--config.<field>` overrides of this process's command line kept, said in one line; a config not parsed from the
+  command line (built in Python) stays as it is."""
+  parsed = flags.FLAGS.is_parsed() and "config" in flags.FLAGS and flags.FLAGS["config"].value is config
+  if not (path and parsed):
+    return config
+  config, said = take_recorded(config, path, config_flags.get_override_values(flags.FLAGS["config"]))
+  if said:
+    _say(said)
+  return config
+
+
+def take_recorded(config: ml_collections.ConfigDict, path: str, explicit: Collection[str]
+                  ) -> tuple[ml_collections.ConfigDict, str | None]:
+  """`config` with what the weights at `path` fix and the command line left unset (`explicit`: the `a.b` names of
+  its `--config.a.b` overrides): the config.model fields they fix and, when data.spm_model is empty, the tokenizer
+  they were trained with; data.max_seq_length is capped at the model's max_position_embeddings. An explicit value
+  stays, to be refused where it conflicts with the weights. Every process takes process 0's values. Returns
+  (the config, one line saying what was taken from where, None when nothing was)."""
+  from albert_jax.loop import SHAPE_FIELDS  # imported here: `convert` reads weights without the engine's imports
+  model, model_file = recorded_model(path)
+  fixed = dict.fromkeys(SHAPE_FIELDS + SHAPELESS_FIELDS)  # the shapes, and what no shape shows
+  model = {k: model[k] for k in fixed if model and k in model and f"model.{k}" not in explicit}
+  data = {}
+  if not config.data.spm_model and (tokenizer := recorded_tokenizer(path)):
+    data["spm_model"], lower = tokenizer
+    if lower is not None and "do_lower_case" in config.data and "data.do_lower_case" not in explicit:
+      data["do_lower_case"] = lower
+  positions = model.get("max_position_embeddings", config.model.max_position_embeddings)
+  if config.data.max_seq_length > positions and "data.max_seq_length" not in explicit:
+    data["max_seq_length"] = positions
+  model, data = _process_0s((model, data))
+  config = config.copy_and_resolve_references()
+  taken = {**{f"model.{k}": v for k, v in model.items() if config.model[k] != v},
+           **{f"data.{k}": v for k, v in data.items() if config.data[k] != v}}
+  config.update_from_flattened_dict(taken)
+  return config, _said(taken, path, model_file) if taken else None
+
+
+def _said(taken: dict[str, Any], path: str, model_file: str) -> str:
+  """'model and tokenizer from PATH (config.json): hidden_size=128, ...; spm_model=...; data.max_seq_length=...'"""
+  model = ", ".join(f"{k.removeprefix('model.')}={v}" for k, v in taken.items() if k.startswith("model."))
+  tokenizer = ", ".join(f"{k.removeprefix('data.')}={v}" for k, v in taken.items()
+                        if k in ("data.spm_model", "data.do_lower_case"))
+  parts = []
+  if model or tokenizer:
+    what = "model and tokenizer" if model and tokenizer else "model" if model else "tokenizer"
+    parts.append(f"{what} from {path}{f' ({model_file})' if model else ''}: {model or tokenizer}")
+  if model and tokenizer:
+    parts.append(tokenizer)
+  if "data.max_seq_length" in taken:
+    parts.append(f"data.max_seq_length={taken['data.max_seq_length']} (capped at the model's max_position_embeddings)")
+  return "; ".join(parts)
+
+
+def _process_0s(value: Any) -> Any:
+  """Process 0's `value` (a JSON tree) on every process: hosts that read their own copies of a checkpoint's files
+  must still build one model."""
+  if jax.process_count() == 1:
+    return value
+  encoded = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(encoded.size)))
+  buffer = np.zeros(size, np.uint8)
+  buffer[:min(size, encoded.size)] = encoded[:size]
+  return json.loads(np.asarray(multihost_utils.broadcast_one_to_all(buffer)).tobytes().decode())
 
 
 def read_json_object(path: str, what: str, fix: str) -> dict[str, Any]:

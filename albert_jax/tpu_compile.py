@@ -39,6 +39,7 @@ class Result:
   required_bytes: int                 # per device: the compiled total, or what the compiler said it needed
   memory: compile_stats.MemoryBreakdown | None = None
   collectives: compile_stats.CollectiveStats | None = None
+  matmul_flops: int | None = None     # per step per device, loop trips included (compile_stats.matmul_flops)
   compiled: Any = dataclasses.field(default=None, repr=False, compare=False)  # with compile_for(keep_compiled=True)
 
   def overrides(self) -> list[str]:
@@ -89,6 +90,7 @@ def compile_for(config: ml_collections.ConfigDict, devices: list, keep_compiled:
   memory = compile_stats.memory_breakdown(compiled, {"state": s.abstract_state, "batch": s.abstract_batch()})
   return Result(fits=True, compile_seconds=seconds, required_bytes=max(memory.total, memory.peak), memory=memory,
                 collectives=compile_stats.collective_stats(compiled, list(s.mesh.devices.flat)),
+                matmul_flops=compile_stats.matmul_flops(compiled)[0],
                 compiled=compiled if keep_compiled else None, **settings)
 
 
@@ -153,6 +155,8 @@ def print_report(result: Result, topo: topology.TpuTopology, num_slices: int, de
   print(f"micro batch {result.micro_batch} x {result.accumulation_steps} accumulation step(s) per data-parallel "
         f"device; dtype {result.dtype}; remat {result.remat_policy}; scan_unroll {result.scan_unroll}; "
         f"compiled in {result.compile_seconds:.1f} s")
+  if result.matmul_flops:
+    print(f"matmul FLOPs per step per device: {result.matmul_flops / 1e12:.3f} T (recomputation included)")
   hbm = topo.hbm_bytes_per_device
   if result.memory is None:
     print(f"DOES NOT FIT: the compiler needs {result.required_bytes / GiB:.2f} GiB per device; the chip has "
@@ -179,7 +183,7 @@ def summary(result: Result, topo: topology.TpuTopology, num_slices: int, devices
           "peak_bytes_per_device": result.required_bytes, "hbm_bytes_per_device": topo.hbm_bytes_per_device,
           "micro_batch": result.micro_batch, "accumulation_steps": result.accumulation_steps,
           "remat_policy": result.remat_policy, "scan_unroll": result.scan_unroll, "dtype": result.dtype,
-          "compile_seconds": round(result.compile_seconds, 2),
+          "compile_seconds": round(result.compile_seconds, 2), "matmul_flops_per_step": result.matmul_flops,
           "memory": result.memory.to_dict() if result.memory else None,
           "collective_bytes": result.collectives.totals() if result.collectives else None}
 

@@ -4,7 +4,9 @@ Each row compiles the shipped experiment file's exact train step (`--mode=compil
 records memory per device, headroom and the collective bytes per step; `bench/results/tpu_compile_<row>.json`
 holds each row, and the printed Markdown tables are what the README shows. The second table compares the
 gradient all-reduce of ALBERT and BERT at the same size (the paper's Table 2 speed-up comes from it).
-Takes minutes per row on 2 CPU cores: pick rows with `--only`.
+Takes minutes per row on 2 CPU cores: pick rows with `--only`. `--remat_cost` compiles the rows under each remat
+policy instead (same micro batch) and compares their memory and matmul FLOPs per step, recomputation included
+(`bench/results/tpu_remat_cost_<row>.json`).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ ROWS = {
     "large_v3-256": ("pretrain_large", "v3-256", 1, {}),
     "xlarge_v3-512": ("pretrain_xlarge", "v3-512", 1, {}),
     "xxlarge_v3-1024": ("pretrain_xxlarge", "v3-1024", 1, {}),
-    "large_v4-128": ("pretrain_large", "v4-128", 1, {}),
+    "large_v4-128": ("pretrain_large", "v4-128", 1, {"train.micro_batch_size": 32}),  # `--fit`'s choice there
     "large_v3-128x2": ("pretrain_large", "v3-128", 2, {}),
     "bert_large_v3-256": ("bert_large", "v3-256", 1, {}),
     "xxlarge_v5p-256": ("pretrain_xxlarge", "v5p-256", 1, {}),
@@ -63,6 +65,37 @@ def measure(name: str, results_dir: str) -> dict:
   return record
 
 
+def remat_cost(name: str, results_dir: str) -> dict:
+  """The row compiled under each policy of `tpu_compile.REMAT_BY_RECOMPUTE` at its recipe's micro batch."""
+  module, slice_name, slices, overrides = ROWS[name]
+  topo = topology.parse(slice_name)
+  devices = topology.tpu_devices(topo, slices)
+  config = row_config(module, overrides)
+  policies = []
+  for policy in tpu_compile.REMAT_BY_RECOMPUTE:
+    print(f"  {name}: remat {policy}...", flush=True)
+    result = tpu_compile.compile_for(tpu_compile.with_settings(config, config.train.micro_batch_size, policy), devices)
+    policies.append({"remat_policy": policy, "fits": result.fits, "peak_bytes_per_device": result.required_bytes,
+                     "matmul_flops_per_step": result.matmul_flops, "micro_batch": result.micro_batch,
+                     "compile_seconds": round(result.compile_seconds, 2)})
+  record = {"row": name, "experiment": module, "topology": topo.topology, "num_slices": slices, "policies": policies}
+  common.write_json(argparse.Namespace(results_dir=results_dir, name=None), f"tpu_remat_cost_{name}",
+                    "bench.tpu_recipes", record)
+  return record
+
+
+def print_remat_costs(records: list[dict]) -> None:
+  print("| model | slice | remat | micro batch | total GiB | matmul TFLOP/step/device | x none |")
+  print("|---|---|---|---|---|---|---|")
+  for r in records:
+    base = r["policies"][0]["matmul_flops_per_step"]
+    for p in r["policies"]:
+      flops = p["matmul_flops_per_step"]
+      ratio = f"{flops / base:.3f}" if flops and base else "-"
+      print(f"| {r['experiment']} | {r['row'].rsplit('_', 1)[-1]} | {p['remat_policy']} | {p['micro_batch']} | "
+            f"{_gib(p['peak_bytes_per_device'])} | {flops / 1e12 if flops else 0:.2f} | {ratio} |")
+
+
 def _gib(value: int | None) -> str:
   return "-" if value is None else f"{value / GiB:.2f}"
 
@@ -94,12 +127,16 @@ def main(argv=None) -> None:
   parser.add_argument("--only", default="", help=f"comma-separated rows of: {', '.join(ROWS)}")
   parser.add_argument("--table-only", action="store_true", help="print the tables from the saved JSONs")
   parser.add_argument("--results-dir", default=common.RESULTS_DIR)
+  parser.add_argument("--remat_cost", action="store_true", help="compile the rows under each remat policy")
   args = parser.parse_args(argv)
   jax.config.update("jax_platforms", "cpu")  # the slices' devices come from libtpu; nothing runs on a chip
   names = [n for n in args.only.split(",") if n] or list(ROWS)
   unknown = sorted(set(names) - set(ROWS))
   if unknown:
     parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
+  if args.remat_cost:
+    print_remat_costs([remat_cost(name, args.results_dir) for name in names])
+    return
   records = []
   for name in names:
     path = os.path.join(args.results_dir, f"tpu_compile_{name}.json")

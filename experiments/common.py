@@ -77,9 +77,9 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.task = "pretrain"
   c.model_size = size
-  # TPU recipe: bf16 compute (float32 params, LayerNorm and softmax) and activations saved only at the matmuls
-  # without batch dimensions, so the paper's slices hold the batch (bench/tpu_recipes.py measures it).
-  c.model = model_config(size, dtype="bfloat16", remat_policy="dots_with_no_batch_dims_saveable")
+  # TPU recipe: bf16 compute (float32 params, LayerNorm and softmax), every activation kept: what `--mode=compile
+  # --fit` chooses for each size's slice in the README (tests/test_tpu_compile.py; bench/tpu_recipes.py).
+  c.model = model_config(size, dtype="bfloat16", remat_policy="none")
   c.seed = 0
   c.init_checkpoint = ""          # warm start (params only) from a run or `albert_jax.convert` output
   c.compilation_cache_dir = ""    # persistent XLA cache; "" = workdir/compilation_cache, "none" = off
@@ -140,6 +140,10 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.log.every = 100
   c.log.profile_start = -1        # step at which to start a jax.profiler trace (-1 = never)
   c.log.profile_steps = 5
+  c.log.wandb_project = ""        # Weights & Biases project ("" = off; pip install -e ".[wandb]"), docs/pretraining.md
+  c.log.wandb_entity = ""         # W&B user or team ("" = your default entity)
+  c.log.wandb_run_name = ""       # "" = the workdir's name
+  c.log.wandb_tags = ""           # comma-separated, e.g. "base,seq512"
   return c
 
 

@@ -13,6 +13,15 @@ SHARED_DATA = Path(os.environ.get("ALBERT_JAX_SHARED_DATA",
                                   Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def process_set_up_as_the_commands_do():
+  """What every command line sets up in its process (`albert_jax.console.install`), for the code the tests run
+  in-process: grain's worker processes read absl flags, which raise unless marked parsed. Done once per test
+  process, so that no test depends on an earlier one having run a command in-process."""
+  from albert_jax import console
+  console.install()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
   """../shared/data; absent on a user's machine is a skip, absent in CI (CI set) is a failure."""

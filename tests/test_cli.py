@@ -92,7 +92,8 @@ def files(directory):
 
 def test_pretraining_eval_reads_a_read_only_workdir(tmp_path):
   """Unlike fine-tuning's eval (which writes dev predictions there), it is not refused: it writes nothing there, its
-  compilation cache off, and prints the metrics that a writable workdir gives."""
+  compilation cache off, and prints the metrics that a writable workdir gives; without --config, from the settings
+  of the run's config.json, those of the full command line."""
   workdir = tmp_path / "run"
   assert cli(workdir, *SMALL_RUN, "--config.train.num_train_steps=2").returncode == 0
   writable = cli(workdir, *SMALL_RUN, "--mode=eval")
@@ -101,13 +102,13 @@ def test_pretraining_eval_reads_a_read_only_workdir(tmp_path):
   before = files(workdir)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
   try:
-    result = subprocess.run([sys.executable, "-c", READ_ONLY, str(workdir), "--config=experiments/pretrain_tiny.py:"
-                             "synthetic", f"--workdir={workdir}", *SMALL_RUN, "--mode=eval"],
+    result = subprocess.run([sys.executable, "-c", READ_ONLY, str(workdir), f"--workdir={workdir}", "--mode=eval"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   finally:
     subprocess.run(["chmod", "-R", "u+w", workdir], check=True)
   assert result.returncode == 0, result.stderr
   assert f"Compilation cache off: {workdir}/compilation_cache cannot be written" in result.stdout
+  assert f"config: {workdir}/config.json (the run's resolved config); no overrides" in result.stdout
   assert json.loads(result.stdout.splitlines()[-1]) == json.loads(writable.stdout.splitlines()[-1])
   assert files(workdir) == before
 

@@ -208,6 +208,6 @@ def test_weights_refused_at_start_up_leave_no_workdir(shared_data, tmp_path):
   for init, message in ((tmp_path / "init", "init_checkpoint does not match the model's backbone"),
                         (tmp_path / "missing", "is neither a pretrained-weights directory")):
     result = cli(config, tmp_path / "run", "--config.train.num_train_steps=1", "--config.data.max_seq_length=64",
-                 f"--config.init_checkpoint={init}")
+                 "--config.model.vocab_size=30000", f"--config.init_checkpoint={init}")  # the spm's, not the weights'
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()

@@ -220,3 +220,17 @@ def test_a_missing_bucket_is_one_line_from_both_data_commands(gcs, shared_data, 
 def test_mangled_url_is_refused_not_created_as_a_local_folder():
   with pytest.raises(ValueError, match="gs://BUCKET/PATH"):
     storage.path(os.path.abspath("gs://bucket/run"))
+
+
+def test_a_runs_config_in_a_bucket_reads_back_as_written(gcs):
+  """Without --config, the modes that read a run take its settings from a gs:// workdir's config.json too."""
+  from albert_jax import loop, run_config
+  from albert_jax.main import experiment_config
+  written = experiment_config(["main", "--config=experiments/glue.py:task=rte,size=tiny", "--config.seed=3"])
+  loop.write_workdir_config(f"{gcs}/settings", written)
+  back = experiment_config(["main", f"--config={run_config.__file__}:{gcs}/settings"])
+  assert back.to_json_best_effort() == written.to_json_best_effort() and back.mesh.shape == written.mesh.shape
+  result = run("-m", "albert_jax.main", "--mode=eval", f"--workdir={gcs}/nothing")
+  assert result.returncode == 1 and result.stderr.splitlines() == [
+      f"error: --workdir={gcs}/nothing holds no run config ({gcs}/nothing/config.json not found); pass --config=FILE, "
+      "the experiment file the run was trained with (and its --config.<field> overrides)."], result.stderr

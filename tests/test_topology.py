@@ -170,6 +170,28 @@ def test_collectives_in_a_scan_count_per_layer(libtpu):
   assert stats.totals()["all-gather"]["within_slice"] == 6 * 256 * 256 * 2 and not stats.unknown_trip_counts
 
 
+@pytest.mark.parametrize("unroll, dots", [(6, 17), (1, 18)])
+def test_matmul_flops_count_every_trip_of_a_scan(unroll, dots):
+  """The gradient of 6 tanh(h @ w) layers: each layer's forward dot and its two backward dots (2 x 64 x 128 x 128
+  FLOPs each), except the gradient of the first layer's input, which unrolled code drops and the loop body computes
+  anyway. XLA's cost_analysis() counts the loop body once."""
+  x, ws = jnp.ones((64, 128)), jnp.ones((6, 128, 128))
+  grad = jax.grad(lambda ws: jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws, unroll=unroll)[0].sum())
+  compiled = jax.jit(grad).lower(ws).compile()
+  assert compile_stats.matmul_flops(compiled) == (dots * 2 * 64 * 128 * 128, ())
+
+
+@pytest.mark.tpu
+def test_matmul_flops_of_batched_products_the_tpu_writes_as_convolutions(libtpu):
+  """8 x 4 products of (64 x 32) by (32 x 64): the TPU compiler writes them as one convolution whose input is
+  dilated by its window (one real tap per output)."""
+  mesh = sharding.create_mesh(mesh_config(), topology.tpu_devices("v3:2x2"))
+  q = jax.ShapeDtypeStruct((64, 64, 4, 32), jnp.bfloat16, sharding=NamedSharding(mesh, P(sharding.BATCH_AXES)))
+  compiled = jax.jit(lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+                     ).lower(q, q).compile()
+  assert compile_stats.matmul_flops(compiled) == (8 * 4 * 2 * 64 * 64 * 32, ())
+
+
 HLO = """HloModule synthetic, num_partitions=4
 
 %add (a: f32[], b: f32[]) -> f32[] {

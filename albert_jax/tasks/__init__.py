@@ -4,7 +4,7 @@ from __future__ import annotations
 from albert_jax.errors import InputError
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks.base import Split, Task, TaskSettings, make_tokenizer, model_inputs
-from albert_jax.tasks.classification import ClassificationTask
+from albert_jax.tasks.classification import ClassificationTask, MultiLabelClassificationTask
 from albert_jax.tasks.glue import GlueTask
 from albert_jax.tasks.multiple_choice import MultipleChoiceTask
 from albert_jax.tasks.race import RaceTask
@@ -13,6 +13,7 @@ from albert_jax.tasks.token_classification import TokenClassificationTask
 
 TASKS: dict[str, type[Task]] = {"glue": GlueTask, "squad_v1": SquadTask, "squad_v2": SquadTask, "race": RaceTask,
                                 "classification": ClassificationTask,
+                                "multi_label_classification": MultiLabelClassificationTask,
                                 "token_classification": TokenClassificationTask,
                                 "multiple_choice": MultipleChoiceTask}
 

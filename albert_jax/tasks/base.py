@@ -285,6 +285,13 @@ class Task(abc.ABC):
   def write_predictions(self, split: Split, predictions, path: str) -> None:
     ...
 
+  def tune(self, predictions: dict[str, tuple[Split, Any]], directory: str) -> None:
+    """Decisions tuned on the eval predictions of a new best checkpoint, beyond its weights (multi-label
+    thresholds): applied from then on and saved into `directory`, its weights' folder. Most tasks tune none."""
+
+  def use_tuning(self, directory: str) -> None:
+    """Applies what `tune` saved with the weights in `directory` (nothing saved there: the defaults)."""
+
   def predictions_name(self, split: str) -> str:
     """The file name of `split`'s predictions beside weights they were made with (`best/step_N/`, `--mode=eval`)."""
     return f"{split}_predictions{self.predictions_suffix}"

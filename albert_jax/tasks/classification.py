@@ -5,6 +5,7 @@ columns/fields: `data.text_column`, optionally `data.text_pair_column`, `data.la
 The label set is `data.labels` when given, else the sorted set of the train file's labels (numbers in numeric
 order), so the output order never depends on the order of the rows; `data.regression=True` reads the label as a
 number and trains one output with MSE. Predictions are JSON lines with the label and every class's probability.
+`multi_label_classification` (`MultiLabelClassificationTask`) reads any number of classes per row.
 """
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ import functools
 import json
 import os
 import re
+from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.tasks.base import DataFileError, Split, TaskSettings, check_outputs, score_label
+from albert_jax.head_identity import MULTI_LABEL, SEQUENCE_CLASSIFICATION, HFHead
+from albert_jax.tasks import metrics
+from albert_jax.tasks.base import DataFileError, Split, TaskSettings, apply_model, check_outputs, score_label
 from albert_jax.tasks.glue import GlueExample
 from albert_jax.tasks.records import Ids, check_name, class_spelling, field, near_miss, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
@@ -62,6 +69,9 @@ def check_spellings(first_line: dict[str, int], path: str) -> None:
 
 
 class ClassificationTask(SequenceClassificationTask):
+  metric_names = ("accuracy", "macro_f1")
+  metric_name = "accuracy"
+  few_classes_fix = "or set data.regression=True for numbers"  # told when the train file has fewer than 2 labels
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
@@ -70,8 +80,9 @@ class ClassificationTask(SequenceClassificationTask):
     if len(settings.labels) == 1:
       raise InputError(f"data.labels={list(settings.labels)} names one class; a classifier needs two or more "
                        "(list every class, e.g. labels=neg|pos).")
-    self.metric_names = ("pearson", "spearman", "mse") if settings.regression else ("accuracy", "macro_f1")
-    self.metric_name = self.metric_names[0]
+    if settings.regression:
+      self.metric_names = ("pearson", "spearman", "mse")
+      self.metric_name = self.metric_names[0]
 
   @functools.cached_property
   def labels(self) -> tuple[str, ...] | None:
@@ -86,11 +97,12 @@ class ClassificationTask(SequenceClassificationTask):
     s = self.settings
     names: dict[str, int] = {}  # label -> its first line
     for line, record in user_records(path):
-      names.setdefault(self._label_cell(record, path, line), line)
+      for name in self._row_labels(record, path, line):
+        names.setdefault(name, line)
     check_spellings(names, path)
     if len(names) < 2:
       raise DataFileError(path, None, f"column {s.label_column!r} has {len(names)} distinct label(s) {sorted(names)}; "
-                                   "a classifier needs two or more (or set data.regression=True for numbers).")
+                                   f"a classifier needs two or more ({self.few_classes_fix}).")
     return label_order(set(names))
 
   @property
@@ -114,26 +126,32 @@ class ClassificationTask(SequenceClassificationTask):
     for line, record in user_records(path):
       guid = ids.add(cell(record, s.id_column, path, line), line) if s.id_column else str(len(examples))
       pair = cell(record, s.text_pair_column, path, line) if s.text_pair_column else None
-      label = self._label(self._label_cell(record, path, line), path, line) if labeled else None
+      label = self._label(record, path, line) if labeled else None
       examples.append(GlueExample(guid, cell(record, s.text_column, path, line), pair, label))
     return examples
 
-  def _label_cell(self, record: dict, path: str, line: int) -> str:
-    """The label cell of a labelled row; an empty one is refused (it would be a class "", or an unknown label)."""
+  def _row_labels(self, record: dict, path: str, line: int) -> list[str]:
+    """The labels a labelled row gives (the label set is collected from the train file's): its label cell, which
+    must not be empty (it would be a class "", or an unknown label)."""
     text = cell(record, self.settings.label_column, path, line)
     if not text.strip():
       raise DataFileError(path, line, f"missing label: column {self.settings.label_column!r} is empty; every row of "
                                    "train and dev needs its label (unlabelled rows belong in the test file).")
-    return check_name(text, "label", path, line)
+    return [check_name(text, "label", path, line)]
 
-  def _label(self, text: str, path: str, line: int) -> int | float:
+  def _label(self, record: dict, path: str, line: int) -> int | float:
+    """A labelled row's target: its class index, or its score for a regression."""
+    text = self._row_labels(record, path, line)[0]
     if self.is_regression:
       return score_label(text, path, line, "data.regression=True")
-    if text not in self.labels:
-      raise DataFileError(path, line, f"unknown label {text!r}{near_miss(text, self.labels)}; expected one of "
+    return self._class_index(text, path, line)
+
+  def _class_index(self, name: str, path: str, line: int) -> int:
+    if name not in self.labels:
+      raise DataFileError(path, line, f"unknown label {name!r}{near_miss(name, self.labels)}; expected one of "
                                    f"{list(self.labels)} (the label set is data.labels, else the train file's "
                                    "labels: add it there).")
-    return self.labels.index(text)
+    return self.labels.index(name)
 
   # --- outputs --------------------------------------------------------------------------------------------
   def postprocess(self, split: Split, outputs) -> np.ndarray:
@@ -175,3 +193,130 @@ class ClassificationTask(SequenceClassificationTask):
     if missing:
       raise DataFileError(path, None, f"no prediction for {len(missing)} example(s), e.g. id {missing[0]}")
     return np.asarray([by_id[ex.guid] for ex in split.examples])
+
+
+SEPARATOR = "|"  # between the classes of a multi-label row's label cell
+THRESHOLDS_FILE = "thresholds.json"  # beside the best weights: the per-class decision thresholds tuned on dev
+DEFAULT_THRESHOLD = 0.5
+
+
+def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Sigmoid cross-entropy averaged over rows and classes (torch's BCEWithLogitsLoss, transformers' multi-label
+  loss) and the subset accuracy at probability 0.5 (logit 0), of multi-hot labels [B, C]."""
+  logits = logits.astype(jnp.float32)
+  loss = optax.sigmoid_binary_cross_entropy(logits, labels.astype(jnp.float32)).mean()
+  return loss, jnp.all((logits >= 0) == (labels == 1), axis=-1).mean()
+
+
+class MultiLabelClassificationTask(ClassificationTask):
+  """`classification` with any number of classes per row (`experiments/classification.py:multi_label=true`): the
+  label cell lists them separated by "|" ("sports|politics"; empty: none), one sigmoid output per class trained
+  with binary cross-entropy. Dev is scored at probability 0.5 (micro F1 selects the checkpoint) and with per-class
+  thresholds tuned on dev (`tuned_*`, optimistic: chosen on the rows they score); the best checkpoint's thresholds
+  are saved with it (THRESHOLDS_FILE) and choose the labels of every prediction made with those weights.
+  Predictions are JSON lines {"id", "label": "a|b", "probabilities": {class: p}}."""
+  few_classes_fix = "a row may list several, separated by '|'"
+  metric_names = ("micro_f1", "macro_f1", "subset_accuracy")
+  metric_name = "micro_f1"
+
+  def __init__(self, settings: TaskSettings):
+    if settings.regression:
+      raise InputError("data.regression=True has one output, multi-label classification one per class; drop one "
+                       "of them.")
+    super().__init__(settings)
+    for name in settings.labels:
+      if SEPARATOR in name or not name.strip():
+        raise InputError(f"data.labels name {name!r} {'holds the separator' if name.strip() else 'is empty'}: a "
+                         f"multi-label row lists its classes separated by {SEPARATOR!r}; rename the class.")
+    self.thresholds: np.ndarray | None = None  # per class; None: DEFAULT_THRESHOLD for every class
+
+  @property
+  def hf_head(self) -> HFHead:
+    return HFHead(SEQUENCE_CLASSIFICATION, self.labels, problem_type=MULTI_LABEL)
+
+  # --- data -----------------------------------------------------------------------------------------------
+  def _row_labels(self, record: dict, path: str, line: int) -> list[str]:
+    """The classes of a row's label cell ("a|b"; empty or blank: none), each named once and not empty."""
+    text = cell(record, self.settings.label_column, path, line)
+    if not text.strip():
+      return []
+    names = [check_name(name, "label", path, line) for name in text.split(SEPARATOR)]
+    if not all(name.strip() for name in names):
+      raise DataFileError(path, line, f"label {text!r} has an empty class between its {SEPARATOR!r} separators; "
+                                   f"write the classes as a{SEPARATOR}b (an empty cell: no class).")
+    if len(set(names)) < len(names):
+      twice = next(name for name in names if names.count(name) > 1)
+      raise DataFileError(path, line, f"label {text!r} names class {twice!r} twice; list each class once.")
+    return names
+
+  def _label(self, record: dict, path: str, line: int) -> tuple[int, ...]:
+    """Multi-hot over `labels`."""
+    hot = [0] * len(self.labels)
+    for name in self._row_labels(record, path, line):
+      hot[self._class_index(name, path, line)] = 1
+    return tuple(hot)
+
+  # --- model ----------------------------------------------------------------------------------------------
+  def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+    return {**super().dummy_batch(batch_size), "label": np.zeros((batch_size, self.num_outputs), np.int32)}
+
+  def loss_and_metrics(self, model, params, batch, rng, deterministic: bool):
+    loss, exact = binary_cross_entropy(apply_model(model, params, batch, rng, deterministic), batch["label"])
+    return loss, {"loss": loss, "subset_accuracy": exact}
+
+  # --- outputs --------------------------------------------------------------------------------------------
+  def postprocess(self, split: Split, outputs) -> np.ndarray:
+    """Per example, every class's probability [N, C] (a sigmoid each)."""
+    check_outputs(split, outputs)
+    return np.exp(-np.logaddexp(0.0, -np.asarray(outputs["logits"], np.float64)))
+
+  def _gold(self, split: Split) -> np.ndarray:
+    if any(ex.label is None for ex in split.examples):
+      raise InputError(f"split {split.name!r} ({split.path}) has no labels to score against.")
+    return np.asarray([ex.label for ex in split.examples], bool)
+
+  def score(self, split: Split, predictions) -> dict[str, float]:
+    """At probability 0.5, and with each class's threshold tuned on `split` itself (`tuned_*`)."""
+    gold, probabilities = self._gold(split), np.asarray(predictions)
+    tuned = metrics.best_thresholds(gold, probabilities, DEFAULT_THRESHOLD)
+    return {**metrics.multi_label_scores(gold, probabilities >= DEFAULT_THRESHOLD),
+            **{f"tuned_{k}": v for k, v in metrics.multi_label_scores(gold, probabilities >= tuned).items()}}
+
+  def tune(self, predictions: dict[str, tuple[Split, Any]], directory: str) -> None:
+    """Thresholds tuned on the checkpoint-selecting split's predictions: applied from now on, and saved."""
+    split, probabilities = predictions[self.eval_splits[0]]
+    self.thresholds = metrics.best_thresholds(self._gold(split), probabilities, DEFAULT_THRESHOLD)
+    record = {"labels": list(self.labels), "thresholds": [float(t) for t in self.thresholds], "tuned_on": split.path}
+    storage.write_atomic(os.path.join(directory, THRESHOLDS_FILE), json.dumps(record, indent=2))
+
+  def use_tuning(self, directory: str) -> None:
+    """The thresholds saved with the weights in `directory`; without a file (the latest checkpoint of a run that
+    kept no best): DEFAULT_THRESHOLD."""
+    path = os.path.join(directory, THRESHOLDS_FILE)
+    if not storage.path(path).exists():
+      self.thresholds = None
+      return
+    try:
+      record = json.loads(storage.path(path).read_text())
+    except ValueError:  # not JSON (nor UTF-8)
+      record = None
+    thresholds = record.get("thresholds") if isinstance(record, dict) else None
+    if not (isinstance(thresholds, list) and record.get("labels") == list(self.labels)
+            and len(thresholds) == len(self.labels)
+            and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in thresholds)):
+      raise InputError(f"{path} holds no thresholds for the classes {list(self.labels)} (one number in [0, 1] per "
+                       "class, as training writes them); delete it to predict at probability 0.5.")
+    self.thresholds = np.asarray(thresholds, np.float64)
+
+  def chosen(self, probabilities: np.ndarray) -> list[str]:
+    """The classes whose probability reaches their threshold."""
+    thresholds = DEFAULT_THRESHOLD if self.thresholds is None else self.thresholds
+    return [name for name, chosen in zip(self.labels, probabilities >= thresholds) if chosen]
+
+  def write_predictions(self, split: Split, predictions, path: str) -> None:
+    """JSON lines: {"id", "label": the chosen classes joined by "|" ("" for none), "probabilities": {class: p}}."""
+    with storage.open_atomic(path) as f:
+      for ex, probabilities in zip(split.examples, predictions, strict=True):
+        row = {"id": ex.guid, "label": SEPARATOR.join(self.chosen(probabilities)),
+               "probabilities": {name: round(float(p), 6) for name, p in zip(self.labels, probabilities)}}
+        f.write(json.dumps(row) + "\n")

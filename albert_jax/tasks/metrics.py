@@ -4,8 +4,9 @@ or seqeval (tests compare against them or against hand counts).
 Definitions as GLUE reports them: accuracy; F1 of the positive class (MRPC, QQP); Matthews correlation in
 its multi-class form (Gorodkin 2004, = the binary phi coefficient; 0 when undefined, as scikit-learn); Pearson
 and Spearman (Pearson of average ranks, ties share their mean rank) for STS-B. Macro F1 as scikit-learn's
-`average="macro"` over the classes seen in labels or predictions. Entities as seqeval's default mode (the
-conlleval rules), micro-averaged over entity types.
+`average="macro"` over the classes seen in labels or predictions. Multi-label scores of multi-hot [N, C] arrays as
+scikit-learn's `f1_score(average="micro"/"macro")` and `accuracy_score` (subset accuracy), and per-class decision
+thresholds tuned for F1. Entities as seqeval's default mode (the conlleval rules), micro-averaged over entity types.
 """
 from __future__ import annotations
 
@@ -68,6 +69,36 @@ def macro_f1(labels, predictions) -> float:
 
 def mse(labels, predictions) -> float:
   return float(np.mean(np.square(np.asarray(labels, np.float64) - np.asarray(predictions, np.float64))))
+
+
+def multi_label_scores(labels, predictions) -> dict[str, float]:
+  """Micro F1 (every class's decisions pooled), macro F1 (the mean over every class; one neither labelled nor
+  predicted anywhere scores 0, scikit-learn's default) and subset accuracy (rows whose whole label set is right)."""
+  labels, predictions = np.asarray(labels, bool), np.asarray(predictions, bool)
+  true_positives = np.sum(labels & predictions, axis=0)
+  denominators = np.sum(labels, axis=0) + np.sum(predictions, axis=0)  # 2 TP + FP + FN, per class
+  per_class = np.divide(2 * true_positives, denominators, out=np.zeros(len(denominators)), where=denominators > 0)
+  micro = 2 * true_positives.sum() / denominators.sum() if denominators.sum() else 0.0
+  return {"micro_f1": float(micro), "macro_f1": float(per_class.mean()),
+          "subset_accuracy": float(np.mean(np.all(labels == predictions, axis=1)))}
+
+
+def best_thresholds(labels, probabilities, default: float = 0.5) -> np.ndarray:
+  """Per class, the threshold t (the class is predicted where its probability >= t) that maximises the class's F1,
+  from the class's own probabilities; of equally good ones the highest (the fewest positives). A class no
+  threshold finds a positive of (none labelled) keeps `default`."""
+  labels, probabilities = np.asarray(labels, bool), np.asarray(probabilities, np.float64)
+  thresholds = np.full(labels.shape[1], default)
+  for c in range(labels.shape[1]):
+    order = np.argsort(-probabilities[:, c], kind="stable")
+    candidates = probabilities[order, c]
+    predicted = np.arange(1, len(candidates) + 1)  # rows predicted with t = candidates[k]: the first k + 1 ...
+    whole = np.append(candidates[1:] != candidates[:-1], True)  # ... when no later row has the same probability
+    f1 = np.where(whole, 2 * np.cumsum(labels[order, c]) / (predicted + labels[:, c].sum()), -1.0)
+    best = int(np.argmax(f1))  # the first best in descending order: the highest threshold
+    if f1[best] > 0:
+      thresholds[c] = candidates[best]
+  return thresholds
 
 
 BY_NAME = {"accuracy": accuracy, "f1": f1_binary, "macro_f1": macro_f1, "mcc": matthews_corrcoef, "pearson": pearson,

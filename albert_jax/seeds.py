@@ -1,0 +1,261 @@
+"""Several seeds of one fine-tuning recipe, as the paper reports GLUE (the median of 5 runs):
+`python -m albert_jax.seeds --config FILE[:args] [--config.<field>=...] --workdir=DIR --seeds=5 [--first_seed=0]
+[--rerun_collapsed=N]`.
+
+Seed k trains the ordinary workdir DIR/seed_<k> with `config.seed=k`, from which the head's initialisation, the
+data order and dropout all derive; the runs go one after another in this process, sharing one compilation cache
+(DIR/compilation_cache unless `compilation_cache_dir` is set), so the step compiled for the first seed serves the
+others. Rerunning the command skips the seeds DIR/seeds.json records as finished and resumes an interrupted one
+from its checkpoint. A run is collapsed when its best checkpoint's dev predictions are one class for every
+example, or (regression) have a spread below `REGRESSION_SPREAD` of the gold scores' (fine-tuning small sets
+collapses to one class on some seeds, google-research/albert#197); `--rerun_collapsed=N` trains such a seed
+again as seed k + 1000, k + 2000, ... up to N times, the collapsed run kept in seeds.json as such.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from typing import Any
+
+import numpy as np
+from absl import app, flags
+
+from albert_jax import main, runner, storage
+from albert_jax.errors import InputError, one_line_user_errors
+from albert_jax.head_identity import best_weights, check_identity, read_best, recorded_identity, task_for_weights
+from albert_jax.model_config import is_pretraining
+from albert_jax.tasks.classification import MultiLabelClassificationTask
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("seeds", None, "How many seeds of the recipe to run (the paper's GLUE table: 5).")
+flags.DEFINE_integer("first_seed", 0, "The first seed; the others follow it.")
+flags.DEFINE_integer("rerun_collapsed", 0, "Train a collapsed seed k again as k + 1000, k + 2000, ... at most this "
+                     "many times.")
+
+REPORT_FILE = "seeds.json"
+RERUN_STRIDE = 1000        # a collapsed seed k is trained again as k + RERUN_STRIDE * attempt
+REGRESSION_SPREAD = 1e-3   # a regression whose predictions' std is below this fraction of the gold scores' collapsed
+MAX_SEED = 2**32 - 1       # engine.check_training_config's bound
+
+
+def seed_workdir(workdir: str, seed: int) -> str:
+  return os.path.join(workdir, f"seed_{seed}")
+
+
+def check_recipe(config, seeds: int, first_seed: int, rerun_collapsed: int) -> None:
+  """Refuses, before anything is trained, a config that keeps no best dev checkpoint and counts out of range."""
+  if is_pretraining(config):
+    raise InputError("--config is a pretraining config; albert_jax.seeds repeats a fine-tuning recipe "
+                     "(experiments/glue.py, squad_v1.py, race.py, classification.py, ...).")
+  if config.train.num_train_steps == 0 or not config.train.eval_every:
+    raise InputError(f"train.num_train_steps={config.train.num_train_steps}, train.eval_every="
+                     f"{config.train.eval_every}: this run keeps no best dev checkpoint to compare seeds by; "
+                     "train (num_train_steps > 0) and score dev (eval_every > 0).")
+  if seeds < 1 or first_seed < 0 or rerun_collapsed < 0:
+    raise InputError(f"--seeds={seeds}, --first_seed={first_seed}, --rerun_collapsed={rerun_collapsed}: pass "
+                     "--seeds of at least 1 and the other two of at least 0.")
+  if rerun_collapsed and seeds > RERUN_STRIDE:
+    raise InputError(f"--seeds={seeds} with --rerun_collapsed: a rerun seed k + {RERUN_STRIDE} would be one of the "
+                     f"seeds; run at most {RERUN_STRIDE} seeds at a time.")
+  highest = first_seed + seeds - 1 + RERUN_STRIDE * rerun_collapsed
+  if highest > MAX_SEED:
+    raise InputError(f"Seeds up to {highest} are asked for; config.seed goes up to {MAX_SEED:,}: lower "
+                     "--first_seed, --seeds or --rerun_collapsed.")
+
+
+# --- collapse ------------------------------------------------------------------------------------------------
+def predicted_outputs(predictions) -> list | np.ndarray:
+  """One output per predicted unit, whatever the task's predictions are: class indices (GLUE), probabilities per
+  class or option (own data, multiple choice: the top one), scores (regression), {id: answer} (RACE, SQuAD), tags
+  per word (token classification)."""
+  if hasattr(predictions, "tags"):
+    return [tag for sentence in predictions.tags for tag in sentence]
+  if hasattr(predictions, "answers"):
+    predictions = predictions.answers
+  if isinstance(predictions, dict):
+    return list(predictions.values())
+  predictions = np.asarray(predictions)
+  return predictions.argmax(-1) if predictions.ndim == 2 else predictions
+
+
+def collapse(task, gold, predictions) -> str | None:
+  """Why `predictions` of the gold split `gold` are collapsed, or None: one class (or answer, tag, option, set of
+  classes of a multi-label task) for every unit; for a regression, a spread of the scores below REGRESSION_SPREAD
+  of the gold scores'."""
+  if isinstance(task, MultiLabelClassificationTask):  # each row's classes, as its predictions file names them
+    outputs = ["|".join(task.chosen(row)) for row in np.asarray(predictions)]
+  else:
+    outputs = predicted_outputs(predictions)
+  if isinstance(outputs, np.ndarray) and np.issubdtype(outputs.dtype, np.floating):
+    spread, gold_spread = float(np.std(outputs)), float(np.std([example.label for example in gold.examples]))
+    if spread <= REGRESSION_SPREAD * gold_spread:
+      return f"constant: the dev scores' std is {spread:.3g} (the gold scores' {gold_spread:.3g})"
+    return None
+  distinct = {output.item() if isinstance(output, np.generic) else output for output in outputs}
+  if len(distinct) != 1:
+    return None
+  (only,) = distinct
+  labels = getattr(task, "labels", None)
+  name = labels[only] if labels and isinstance(only, int) else only
+  return f"one class: every dev prediction is {name!r}"
+
+
+def dev_collapse(task, weights_dir: str) -> str | None:
+  """`collapse` of the dev predictions written beside the best checkpoint in `weights_dir` (and chosen with what
+  was tuned with it: a multi-label task's thresholds)."""
+  gold = task.gold_split(task.split_path("dev"))
+  task.use_tuning(weights_dir)
+  return collapse(task, gold, task.read_predictions(os.path.join(weights_dir, task.predictions_name("dev")), gold))
+
+
+# --- the report ----------------------------------------------------------------------------------------------
+def summarize(values: list[float]) -> dict[str, float | None]:
+  """Median, mean, sample standard deviation (n - 1; None for one value), min and max."""
+  return {"median": statistics.median(values), "mean": statistics.mean(values),
+          "std": statistics.stdev(values) if len(values) > 1 else None, "min": min(values), "max": max(values)}
+
+
+def run_record(config, workdir: str, seed: int) -> dict[str, Any]:
+  """Seed `seed`'s finished run: its best dev checkpoint (step, metric, every metric) and whether it collapsed."""
+  from albert_jax.tasks import get_task
+  run_dir = seed_workdir(workdir, seed)
+  best = read_best(run_dir)
+  if best is None:
+    raise InputError(f"{run_dir} holds no best dev checkpoint (best/best.json) after training; rerun the command "
+                     f"to train seed {seed} again, or remove {run_dir}.")
+  recorded = recorded_identity(run_dir, best)
+  task = task_for_weights(get_task(config), recorded)
+  check_identity(task, recorded, run_dir)  # a DIR reused for another task's seeds
+  reason = dev_collapse(task, best_weights(run_dir, best))
+  return {"seed": seed, "workdir": run_dir, "best_step": best["step"], "value": best["value"],
+          "metrics": best.get("metrics", {}), "collapsed": reason is not None, "collapse": reason}
+
+
+def report(config, workdir: str, slots: list[int], runs: list[dict]) -> dict[str, Any]:
+  """seeds.json: every run (collapsed ones kept), and the statistics of the runs that count: each seed's last."""
+  from albert_jax.tasks import get_task
+  counted = [run for run in runs if run["counted"]]
+  task = get_task(config)
+  return {"metric": task.metric_name, "higher_is_better": task.higher_is_better, "seeds": slots, "runs": runs,
+          "summary": {"seeds": [run["seed"] for run in counted], "collapsed": sum(run["collapsed"] for run in counted),
+                      **(summarize([run["value"] for run in counted]) if counted else {})}}
+
+
+def table(result: dict[str, Any]) -> str:
+  """The report as a table: a row per run, then the statistics over the runs that count."""
+  rows = [f"{'seed':>10}  {'step':>7}  {result['metric']:>10}  collapsed"]
+  for run in result["runs"]:
+    note = run["collapse"] or "no"
+    note += f" (trained again as seed {run['rerun_as']})" if run["rerun_as"] is not None else ""
+    note += "" if run["counted"] else ", not counted"
+    rows.append(f"{run['seed']:>10}  {run['best_step']:>7}  {run['value']:>10.4f}  {note}")
+  summary = result["summary"]
+  if summary["seeds"]:
+    std = "-" if summary["std"] is None else f"{summary['std']:.4f}"
+    rows.append(f"{len(summary['seeds'])} runs: median {summary['median']:.4f}, mean {summary['mean']:.4f}, std {std}, "
+                f"min {summary['min']:.4f}, max {summary['max']:.4f}; {summary['collapsed']} collapsed")
+  return "\n".join(rows)
+
+
+# --- the runs ------------------------------------------------------------------------------------------------
+def finished_seeds(config, workdir: str) -> set[int]:
+  """The seeds a previous command recorded in DIR/seeds.json (each written once its run had ended, test predictions
+  included) whose checkpoint is still at the recipe's last step (not when train.num_train_steps was raised since)."""
+  from albert_jax import loop
+  recorded = _recorded_seeds(workdir)
+  return {seed for seed in recorded
+          if (loop.latest_step(seed_workdir(workdir, seed)) or 0) >= config.train.num_train_steps}
+
+
+def _recorded_seeds(workdir: str) -> set[int]:
+  path = storage.path(workdir) / REPORT_FILE
+  if not path.exists():
+    return set()
+  try:
+    return {int(run["seed"]) for run in json.loads(path.read_text())["runs"]}
+  except (ValueError, KeyError, TypeError):
+    raise InputError(f"{path} is not a seeds report (a JSON object whose `runs` list the finished seeds); remove "
+                     "it: every seed is then checked again, finished ones in seconds.") from None
+
+
+def train_seed(config, workdir: str, seed: int) -> None:
+  """Trains (or resumes, or finds finished) seed `seed` in its own workdir, as `main --mode=train` would."""
+  seed_config = config.copy_and_resolve_references()
+  seed_config.seed = seed
+  runner.run(seed_config, seed_workdir(workdir, seed), "train")
+
+
+def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_collapsed: int = 0) -> dict[str, Any]:
+  """Trains seeds first_seed ... first_seed + seeds - 1 of `config`, each collapsed one again up to
+  `rerun_collapsed` times, one after another; writes DIR/seeds.json after each run and returns it."""
+  check_recipe(config, seeds, first_seed, rerun_collapsed)
+  done = finished_seeds(config, workdir)
+  slots, runs = list(range(first_seed, first_seed + seeds)), []
+  for slot in slots:
+    for attempt in range(rerun_collapsed + 1):
+      seed = slot + RERUN_STRIDE * attempt
+      if seed in done:
+        say(f"seed {seed}: finished (recorded in {os.path.join(workdir, REPORT_FILE)}), skipped")
+      else:
+        say(f"seed {seed}: training in {seed_workdir(workdir, seed)}")
+        train_seed(config, workdir, seed)
+      run = {**run_record(config, workdir, seed), "rerun_of": slot if attempt else None, "rerun_as": None,
+             "counted": True}
+      if runs and runs[-1]["rerun_as"] == seed:
+        runs[-1]["counted"] = False
+      last_try = not run["collapsed"] or attempt == rerun_collapsed
+      run["rerun_as"] = None if last_try else seed + RERUN_STRIDE
+      runs.append(run)
+      result = report(config, workdir, slots, runs)
+      if is_process_0():
+        storage.write_atomic(os.path.join(workdir, REPORT_FILE), json.dumps(result, indent=2))
+      if last_try:
+        break
+  say(table(result))
+  return result
+
+
+def is_process_0() -> bool:
+  import jax
+  return jax.process_index() == 0
+
+
+def say(line: str) -> None:
+  if is_process_0():
+    print(line, flush=True)
+
+
+# --- the command line ----------------------------------------------------------------------------------------
+def check_command_line(argv: list[str]) -> None:
+  """What albert_jax.main's train mode refuses, and what only this command needs: --seeds, and no seed or mode of
+  the command's own choosing."""
+  if FLAGS["mode"].present:
+    raise InputError("--mode does nothing here: albert_jax.seeds trains; drop it (eval and predict each seed with "
+                     "albert_jax.main --workdir=DIR/seed_<k>).")
+  if not FLAGS.workdir:
+    raise InputError("--workdir is required: seed k's run goes to WORKDIR/seed_<k>, the report to "
+                     f"WORKDIR/{REPORT_FILE}.")
+  if FLAGS.seeds is None:
+    raise InputError("--seeds is required: how many seeds to run, e.g. --seeds=5 (the paper's GLUE median).")
+  if "config.seed" in FLAGS and FLAGS["config.seed"].present:
+    raise InputError("--config.seed is set by this command (seed k for DIR/seed_<k>); drop it and choose the "
+                     "seeds with --first_seed and --seeds.")
+  main.check_command_line(argv, "train")
+
+
+def cli(argv: list[str]) -> None:
+  from albert_jax import compilation_cache, console
+  console.install()
+  with one_line_user_errors():
+    check_command_line(argv)
+    config, workdir = FLAGS.config, FLAGS.workdir
+    check_recipe(config, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+    main.check_workdir(workdir, "train")
+    main._initialize_distributed()  # once for every seed: jax.distributed.initialize may run once per process
+    compilation_cache.use(config, workdir)  # one cache for every seed's run
+    run_seeds(config, workdir, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+
+
+if __name__ == "__main__":
+  app.run(cli, flags_parser=main.parse_flags)

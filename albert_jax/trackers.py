@@ -1,0 +1,138 @@
+"""Where a run's metrics and config go: one class per tracker behind `Tracker`'s three methods, so another tracker
+is one more class. `metrics.MetricWriter` opens those the config asks for (`open_trackers`) and fans out to them.
+
+`metrics.jsonl` and TensorBoard write into a local folder (the workdir, or its `storage.Mirror` for a `gs://`
+workdir); Weights & Biases (`log.wandb_project`) writes where wandb writes (`$WANDB_DIR`, else the current
+directory) and uploads by itself, or later with `wandb sync` under `WANDB_MODE=offline`.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import math
+import os
+import sys
+from typing import Protocol
+
+import ml_collections
+from flax import traverse_util
+from tensorboardX import SummaryWriter, summary
+
+from albert_jax import storage
+from albert_jax.errors import EnvironmentUserError
+
+
+class Tracker(Protocol):
+  """What a tracker does; the classes below have these methods without deriving from it."""
+
+  def hparams(self, config: ml_collections.ConfigDict) -> None:
+    """Records the resolved config; called at every start of the run, resumes included."""
+
+  def write(self, step: int, record: dict[str, float]) -> None:
+    """One log step: metric name (`loss`, `eval/mlm_accuracy`, `dev/f1`) -> value."""
+
+  def close(self) -> None:
+    """Ends the run's output; inside an exception handler, the run failed."""
+
+
+def tag(name: str) -> str:
+  """A metric's name in TensorBoard and W&B: training metrics under `train/`, `eval/` and `dev/` ones as they are."""
+  return name if "/" in name else f"train/{name}"
+
+
+def hparam_values(config: ml_collections.ConfigDict) -> dict[str, bool | int | float | str]:
+  """The config as `section.field` -> a value TensorBoard's hparams take: tuples and None as their `str`."""
+  flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
+  return {key: value if isinstance(value, (bool, int, float, str)) else str(value) for key, value in flat.items()}
+
+
+class JsonlTracker:
+  """`metrics.jsonl`: one JSON object per log step, appended (a resume continues the file). The config is the
+  workdir's config.json."""
+
+  def __init__(self, directory: str):
+    self._file = open(os.path.join(directory, "metrics.jsonl"), "a", buffering=1)
+
+  def hparams(self, config: ml_collections.ConfigDict) -> None:
+    del config
+
+  def write(self, step: int, record: dict[str, float]) -> None:
+    self._file.write(json.dumps({"step": step, **record}) + "\n")
+
+  def close(self) -> None:
+    self._file.close()
+
+
+class TensorBoardTracker:
+  """Event files in `tensorboard/`: finite values as scalars, the config as the hparams plugin's session start.
+  Only the session start is written, no experiment summary: TensorBoard then takes the table's columns from every
+  run's sessions and scalars, so runs of different tasks compare under one logdir (an experiment summary would let
+  the first one found fix the columns)."""
+
+  def __init__(self, directory: str):
+    self._writer = SummaryWriter(os.path.join(directory, "tensorboard"))
+
+  def hparams(self, config: ml_collections.ConfigDict) -> None:
+    _, session_start, _ = summary.hparams(hparam_values(config), {})
+    self._writer.file_writer.add_summary(session_start)
+    self._writer.flush()
+
+  def write(self, step: int, record: dict[str, float]) -> None:
+    for name, value in record.items():
+      if math.isfinite(value):
+        self._writer.add_scalar(tag(name), value, step)
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+def wandb_run_id(workdir: str) -> str:
+  """The W&B run id of a workdir: every start of the run in the same workdir continues one W&B run (and so does a
+  new run in a path used before: docs/pretraining.md)."""
+  return hashlib.sha256(storage.absolute(workdir).encode()).hexdigest()[:16]
+
+
+class WandbTracker:
+  """A Weights & Biases run of `log.wandb_project`, resumed by its id (`wandb_run_id`), metrics logged at their
+  step; a resume logs the config again (`allow_val_change`: `resume_with_changes` may have changed it)."""
+
+  def __init__(self, workdir: str, log: ml_collections.ConfigDict):
+    import wandb
+    try:
+      self._run = wandb.init(
+          project=log.wandb_project, entity=log.wandb_entity or None, id=wandb_run_id(workdir), resume="allow",
+          name=log.wandb_run_name or os.path.basename(storage.absolute(workdir).rstrip("/")),
+          tags=[t.strip() for t in log.wandb_tags.split(",") if t.strip()])
+    except wandb.Error as e:
+      raise EnvironmentUserError(f"Weights & Biases could not start the run of log.wandb_project="
+                                 f"{log.wandb_project}: {e} (WANDB_MODE=offline logs without an account; `wandb "
+                                 "sync` uploads later).") from None
+
+  def hparams(self, config: ml_collections.ConfigDict) -> None:
+    self._run.config.update(json.loads(config.to_json_best_effort()), allow_val_change=True)
+
+  def write(self, step: int, record: dict[str, float]) -> None:
+    self._run.log({tag(name): value for name, value in record.items()}, step=step)
+
+  def close(self) -> None:
+    self._run.finish(exit_code=1 if sys.exc_info()[0] else 0)
+
+
+def check_trackers(log: ml_collections.ConfigDict) -> None:
+  """At start-up, before anything is written: a W&B project needs the wandb package (on every process, so that
+  all of them stop alike). A config read back from an older run's config.json may have no W&B fields."""
+  if not log.get("wandb_project"):
+    return
+  try:
+    importlib.import_module("wandb")
+  except ImportError:
+    raise EnvironmentUserError(f"log.wandb_project={log.wandb_project} logs to Weights & Biases, whose package is "
+                               'not installed: pip install -e ".[wandb]" (or leave log.wandb_project empty).') from None
+
+
+def open_trackers(directory: str, workdir: str, log: ml_collections.ConfigDict) -> list[Tracker]:
+  """The trackers of a run: `metrics.jsonl` and TensorBoard in `directory`, W&B where `log.wandb_project` says."""
+  wandb_run = [WandbTracker(workdir, log)] if log.get("wandb_project") else []  # first: refused, it leaves no file open
+  return [JsonlTracker(directory), TensorBoardTracker(directory), *wandb_run]

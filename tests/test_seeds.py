@@ -1,0 +1,235 @@
+"""`python -m albert_jax.seeds`: several seeds of one fine-tuning recipe, each in DIR/seed_<k>, with DIR/seeds.json
+(every run's best dev score and metrics, their median, mean, std, min, max, collapsed runs), resumable.
+
+The end-to-end run is a tiny classifier whose dev split is one sentence under both labels: every run predicts one
+class for it, so every run is collapsed whatever its seed, and is trained again (--rerun_collapsed=1)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from albert_jax import seeds
+from albert_jax.errors import InputError
+from albert_jax.tasks import get_task
+from albert_jax.tasks.classification import THRESHOLDS_FILE
+from albert_jax.tasks.squad import SquadPredictions
+from albert_jax.tasks.token_classification import TagPredictions
+from experiments import classification, glue
+from tests.helpers import REPO, config_for, glue_data, spm, task_of, write_split
+from tests.processes import Launch
+
+RUN = ["--config.data.max_seq_length=16", "--config.allow_random_init=True", "--config.train.num_train_steps=4",
+       "--config.train.global_batch_size=8", "--config.train.warmup_steps=1", "--config.train.eval_every=2",
+       "--config.train.micro_batch_size=0", "--config.checkpoint.every=2", "--config.log.every=2",
+       "--config.checkpoint.async_save=false"]
+
+
+def seeds_cli(*args, wait=True):
+  """`python -m albert_jax.seeds` on one CPU device: the finished process, or (wait=False) the running one with
+  stdout and stderr merged."""
+  cmd = [sys.executable, "-m", "albert_jax.seeds", *map(str, args)]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  if not wait:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+# --- the statistics and the collapse detector ----------------------------------------------------------------
+def test_summary_statistics_by_hand():
+  # 0.5 0.6 0.7 0.9: median (0.6 + 0.7) / 2; mean 2.7 / 4; deviations -0.175 -0.075 0.025 0.225, squares
+  # 0.030625 + 0.005625 + 0.000625 + 0.050625 = 0.0875, over n - 1 = 3: std sqrt(0.0291666...) = 0.170782...
+  summary = seeds.summarize([0.6, 0.9, 0.5, 0.7])
+  assert summary == pytest.approx({"median": 0.65, "mean": 0.675, "std": 0.17078251276599330, "min": 0.5, "max": 0.9},
+                                  abs=1e-12)
+  assert seeds.summarize([0.8, 0.2, 0.5]) == pytest.approx({"median": 0.5, "mean": 0.5, "std": 0.3, "min": 0.2,
+                                                            "max": 0.8}, abs=1e-12)
+  assert seeds.summarize([0.7]) == {"median": 0.7, "mean": 0.7, "std": None, "min": 0.7, "max": 0.7}
+
+
+def glue_task(shared_data, root, name):
+  return task_of(glue, f"task={name},size=tiny,data={glue_data(shared_data, name, root)},spm={spm(shared_data)}")
+
+
+def dev_collapse_of(task, predictions, folder):
+  """`seeds.dev_collapse` of `predictions` of the task's dev split, written as training writes them."""
+  gold = task.gold_split(task.split_path("dev"))
+  folder.mkdir(exist_ok=True)
+  task.write_predictions(gold, predictions, str(folder / task.predictions_name("dev")))
+  return seeds.dev_collapse(task, str(folder))
+
+
+def test_one_class_for_every_dev_example_is_a_collapse(shared_data, tmp_path):
+  rte = glue_task(shared_data, tmp_path / "glue", "rte")  # 23 dev pairs; labels (entailment, not_entailment)
+  assert dev_collapse_of(rte, np.ones(23, int), tmp_path / "rte") == \
+      "one class: every dev prediction is 'not_entailment'"
+  assert dev_collapse_of(rte, np.arange(23) % 2, tmp_path / "rte") is None
+  assert dev_collapse_of(rte, np.eye(23, dtype=int)[0], tmp_path / "rte") is None  # one example differs
+  (tmp_path / "own").mkdir()
+  write_split(tmp_path / "own" / "train.tsv", 8)
+  write_split(tmp_path / "own" / "dev.tsv", 6)
+  own = get_task(config_for(tmp_path / "own", spm(shared_data)))  # probabilities per class, in JSON lines
+  leaning = np.array([[0.4, 0.6], [0.1, 0.9], [0.45, 0.55]] * 2)
+  assert dev_collapse_of(own, leaning, tmp_path / "own_run") == "one class: every dev prediction is 'pos'"
+  mixed = np.array([[0.4, 0.6], [0.9, 0.1], [0.45, 0.55]] * 2)  # pos, neg, pos, ...
+  assert dev_collapse_of(own, mixed, tmp_path / "own_run") is None
+
+
+def test_a_regression_collapses_when_its_scores_spread_below_a_thousandth_of_the_gold_scores(shared_data, tmp_path):
+  stsb = glue_task(shared_data, tmp_path / "glue", "sts-b")
+  gold = np.array([example.label for example in stsb.gold_split(stsb.split_path("dev")).examples])
+  noise = np.where(np.arange(len(gold)) % 2, 1.0, -1.0) * gold.std()  # std exactly gold.std()
+  assert dev_collapse_of(stsb, np.full(len(gold), 2.5), tmp_path / "run") == \
+      f"constant: the dev scores' std is 0 (the gold scores' {gold.std():.3g})"
+  assert dev_collapse_of(stsb, 2.5 + 0.0009 * noise, tmp_path / "run").startswith("constant: the dev scores' std is")
+  assert dev_collapse_of(stsb, 2.5 + 0.0011 * noise, tmp_path / "run") is None
+  assert dev_collapse_of(stsb, gold, tmp_path / "run") is None
+
+
+def test_a_multi_label_run_collapses_when_every_row_gets_the_same_classes(tmp_path):
+  """Read as label sets, chosen with the thresholds saved beside the weights (0.5 without them), not by argmax."""
+  task = task_of(classification, "multi_label=true,labels=a|b|c")
+  (tmp_path / "dev.tsv").write_text("text\tlabel\nrow 0\ta\nrow 1\tb|c\n")
+  task.split_path = lambda name: str(tmp_path / f"{name}.tsv")
+  same_sets = np.array([[0.9, 0.1, 0.6], [0.7, 0.4, 0.8]])  # argmax 0 and 2, yet both rows are a|c
+  assert dev_collapse_of(task, same_sets, tmp_path / "run") == "one class: every dev prediction is 'a|c'"
+  (tmp_path / "run" / THRESHOLDS_FILE).write_text(json.dumps({"labels": ["a", "b", "c"],
+                                                               "thresholds": [0.5, 0.5, 0.7]}))
+  assert dev_collapse_of(task, same_sets, tmp_path / "run") is None  # a, then a|c
+
+
+@pytest.mark.parametrize("predictions, collapsed", [
+    ({"q1": "B", "q2": "B", "q3": "B"}, "'B'"),                                          # RACE
+    ({"q1": "B", "q2": "A", "q3": "B"}, None),
+    (SquadPredictions({"q1": "", "q2": ""}, {}), "''"),                                  # SQuAD v2: no answer at all
+    (SquadPredictions({"q1": "Paris", "q2": "1905"}, {}), None),
+    (TagPredictions([["O", "O"], ["O"]], []), "'O'"),                                   # tagging: the majority tag
+    (TagPredictions([["O", "B-PER"], ["O"]], []), None),
+    (np.array([[0.1, 0.2, 0.6, 0.1], [0.3, 0.1, 0.5, 0.1]]), "2"),                    # multiple choice: option 2
+])
+def test_every_task_s_predictions_are_read_as_one_output_per_unit(predictions, collapsed):
+  expected = collapsed and f"one class: every dev prediction is {collapsed}"
+  assert seeds.collapse(types.SimpleNamespace(), None, predictions) == expected
+
+
+def test_bad_counts_and_recipes_without_a_best_checkpoint_are_refused(shared_data, tmp_path):
+  config = config_for(tmp_path, spm(shared_data))
+  for counts, message in [((0, 0, 0), "--seeds=0, --first_seed=0, --rerun_collapsed=0: pass --seeds of at least 1"),
+                          ((2, -1, 0), "--seeds=2, --first_seed=-1"),
+                          ((1001, 0, 1), "--seeds=1001 with --rerun_collapsed: a rerun seed k \\+ 1000 would be"),
+                          ((5, 2**32 - 5, 1), "Seeds up to 4294968295 are asked for; config.seed goes up to")]:
+    with pytest.raises(InputError, match=f"^{message}"):
+      seeds.check_recipe(config, *counts)
+  seeds.check_recipe(config, 5, 2**32 - 5, 0)  # the last seed is 2**32 - 1, the highest jax.random.key takes
+  config.train.eval_every = 0
+  with pytest.raises(InputError, match="eval_every=0: this run keeps no best dev checkpoint"):
+    seeds.check_recipe(config, 3, 0, 0)
+
+
+def test_a_command_line_without_seeds_workdir_or_a_fine_tuning_config_is_refused_in_one_line(tmp_path):
+  recipe = "--config=experiments/classification.py:size=tiny"
+  for args, message in [
+      ([recipe, f"--workdir={tmp_path}"], "--seeds is required: how many seeds to run, e.g. --seeds=5"),
+      ([recipe, "--seeds=3"], "--workdir is required: seed k's run goes to WORKDIR/seed_<k>"),
+      ([recipe, f"--workdir={tmp_path}", "--seeds=3", "--config.seed=4"], "--config.seed is set by this command"),
+      (["--config=experiments/pretrain_tiny.py", f"--workdir={tmp_path}", "--seeds=3"],
+       "--config is a pretraining config; albert_jax.seeds repeats a fine-tuning recipe")]:
+    result = seeds_cli(*args)
+    assert result.returncode == 1 and result.stderr.startswith(f"error: {message}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not result.stdout, result.stderr
+  assert list(tmp_path.iterdir()) == []
+
+
+# --- end to end: 2 seeds, each collapsed and trained again, stopped inside seed 1 and rerun ----------------------
+@pytest.fixture(scope="module")
+def runs(shared_data, tmp_path_factory):
+  """`--seeds=2 --rerun_collapsed=1` (seeds 0, 1000, 1, 1001), stopped by SIGTERM (a preemption) once seed 1 has
+  saved its step-2 checkpoint, then the same command again to the end. About 60 s: the tests using it are slow."""
+  root = tmp_path_factory.mktemp("seeds")
+  data = root / "data"
+  data.mkdir()
+  write_split(data / "train.tsv", 16)
+  (data / "dev.tsv").write_text("sentence\tlabel\n" + "a fine film\tpos\na fine film\tneg\n" * 2)
+  workdir = root / "runs"
+  command = [f"--config=experiments/classification.py:size=tiny,data={data},spm={spm(shared_data)},text=sentence",
+             *RUN, f"--workdir={workdir}", "--seeds=2", "--rerun_collapsed=1"]
+  first = Launch(seeds_cli(*command, wait=False))
+  try:
+    while not (workdir / "seed_1" / "checkpoints" / "2").is_dir():
+      assert first.proc.poll() is None and first.elapsed() < 300, first.output()
+      time.sleep(0.002)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.finish() == 0, first.output()
+  finally:
+    if first.proc.poll() is None:
+      first.kill()
+  report_after_stop = json.loads((workdir / "seeds.json").read_text())
+  finished_at = {seed: os.stat(workdir / f"seed_{seed}" / "best" / "best.json").st_mtime_ns for seed in (0, 1000)}
+  second = Launch(seeds_cli(*command, wait=False))
+  assert second.finish() == 0, second.output()
+  return types.SimpleNamespace(workdir=workdir, first=first, second=second, report_after_stop=report_after_stop,
+                               finished_at=finished_at, report=json.loads((workdir / "seeds.json").read_text()))
+
+
+def predicted_labels(workdir, seed):
+  best = json.loads((workdir / f"seed_{seed}" / "best" / "best.json").read_text())
+  rows = (workdir / f"seed_{seed}" / "best" / f"step_{best['step']}" / "dev_predictions.jsonl").read_text()
+  return best, {json.loads(line)["label"] for line in rows.splitlines()}
+
+
+@pytest.mark.slow
+def test_seeds_json_holds_every_run_its_best_and_collapse_and_the_median_of_the_counted_runs(runs):
+  report = runs.report
+  assert [run["seed"] for run in report["runs"]] == [0, 1000, 1, 1001] and report["seeds"] == [0, 1]
+  assert (report["metric"], report["higher_is_better"]) == ("accuracy", True)
+  for run in report["runs"]:
+    best, labels = predicted_labels(runs.workdir, run["seed"])
+    (label,) = labels  # one class for the one dev sentence
+    assert run == {"seed": run["seed"], "workdir": str(runs.workdir / f"seed_{run['seed']}"), "best_step": best["step"],
+                   "value": best["value"], "metrics": best["metrics"], "collapsed": True,
+                   "collapse": f"one class: every dev prediction is {label!r}",
+                   "rerun_of": {1000: 0, 1001: 1}.get(run["seed"]), "rerun_as": {0: 1000, 1: 1001}.get(run["seed"]),
+                   "counted": run["seed"] >= 1000}
+    assert best["value"] == 0.5 and set(best["metrics"]) == {"accuracy", "macro_f1"}  # pos and neg, half each
+  assert report["summary"] == {"seeds": [1000, 1001], "collapsed": 2, "median": 0.5, "mean": 0.5, "std": 0.0,
+                               "min": 0.5, "max": 0.5}
+  lines = [line for _, line in runs.second.lines]
+  table = lines[lines.index("      seed     step    accuracy  collapsed"):][:6]
+  assert table[1:] == [
+      *(f"{run['seed']:>10}  {run['best_step']:>7}      0.5000  {run['collapse']}" +
+        ("" if run["counted"] else f" (trained again as seed {run['rerun_as']}), not counted")
+        for run in report["runs"]),
+      "2 runs: median 0.5000, mean 0.5000, std 0.0000, min 0.5000, max 0.5000; 2 collapsed"]
+
+
+@pytest.mark.slow
+def test_a_rerun_skips_the_finished_seeds_and_resumes_the_stopped_one(runs):
+  assert runs.first.saw("Preemption: saved step") and not runs.first.saw("seed 1001"), runs.first.output()
+  assert [run["seed"] for run in runs.report_after_stop["runs"]] == [0, 1000]
+  for seed in (0, 1000):
+    assert runs.second.saw(f"seed {seed}: finished (recorded in {runs.workdir / 'seeds.json'}), skipped")
+    assert os.stat(runs.workdir / f"seed_{seed}" / "best" / "best.json").st_mtime_ns == runs.finished_at[seed]
+  lines = [line for _, line in runs.second.lines]
+  resumed = lines[lines.index(f"seed 1: training in {runs.workdir / 'seed_1'}"):]
+  assert any(line.startswith("Resumed from step ") for line in resumed[:resumed.index(
+      f"seed 1001: training in {runs.workdir / 'seed_1001'}")]), runs.second.output()
+  # One compilation cache for every seed: only the first seed of the first command compiles the step.
+  compiled = [line for launch in (runs.first, runs.second) for _, line in launch.lines
+              if line.startswith("Compiled the train step")]
+  assert len(compiled) == 5 and all(line.endswith("(from the compilation cache).") for line in compiled[1:]), compiled
+
+
+@pytest.mark.slow
+def test_each_run_trains_with_its_own_seed(runs):
+  """config.seed sets the head's initialisation, the data order and dropout: the first losses all differ."""
+  first_loss = {}
+  for seed in (0, 1000, 1, 1001):
+    assert json.loads((runs.workdir / f"seed_{seed}" / "config.json").read_text())["seed"] == seed
+    records = [json.loads(line) for line in (runs.workdir / f"seed_{seed}" / "metrics.jsonl").read_text().splitlines()]
+    first_loss[seed] = next(r["loss"] for r in records if r.get("step") == 2 and "loss" in r)
+  assert len(set(first_loss.values())) == 4, first_loss
