@@ -54,6 +54,15 @@ def flat_matmuls(c: ModelConfig) -> bool:
   return c.flat_matmuls if c.flat_matmuls is not None else jax.default_backend() == "cpu"
 
 
+def scan_unroll(c: ModelConfig) -> int:
+  """`c.scan_unroll`, with None decided by the backend the step is traced for: every layer on a GPU, where the
+  scan's while loop costs its stacked residuals' copies and slices (H200, bench/results/*_h200.json), 1 elsewhere
+  (one compiled layer: TPU compiles and memory as measured)."""
+  if c.scan_unroll is not None:
+    return c.scan_unroll
+  return c.num_hidden_layers if jax.default_backend() == "gpu" else 1
+
+
 def attention_implementation(c: ModelConfig, length: int) -> str:
   """`c.attention_implementation`, with "auto" decided by the backend the step is traced for: cuDNN's fused kernel
   on a GPU in half precision (H100, ALBERT-base seq 512 batch 32: 1.28x the step, 11.7 instead of 19.0 GiB) where it
@@ -232,7 +241,7 @@ class Encoder(nn.Module):
       if c.scan_layers:
         scanned = nn.scan(block, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
                           in_axes=(nn.broadcast, nn.broadcast), length=count,
-                          unroll=min(c.scan_unroll, count))
+                          unroll=min(scan_unroll(c), count))
         x, _ = scanned(c, name=f"group_{g}")(x, mask, deterministic)
       else:  # Python loop (debugging): the same module called `count` times, so the same parameters.
         group = block(c, name=f"group_{g}")

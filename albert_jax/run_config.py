@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import typing
 
 import ml_collections
 
 from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.model_config import ModelConfig
+from albert_jax.model_config import optional_field_types
 
 CONFIG_FILE = "config.json"
 PASS_CONFIG = ("pass --config=FILE, the experiment file the run was trained with (and its --config.<field> "
@@ -60,13 +59,9 @@ def _tuples(value):
 def _typed_model_nones(model: dict) -> dict:
   """`model` with each None whose ModelConfig field is `X | None` as a placeholder of X, so that
   `--config.model.<field>=value` parses as it does on the experiment file's config."""
-  hints = typing.get_type_hints(ModelConfig)
-  typed = dict(model)
-  for name, value in model.items():
-    kinds = [kind for kind in typing.get_args(hints.get(name)) if kind is not type(None)]
-    if value is None and len(kinds) == 1:
-      typed[name] = ml_collections.config_dict.placeholder(kinds[0])
-  return typed
+  kinds = optional_field_types()
+  return {name: ml_collections.config_dict.placeholder(kinds[name]) if value is None and name in kinds else value
+          for name, value in model.items()}
 
 
 def from_saved(saved: dict) -> ml_collections.ConfigDict:

@@ -46,11 +46,17 @@ class Result:
     return [f"--config.train.micro_batch_size={self.micro_batch}", f"--config.model.remat_policy={self.remat_policy}"]
 
 
+# The TPU's choice for the model fields that None leaves to the backend the step is traced for (model.flat_matmuls,
+# model.scan_unroll): traced here, they would read this host's backend, not the slice's.
+ON_THE_SLICE = {"flat_matmuls": False, "scan_unroll": 1}
+
+
 def job_for(config: ml_collections.ConfigDict) -> engine.Job:
   """The job `--mode=train` would build on the slice, without reading any data."""
-  if config.model.flat_matmuls is None:  # "on for CPU" would read this host's backend, not the slice's
+  undecided = {name: value for name, value in ON_THE_SLICE.items() if config.model[name] is None}
+  if undecided:
     config = ml_collections.ConfigDict(config.to_dict())
-    config.model.flat_matmuls = False
+    config.model.update(undecided)
   if is_pretraining(config):
     from albert_jax import pretrain
     return pretrain.make_job(config)
@@ -73,8 +79,8 @@ def compile_for(config: ml_collections.ConfigDict, devices: list, keep_compiled:
   processes = len({d.process_index for d in devices})
   s = engine.setup(config, job_for(config), devices=devices, process_count=processes, process_index=0)
   settings = dict(micro_batch=s.split.micro_batch, accumulation_steps=s.split.accumulation_steps,
-                  remat_policy=config.model.remat_policy, scan_unroll=config.model.scan_unroll,
-                  dtype=config.model.dtype)
+                  remat_policy=config.model.remat_policy, dtype=config.model.dtype,
+                  scan_unroll=config.model.scan_unroll or ON_THE_SLICE["scan_unroll"])
   start = time.perf_counter()
   try:
     lowered = s.lower_train_step()

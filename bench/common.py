@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from albert_jax import console, engine, flops, pretrain, sharding
-from albert_jax.model import flat_matmuls
+from albert_jax.model import flat_matmuls, scan_unroll
 from albert_jax.model_config import model_config_from
 from bench import machine
 from experiments import common as experiments
@@ -111,7 +111,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
   p.add_argument("--no-scan", action="store_true", help="Python-loop encoder (scan_layers=False)")
   p.add_argument("--scan-unroll", type=int, default=None, help="model.scan_unroll: layers per scan iteration "
                  "(0 = all of them: straight-line code, faster steps on CPU, compile time grows with depth; "
-                 "default: the config's, 1 unless the experiment sets it)")
+                 "default: the config's, every layer on a GPU and 1 elsewhere unless the experiment sets it)")
   p.add_argument("--flat-matmuls", action="store_true", help="model.flat_matmuls=True: dense layers as 2-D "
                  "products, whose kernel gradients XLA's CPU backend runs faster (already the default on CPU; off "
                  "elsewhere: TPU memory)")
@@ -155,7 +155,9 @@ def bench_config(args: argparse.Namespace, **model_overrides) -> ml_collections.
     c.model.vocab_size = args.vocab_size
   for key, value in model_overrides.items():
     c.model[key] = value
-  c.model.flat_matmuls = flat_matmuls(model_config_from(c))  # as it runs on this backend, so the JSON says so
+  # As they run on this backend, so the JSON says so.
+  c.model.flat_matmuls = flat_matmuls(model_config_from(c))
+  c.model.scan_unroll = scan_unroll(model_config_from(c))
   c.data.kind = "synthetic"
   c.data.max_seq_length = args.seq_len
   c.data.max_predictions_per_seq = args.predictions

@@ -14,7 +14,8 @@ DEST=${DEST:-.whl}
 DEVICE_PYTHON=${DEVICE_PYTHON:-3.12}
 DEVICE_JAX=${DEVICE_JAX:-0.11.2}
 DEVICE_NUMPY=${DEVICE_NUMPY:-2.5.2}
-ON_DEVICE='jax|jaxlib|libtpu|numpy|scipy|ml_dtypes|opt_einsum|torch|transformers|safetensors|sentencepiece'
+ON_DEVICE='jax|jaxlib|libtpu|numpy|scipy|ml_dtypes|opt_einsum|torch|transformers|safetensors|sentencepiece|tokenizers'
+ON_DEVICE+='|huggingface_hub'  # tokenizers' dependency: the device's transformers goes with its own
 # Imported only for `tfds:` corpora, which no benchmark reads; its pyarrow alone would be ~40 MB.
 NOT_NEEDED='tensorflow-datasets'
 

@@ -104,8 +104,11 @@ def main(argv=None) -> dict:
   args = p.parse_args(argv)
   devices = h100_devices()
   answer_cudnn_checks_for_the_h100()
-  # flat_matmuls: bench_config would decide it by this host's backend (the CPU's choice); the GPU's is off.
+  # flat_matmuls and scan_unroll: bench_config would decide them by this host's backend (the CPU's choice); the
+  # GPU's are off and every layer (--scan-unroll 0).
   fixed = {"attention_implementation": args.attention, "flat_matmuls": False}
+  if args.scan_unroll is None:
+    args.scan_unroll = 0
   configs = [("ours", common.bench_config(args, **fixed))]
   for spec in args.variant:
     name, changes = train_step.parse_variant(spec)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of issue #6 / ../shared/PERFORMANCE.md §4.1, §4.3, in parts that each end well inside a
 # 10-minute call on a lent machine; JSON into bench/results/ (or RESULTS_DIR).
-# First run on an H100 on 2026-11-26 (bench/results/*_h100_before_fix.json; docs/profiling.md "GPU"): there `peer`
-# took 3 minutes (its ALBERT-large command stopped at the first step, out of memory) and `profile` 4. On
+# Runs: an H100 on 2026-11-26 (bench/results/*_h100_before_fix.json) and an H200 on 2026-11-27 (*_h200.json,
+# gpu_suite_h200.log; docs/profiling.md "GPU"), where `peer` took 4.7 minutes and `profile` about 4. On
 # CPU, tests/test_bench.py runs it with a stand-in interpreter and puts every command through its own parser and
 # model configs, so a flag or size typo fails there, not in lent device time.
 #
@@ -87,10 +87,10 @@ peer() {
 profile() {
   # Where that step's time goes, and the roof its own matmuls allow (each product alone, one at a time).
   run bench.step_parts --size large --seq-len 512 --micro-batch 32 "${COMMON[@]}" --name "step_parts_large_s512_${TAG}"
-  # What the H100 trace left beyond the matmuls (docs/profiling.md "GPU"): the scan's stacked residuals (since cut
-  # by albert_jax/ops.py), which the unrolled scan (8.0 instead of 13.3 GiB there) and a remat policy keeping only
-  # matmul outputs cut further, and the kernel-gradient layout.
-  run bench.train_step --size base --seq-len 128 --micro-batch 128 "${COMMON[@]}" --variant unrolled:scan_unroll=12 \
+  # What the trace shows beyond the matmuls (docs/profiling.md "GPU"): the scan's loop (the default on a GPU is every
+  # layer unrolled; `rolled` is the one-layer loop: H200 1.19x slower), a remat policy keeping only matmul outputs,
+  # and the kernel-gradient layout.
+  run bench.train_step --size base --seq-len 128 --micro-batch 128 "${COMMON[@]}" --variant rolled:scan_unroll=1 \
     --variant dots:remat_policy=dots_saveable --variant flat:flat_matmuls=True \
     --name "train_step_base_s128_variants_${TAG}"
   # What a layer keeps for its backward, per token, compiled for this GPU (albert_jax/ops.py; CPU and jax's account

@@ -10,8 +10,6 @@ A config has these sections:
 """
 from __future__ import annotations
 
-import dataclasses
-
 import ml_collections
 
 from albert_jax.errors import InputError
@@ -62,13 +60,13 @@ def released_pretraining_config(size: str, arg: str | None) -> ml_collections.Co
 def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
   if size not in MODEL_SIZES:
     raise InputError(f"Unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}.")
-  from albert_jax.model_config import ModelConfig
+  from albert_jax.model_config import ModelConfig, optional_field_types
   config = ml_collections.ConfigDict(ModelConfig(**{**MODEL_SIZES[size], **overrides}).to_dict())
-  # A `bool | None` field left at None has no type that `--config.model.x=True` could be parsed as: a bool
-  # placeholder gives it one (its value stays None until overridden).
-  for field in dataclasses.fields(ModelConfig):
-    if field.type == "bool | None" and config[field.name] is None:
-      config[field.name] = ml_collections.config_dict.placeholder(bool)
+  # A `X | None` field left at None has no type that `--config.model.x=value` could be parsed as: a placeholder of X
+  # gives it one (its value stays None until overridden).
+  for name, kind in optional_field_types().items():
+    if config[name] is None:
+      config[name] = ml_collections.config_dict.placeholder(kind)
   return config
 
 

@@ -24,11 +24,12 @@ def parsed_config(name: str, *overrides: str) -> ml_collections.ConfigDict:
 
 
 def leaves(config: ml_collections.ConfigDict, prefix: str = ""):
+  """(dotted field, value, the type its overrides parse as) of every field."""
   for key, value in config.items():
     if isinstance(value, ml_collections.ConfigDict):
       yield from leaves(value, f"{prefix}{key}.")
     else:
-      yield f"{prefix}{key}", value
+      yield f"{prefix}{key}", value, config.get_type(key)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -64,11 +65,12 @@ def test_a_model_field_that_defaults_to_none_takes_a_command_line_bool(override,
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_config_field_takes_a_command_line_override(name):
   """`--config.<field>=<value>` parses for every field of every experiment file and gives that value back; a
-  field left at None (decided at run time) takes True and False."""
+  field left at None (decided at run time) takes values of its type: True and False, or 1 and 3."""
   fields = list(leaves(parsed_config(name)))
   assert len(fields) > 50
-  for field, default in fields:
-    for value in (True, False) if default is None else (default,):
+  undecided = {bool: (True, False), int: (1, 3)}
+  for field, default, kind in fields:
+    for value in undecided[kind] if default is None else (default,):
       text = repr(value) if isinstance(value, tuple) else str(value)
       config = parsed_config(name, f"--config.{field}={text}")
       assert functools.reduce(getattr, field.split("."), config) == value, field

@@ -194,6 +194,31 @@ def test_attention_auto_is_cudnn_on_a_gpu_in_half_precision_where_cudnn_takes_th
     assert model.attention_implementation(config.replace(attention_implementation="xla"), length) == "xla"
 
 
+def _scan_unrolls(jaxpr) -> list[int]:
+  """The `unroll` of every scan in a (nested) jaxpr, in order."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan":
+      found.append(eqn.params["unroll"])
+    for sub in jax.core.jaxprs_in_params(eqn.params):
+      found += _scan_unrolls(sub)
+  return found
+
+
+def test_scan_unroll_left_to_the_backend_unrolls_every_layer_on_a_gpu_only(monkeypatch):
+  """None: straight-line layers where the step is traced for a GPU (H200: 1.19x ALBERT-base's step), the one-layer
+  loop elsewhere; a number is kept, at most a group's layers."""
+  two_groups = dict(num_hidden_groups=2)   # TINY's 4 layers as 2 groups of 2
+  for backend, changes, expected in [("cpu", {}, [1]), ("tpu", {}, [1]), ("gpu", {}, [4]), ("gpu", two_groups, [2, 2]),
+                                     ("gpu", dict(scan_unroll=1), [1]), ("cpu", dict(scan_unroll=3), [3]),
+                                     ("cpu", dict(scan_unroll=3, **two_groups), [2, 2])]:
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    module = AlbertModel(TINY.replace(**changes))
+    params = nn.unbox(abstract_params(module))
+    jaxpr = jax.make_jaxpr(lambda p: module.apply({"params": p}, **batch()))(params)
+    assert _scan_unrolls(jaxpr.jaxpr) == expected, (backend, changes)
+
+
 def _scatter_add_shapes(jaxpr) -> list[tuple[int, ...]]:
   """The output shape of every scatter-add in a (nested) jaxpr."""
   found = []
