@@ -130,7 +130,7 @@ class CollectiveStats:
 
 
 @dataclasses.dataclass
-class _Instr:
+class Instr:
   name: str
   opcode: str
   arrays: list[tuple[int, int]]   # (bytes, rank) of each array in the result shape
@@ -162,8 +162,8 @@ def _split_call(rest: str) -> tuple[str, str]:
   return rest, ""
 
 
-def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], str, dict[str, int]]:
-  computations: dict[str, list[_Instr]] = {}
+def parse_module(text: str) -> tuple[dict[str, list[Instr]], str, dict[str, int]]:
+  computations: dict[str, list[Instr]] = {}
   entry, current = "", None
   header = {}
   for line in text.splitlines():
@@ -182,7 +182,7 @@ def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], str, dict[str, in
       continue
     if m := _INSTR.match(line):
       operands, _ = _split_call(m[4])
-      computations[current].append(_Instr(
+      computations[current].append(Instr(
           name=m[1], opcode=m[3], arrays=_arrays(m[2]), operands=re.findall(r"%([\w.\-]+)", operands),
           rest=m[4], root=line.lstrip().startswith("ROOT"), shape=m[2]))
   if not entry:
@@ -190,7 +190,7 @@ def _parse_module(text: str) -> tuple[dict[str, list[_Instr]], str, dict[str, in
   return computations, entry, header
 
 
-def _trip_count(while_instr: _Instr, computations: dict[str, list[_Instr]], table: dict[str, _Instr]) -> int | None:
+def trip_count(while_instr: Instr, computations: dict[str, list[Instr]], table: dict[str, Instr]) -> int | None:
   if m := re.search(r'"known_trip_count":\{"n":"(\d+)"', while_instr.rest):
     return int(m[1])
   cond = re.search(r"condition=%([\w.\-]+)", while_instr.rest)
@@ -222,7 +222,7 @@ def _trip_count(while_instr: _Instr, computations: dict[str, list[_Instr]], tabl
   return max(int(limit[1]) - start + (op == "LE"), 0)
 
 
-def _executions(computations, entry) -> tuple[dict[str, int], list[str]]:
+def executions(computations, entry) -> tuple[dict[str, int], list[str]]:
   """How many times each computation runs per call of the entry computation."""
   edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
   unknown = []
@@ -230,7 +230,7 @@ def _executions(computations, entry) -> tuple[dict[str, int], list[str]]:
     table = {i.name: i for i in instrs}
     for i in instrs:
       if i.opcode == "while":
-        trips = _trip_count(i, computations, table)
+        trips = trip_count(i, computations, table)
         if trips is None:
           unknown.append(i.name)
           trips = 1
@@ -309,8 +309,8 @@ def collective_stats(compiled_or_text, devices: Sequence | None = None) -> Colle
   slices. TPU multislice modules are per slice; their cross-slice traffic is counted from the megascale transfers.
   """
   text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
-  computations, entry, header = _parse_module(text)
-  counts, unknown = _executions(computations, entry)
+  computations, entry, header = parse_module(text)
+  counts, unknown = executions(computations, entry)
   module_devices = header.get("num_partitions", 1) * header.get("replica_count", 1)
   slice_of = [getattr(d, "slice_index", 0) for d in devices] if devices is not None else []
   spans_slices = len(set(slice_of)) > 1 and module_devices == len(slice_of)
@@ -355,23 +355,23 @@ def collective_stats(compiled_or_text, devices: Sequence | None = None) -> Colle
 # ------------------------------------------------------------------------------------------ matmul FLOPs
 
 
-def _dims(shape_text: str) -> list[int]:
+def array_dims(shape_text: str) -> list[int]:
   """The dimensions of the first array in a printed shape."""
   found = _ARRAY.search(shape_text)
   return [int(d) for d in found[2].split(",") if d] if found else []
 
 
-def _matmul_flops(instr: _Instr, table: dict[str, _Instr]) -> int:
+def dot_flops(instr: Instr, table: dict[str, Instr]) -> int:
   """2 x (multiply-adds) of one dot or convolution. A dot's output elements each sum over its lhs contracting
   dimensions; a convolution's over the kernel's input features times the window taps that land on the input: the
   TPU compiler writes batched matmuls as convolutions whose input is dilated by the window size (`lhs_dilate`),
   where one tap per output is real."""
-  out = math.prod(_dims(instr.shape))
+  out = math.prod(array_dims(instr.shape))
   if instr.opcode == "dot":
-    lhs = _dims(table[instr.operands[0]].shape)
+    lhs = array_dims(table[instr.operands[0]].shape)
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.rest)
     return 2 * out * math.prod(lhs[int(d)] for d in contracting[1].split(",") if d) if contracting else 0
-  kernel = _dims(table[instr.operands[1]].shape)
+  kernel = array_dims(table[instr.operands[1]].shape)
   labels = re.search(r"dim_labels=\w+_(\w+)->", instr.rest)
   if not labels or len(labels[1]) != len(kernel):
     return 0
@@ -390,10 +390,10 @@ def matmul_flops(compiled_or_text) -> tuple[int, tuple[str, ...]]:
   `cost_analysis()` counts once). Returns (FLOPs, the while loops counted once because their trip count was not
   read)."""
   text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
-  computations, entry, _ = _parse_module(text)
-  counts, unknown = _executions(computations, entry)
+  computations, entry, _ = parse_module(text)
+  counts, unknown = executions(computations, entry)
   total = 0
   for comp, instrs in computations.items():
     table = {i.name: i for i in instrs}
-    total += counts.get(comp, 0) * sum(_matmul_flops(i, table) for i in instrs if i.opcode in ("dot", "convolution"))
+    total += counts.get(comp, 0) * sum(dot_flops(i, table) for i in instrs if i.opcode in ("dot", "convolution"))
   return total, tuple(unknown)
