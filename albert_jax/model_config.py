@@ -219,7 +219,8 @@ def _check_fits_host(c: ModelConfig) -> None:
   if needed <= memory:
     return
   released = [{**DEFAULT_SIZES, **size} for size in MODEL_SIZES.values()]
-  growing = [n for n in SIZE_FIELDS if _memory_needed(c, **{n: 2 * getattr(c, n)}) > needed]
+  growing = [n for n in SIZE_FIELDS
+             if getattr(c, n) is not None and _memory_needed(c, **{n: 2 * getattr(c, n)}) > needed]
   name = max(growing, key=lambda n: getattr(c, n) / max(size[n] for size in released))
   fits, beyond = 0, getattr(c, name)
   while beyond - fits > 1:

@@ -17,7 +17,6 @@ from typing import Protocol
 
 import ml_collections
 from flax import traverse_util
-from tensorboardX import SummaryWriter, summary
 
 from albert_jax import storage
 from albert_jax.errors import EnvironmentUserError
@@ -64,6 +63,19 @@ class JsonlTracker:
     self._file.close()
 
 
+def _tensorboardx():
+  """tensorboardX, imported where a run writes event files (not at start-up) and, unless something imported torch
+  already, without it: tensorboardX imports an installed torch (4 s) only to accept torch tensors, and the trackers
+  pass floats."""
+  if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+    sys.modules["torch"] = None  # `import torch` raises ImportError while this entry stands
+    try:
+      importlib.import_module("tensorboardX")
+    finally:
+      del sys.modules["torch"]
+  return importlib.import_module("tensorboardX")
+
+
 class TensorBoardTracker:
   """Event files in `tensorboard/`: finite values as scalars, the config as the hparams plugin's session start.
   Only the session start is written, no experiment summary: TensorBoard then takes the table's columns from every
@@ -71,10 +83,10 @@ class TensorBoardTracker:
   the first one found fix the columns)."""
 
   def __init__(self, directory: str):
-    self._writer = SummaryWriter(os.path.join(directory, "tensorboard"))
+    self._writer = _tensorboardx().SummaryWriter(os.path.join(directory, "tensorboard"))
 
   def hparams(self, config: ml_collections.ConfigDict) -> None:
-    _, session_start, _ = summary.hparams(hparam_values(config), {})
+    _, session_start, _ = _tensorboardx().summary.hparams(hparam_values(config), {})
     self._writer.file_writer.add_summary(session_start)
     self._writer.flush()
 

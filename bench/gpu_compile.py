@@ -4,8 +4,9 @@ memory and its kernels, so that a session without a lent GPU can still check wha
 XLA compiles for a GPU from a description of it (`H100` below: a GpuTargetConfig) instead of a device, through
 `jax.experimental.topologies`; the step is `--mode=compile`'s (`tpu_compile.compile_for`, `engine.setup`). Checked
 against the H100's own compiles of 4b4f3f0 (bench/results/*_h100_before_fix.*): ALBERT-large seq 512 micro batch 32
-51.6 GiB here, 48.5 there; ALBERT-base seq 128 micro batch 128 14.4 here, 13.3 there. Read the figures as an
-estimate that errs 6-8% high. What differs without the GPU: no GEMM autotuning (XLA takes its default Triton
+51.6 GiB here, 48.5 there; ALBERT-base seq 128 micro batch 128 14.4 here, 13.3 there (6-8% high); and against the
+H200's of the current step: ALBERT-large seq 512 micro batch 128 (one-layer loop) 53.7 GiB here, 54.4 there (1.3%
+low). Read the figures as an estimate within several percent either way. What differs without the GPU: no GEMM autotuning (XLA takes its default Triton
 configurations), and cuDNN attention is built without its workspace (jax's cuDNN version and compute-capability
 checks, which look for a local GPU and libcudnn, are answered with the H100's here).
 

@@ -5,13 +5,13 @@ One tiny ALBERT recipe, pretrained on the English prose corpus of ../shared/data
 absent, said in the JSON and the tables) with its own SentencePiece model, then fine-tuned on GLUE:
 1. pretraining transfers: SST-2, MRPC, STS-B and RTE from the pretrained weights and from random ones;
 2. Table 5: SOP, NSP and no sentence task; held-out MLM, SOP and NSP accuracy, SST-2 and MRPC;
-3. Table 4: all-shared against not-shared at the same E and H;
+3. Table 4: all-shared against not-shared at the same E and H (and depth, `Scale.sharing_layers`);
 4. Table 3: E = 64 and 128 against E = H, all-shared.
 Every run goes through `python -m albert_jax.main` in a workdir of its own under --root; a run that is not done is
 started or resumed, a done one (its record in ROOT/results) is not run again. The held-out scores are `--mode=eval`'s
 function called here for each sentence task, so an SOP-trained model is also scored on NSP examples and the
 reverse. The pretraining runs that coincide are one run: the all-shared SOP run at the middle E is the baseline of
-tables 3, 4 and 5 and the pretrained side of 1. `--report_only` rewrites the JSON and the markdown tables from
+tables 3 and 5 (and of 4 at the scale's own depth) and the pretrained side of 1. `--report_only` rewrites the JSON and the markdown tables from
 the records so far (runs not done yet are "pending").
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ HELD_OUT = ("mlm", "sop", "nsp")   # held-out accuracies of a pretraining run; t
 # held-out scoring) hand accelerator memory back when done, rather than hold a preallocated share of the device
 # while the runs it launches train.
 RUN_ENV = dict(os.environ)
+INTERRUPTED = 130   # albert_jax.main's exit status after a Ctrl-C
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,14 +69,17 @@ class Scale:
   eval_fraction: float = 0.02        # held-out documents of the corpus
   bundled_corpus: bool = False       # the small corpus shipped with the package, whatever --shared_data holds
   glue_rows: int = 0                 # 0: the GLUE files as they are; N: their first N rows (toy)
+  # Table 4's depth, both rows (0: num_hidden_layers): deep enough that the layers, not the embeddings, hold most of
+  # the not-shared model's parameters, as in the paper's (at L=4 the embeddings' 1.03M make not-shared only 1.9x).
+  sharing_layers: int = 0
 
 
 SCALES = {
-    # Calibrated on this 2-core machine (docs/paper_small_scale.md): about 2 h in all.
+    # Calibrated on this 2-core machine (docs/paper_small_scale.md): about 3 h in all.
     "cpu": Scale(hidden_size=192, num_hidden_layers=4, num_attention_heads=3, embedding_size=128,
                  small_embedding_size=64, vocab_size=8000, seq_len=64, max_predictions=10, batch=32, steps=2400,
                  learning_rate=1e-2, eval_batches=32, finetune_batch=32, finetune_steps=120,
-                 finetune_learning_rate=3e-4, seeds=3),
+                 finetune_learning_rate=3e-4, seeds=3, sharing_layers=12),
     # Not calibrated: a bigger model, longer sequences and runs, for one accelerator.
     "gpu": Scale(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, embedding_size=128,
                  small_embedding_size=64, vocab_size=16000, seq_len=128, max_predictions=20, batch=256, steps=20000,
@@ -86,7 +90,8 @@ SCALES = {
     "toy": Scale(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, embedding_size=16, small_embedding_size=8,
                  vocab_size=300, seq_len=32, max_predictions=5, batch=8, steps=2, learning_rate=5e-3, eval_batches=2,
                  finetune_batch=8, finetune_steps=2, finetune_learning_rate=1e-4, seeds=1, transfer_tasks=("mrpc",),
-                 ablation_tasks=(), spm_sentences=20_000, eval_fraction=0.1, bundled_corpus=True, glue_rows=32),
+                 ablation_tasks=(), spm_sentences=2_000, eval_fraction=0.1, bundled_corpus=True, glue_rows=32,
+                 sharing_layers=3),
 }
 
 
@@ -95,10 +100,15 @@ class Pretraining:
   embedding_size: int
   sharing: str = "all"
   sentence_task: str = "sop"
+  num_hidden_layers: int = 0   # 0: the scale's
 
   @property
   def name(self) -> str:
-    return f"e{self.embedding_size}_{self.sharing}_{self.sentence_task}"
+    depth = f"_l{self.num_hidden_layers}" if self.num_hidden_layers else ""
+    return f"e{self.embedding_size}_{self.sharing}_{self.sentence_task}{depth}"
+
+  def layers(self, scale: Scale) -> int:
+    return self.num_hidden_layers or scale.num_hidden_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,12 +126,23 @@ def baseline(scale: Scale) -> Pretraining:
   return Pretraining(scale.embedding_size)
 
 
+def shape_of(scale: Scale, run: Finetuning) -> Pretraining:
+  """The pretraining run whose model `run` fine-tunes (from random weights: the baseline's)."""
+  return baseline(scale) if run.init == RANDOM else next(p for p in pretraining_runs(scale) if p.name == run.init)
+
+
+def sharing_pair(scale: Scale) -> tuple[Pretraining, Pretraining]:
+  """Table 4's rows: all-shared and not-shared at its depth (the first is the baseline where that is the scale's)."""
+  shared = dataclasses.replace(baseline(scale), num_hidden_layers=scale.sharing_layers)
+  return shared, dataclasses.replace(shared, sharing="none")
+
+
 def pretraining_runs(scale: Scale) -> list[Pretraining]:
-  """Each distinct pretraining run once, the baseline first."""
+  """Each distinct pretraining run once, the baseline first, the costliest (Table 4's at its depth) last."""
   base = baseline(scale)
-  return [base, dataclasses.replace(base, sentence_task="nsp"), dataclasses.replace(base, sentence_task="none"),
-          dataclasses.replace(base, sharing="none"), Pretraining(scale.small_embedding_size),
-          Pretraining(scale.hidden_size)]
+  runs = [base, dataclasses.replace(base, sentence_task="nsp"), dataclasses.replace(base, sentence_task="none"),
+          Pretraining(scale.small_embedding_size), Pretraining(scale.hidden_size), *sharing_pair(scale)]
+  return list(dict.fromkeys(runs))
 
 
 def finetuning_runs(scale: Scale, init: str) -> list[Finetuning]:
@@ -168,9 +189,10 @@ class Study:
   def argv(self, run: Pretraining | Finetuning) -> list[str]:
     """The run's `python -m albert_jax.main` arguments: the model every run shares, then the run's own."""
     s = self.scale
+    layers = (run if isinstance(run, Pretraining) else shape_of(s, run)).layers(s)
     model = dict(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=4 * s.hidden_size,
-                 num_hidden_layers=s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
-                 max_position_embeddings=s.seq_len, scan_unroll=s.num_hidden_layers)
+                 num_hidden_layers=layers, num_attention_heads=s.num_attention_heads,
+                 max_position_embeddings=s.seq_len, scan_unroll=layers)
     shared = [f"--workdir={self.workdir(run.name)}", *(f"--config.model.{k}={v}" for k, v in model.items()),
               f"--config.data.max_seq_length={s.seq_len}",
               f"--config.compilation_cache_dir={os.path.join(self.root, 'compilation_cache')}"]
@@ -190,7 +212,7 @@ class Study:
 
   def _finetuning(self, run: Finetuning, shared: list[str]) -> list[str]:
     s, every = self.scale, max(1, self.scale.finetune_steps // 4)
-    shape = baseline(s) if run.init == RANDOM else next(p for p in pretraining_runs(s) if p.name == run.init)
+    shape = shape_of(s, run)
     init = (["--config.allow_random_init=True"] if run.init == RANDOM
             else [f"--config.init_checkpoint={self.workdir(run.init)}"])
     return [f"--config=experiments/glue.py:task={run.task},size=tiny,data={self.glue},spm={self.spm_model}",
@@ -285,6 +307,9 @@ def launch(study: Study, run: Pretraining | Finetuning) -> dict[str, Any]:
       proc.wait()
       raise
   after = machine.sample()
+  if code == INTERRUPTED:
+    raise SystemExit(f"{run.name} was interrupted (its log says which step it saved: {log}); rerun the same "
+                     "command to resume it.")
   if code:
     with open(log) as f:
       tail = "".join(f.readlines()[-15:])
@@ -377,7 +402,7 @@ class Table:
 
 
 def tables(scale: Scale) -> list[Table]:
-  base = baseline(scale)
+  base, (shared, not_shared) = baseline(scale), sharing_pair(scale)
   e, h = scale.embedding_size, scale.hidden_size
   variant = lambda **change: dataclasses.replace(base, **change).name
   return [
@@ -387,8 +412,8 @@ def tables(scale: Scale) -> list[Table]:
       Table("sentence_task", f"Table 5: the sentence-pair task (all-shared, E={e}, H={h})",
             {t: (t.upper() if t != "none" else "none", variant(sentence_task=t)) for t in ("sop", "nsp", "none")},
             (*HELD_OUT, *scale.ablation_tasks)),
-      Table("sharing", f"Table 4: cross-layer sharing (E={e}, H={h})",
-            {"all": ("all-shared", base.name), "none": ("not-shared", variant(sharing="none"))},
+      Table("sharing", f"Table 4: cross-layer sharing (L={shared.layers(scale)}, E={e}, H={h})",
+            {"all": ("all-shared", shared.name), "none": ("not-shared", not_shared.name)},
             ("params", "mlm", *scale.ablation_tasks)),
       Table("embedding", f"Table 3: the embedding size E (all-shared, H={h})",
             {"e128": (f"E={e}", base.name), "e64": (f"E={scale.small_embedding_size}",

@@ -151,7 +151,7 @@ def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predict
   root, spm_model = glue_data(shared_data, "rte", tmp_path / "glue"), spm(shared_data)
   spec = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm_model}"
   bucketed = ["--config.data.max_seq_length=128", "--config.data.length_buckets=32,64"]
-  straight = cli(spec, tmp_path / "straight", *TINY_RUN, *bucketed)
+  straight = cli(spec, tmp_path / "straight", *TINY_RUN, *bucketed, fast_compile=True)
   assert straight.returncode == 0, straight.stderr
   # One compile per batch shape the 4 steps used, as BucketedBatches draws them.
   config = rte_config(root, spm_model)
@@ -164,7 +164,7 @@ def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predict
   # Resumed from its checkpoint of step 2, mid-epoch: the same weights as the straight run, bit for bit.
   shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
   shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")
-  resumed = cli(spec, tmp_path / "resumed", *TINY_RUN, *bucketed)
+  resumed = cli(spec, tmp_path / "resumed", *TINY_RUN, *bucketed, fast_compile=True)
   assert resumed.returncode == 0 and "Resumed from step 2" in resumed.stdout, resumed.stderr
   assert_trees_equal(final_params(tmp_path / "straight"), final_params(tmp_path / "resumed"))
   # The dev split predicted in buckets and padded to 128: the same labels, probabilities within 1e-5.

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from albert_jax import engine
-from tests.helpers import SMALL_RUN, compile_cli, pretrain_cli as cli, require_module
+from tests.cli_forks import run_each
+from tests.helpers import SMALL_RUN, compile_cli, compile_env, cpu_env, require_module
 
 FORM = "(('data', -1), ('fsdp', 1), ('tensor', 1))"
+PRETRAINING = "--config=experiments/pretrain_tiny.py:synthetic"
 
 
 def last_line(result) -> str:
@@ -19,17 +21,31 @@ def last_line(result) -> str:
   return result.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("args, message", [
+def refused(command_lines: dict, env: dict[str, str]) -> dict:
+  """{key: finished process} of each command line in `command_lines` ({key: arguments}), all run for the start-up
+  of one process (tests.cli_forks)."""
+  return dict(zip(command_lines, run_each(list(command_lines.values()), env)))
+
+
+COMPILE_REFUSALS = [
     (["--config.train.micro_batch_size=-1"], "train.micro_batch_size=-1 must be positive"),
     (["--config.train.global_batch_size=-8", "--fit"], "train.global_batch_size=-8 must be positive"),
     (["--config.train.max_micro_batch_size=-1", "--fit"], "train.max_micro_batch_size=-1 must be positive"),
     (["--config.train.num_train_steps=0"], "train.num_train_steps=0 must be positive"),
     (["--config.data.max_seq_length=0"], "data.max_seq_length=0 leaves no room for [CLS] A [SEP] B [SEP]"),
     (["--config.data.ngram=0"], "data.ngram=0 must be at least 1"),
-])
-def test_compile_refuses_what_train_refuses(args, message):
-  result, _ = compile_cli("--topology=v3-8", *args)
-  assert last_line(result).startswith(f"error: {message}")
+]
+
+
+@pytest.fixture(scope="module")
+def compile_refusals() -> dict:
+  return refused({tuple(args): [PRETRAINING, "--mode=compile", "--topology=v3-8", *args]
+                  for args, _ in COMPILE_REFUSALS}, compile_env())
+
+
+@pytest.mark.parametrize("args, message", COMPILE_REFUSALS)
+def test_compile_refuses_what_train_refuses(compile_refusals, args, message):
+  assert last_line(compile_refusals[tuple(args)]).startswith(f"error: {message}")
 
 
 @pytest.mark.parametrize("sizes, message", [
@@ -45,7 +61,7 @@ def test_batch_split_refuses_sizes_below_zero(sizes, message):
     engine.batch_split(train, mesh, 1, 0)
 
 
-@pytest.mark.parametrize("mode, override, message", [
+LENGTH_REFUSALS = [
     ("describe", "max_seq_length=-5", "data.max_seq_length=-5 leaves no room for [CLS] A [SEP] B [SEP]; give "
                                       "--config.data.max_seq_length=5 or more."),
     ("describe", "max_seq_length=256", "data.max_seq_length=256 exceeds model.max_position_embeddings=32"),
@@ -54,22 +70,45 @@ def test_batch_split_refuses_sizes_below_zero(sizes, message):
                                                "the tokens) to 31"),
     ("train", "max_seq_length=0", "data.max_seq_length=0 leaves no room for [CLS]"),
     ("train", "max_predictions_per_seq=-1", "data.max_predictions_per_seq=-1 must be from 0"),
-])
-def test_lengths_the_model_cannot_take_are_refused_before_anything_is_written(tmp_path, mode, override, message):
-  result = cli(tmp_path / "run", *SMALL_RUN, f"--mode={mode}", f"--config.data.{override}")
+]
+
+
+@pytest.fixture(scope="module")
+def length_refusals(tmp_path_factory) -> dict:
+  """{(mode, override): (finished process, the workdir it was given)}."""
+  root = tmp_path_factory.mktemp("lengths")
+  workdirs = {(mode, override): root / f"run{i}" for i, (mode, override, _) in enumerate(LENGTH_REFUSALS)}
+  results = refused({key: [PRETRAINING, f"--workdir={workdirs[key]}", *SMALL_RUN, f"--mode={key[0]}",
+                           f"--config.data.{key[1]}"] for key in workdirs}, cpu_env(1))
+  return {key: (results[key], workdirs[key]) for key in workdirs}
+
+
+@pytest.mark.parametrize("mode, override, message", LENGTH_REFUSALS)
+def test_lengths_the_model_cannot_take_are_refused_before_anything_is_written(length_refusals, mode, override,
+                                                                              message):
+  result, workdir = length_refusals[mode, override]
   assert last_line(result).startswith(f"error: {message}")
-  assert not (tmp_path / "run").exists()
+  assert not workdir.exists()
 
 
-@pytest.mark.parametrize("field, value", [
+MALFORMED_MESHES = [
     ("shape", "data=8"),                                         # a string, not pairs
     ("shape", "(('data', 0), ('fsdp', 1), ('tensor', 1))"),      # divided by zero
     ("shape", "(('data', -1), ('fsdp', -2), ('tensor', 1))"),    # passed the product check
     ("dcn_shape", "(('data', 0), ('fsdp', 1), ('tensor', 1))"),
-])
-def test_a_malformed_mesh_names_the_field_the_form_and_the_rule(tmp_path, field, value):
-  result = cli(tmp_path, *SMALL_RUN, f"--config.mesh.{field}={value}", devices=8)
-  line = last_line(result)
+]
+
+
+@pytest.fixture(scope="module")
+def mesh_refusals(tmp_path_factory) -> dict:
+  return refused({(field, value): [PRETRAINING, f"--workdir={tmp_path_factory.mktemp('mesh')}", *SMALL_RUN,
+                                   f"--config.mesh.{field}={value}"] for field, value in MALFORMED_MESHES},
+                 cpu_env(8))
+
+
+@pytest.mark.parametrize("field, value", MALFORMED_MESHES)
+def test_a_malformed_mesh_names_the_field_the_form_and_the_rule(mesh_refusals, field, value):
+  line = last_line(mesh_refusals[field, value])
   assert line.startswith(f"error: mesh.{field}=") and "each size positive or -1" in line
   assert f'--config.mesh.{field}="{FORM}"' in line
 

@@ -4,6 +4,7 @@ the best checkpoint and predictions; pretrained weights are required unless rand
 Data: small slices of the real files in ../shared/data. QQP and MNLI are not shipped there, so their files are
 written in the official column layouts from RTE sentence pairs.
 """
+import functools
 import json
 import os
 import shutil
@@ -20,8 +21,19 @@ from albert_jax import finetune, model as model_lib, pretrained
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.squad import null_odds_path
 from experiments import glue as glue_experiment
-from tests.helpers import REPO, TINY_RUN, finetune_cli as cli, glue_data, rte_pairs, spm, squad_data, write_tsv
+from tests.cli_forks import run_each
+from tests.helpers import REPO, TINY_RUN, cpu_env, finetune_cli, glue_data, rte_pairs, spm, squad_data, write_tsv
 from tests.processes import communicate_all, free_port
+
+# XLA at -O0 (tests.helpers.cpu_env): no result here is compared with one compiled otherwise.
+cli = functools.partial(finetune_cli, fast_compile=True)
+
+
+def refused(*command_lines) -> list:
+  """Fine-tuning runs of (config, workdir, *overrides) that stop at start-up, for the start-up cost of one process
+  (tests.cli_forks): the finished processes."""
+  return run_each([[f"--config={config}", f"--workdir={workdir}", "--mode=train", *overrides]
+                   for config, workdir, *overrides in command_lines], cpu_env())
 
 
 @pytest.mark.slow
@@ -87,14 +99,15 @@ def test_race_trains_and_writes_answers(shared_data, tmp_path):
 def test_fine_tuning_without_weights_too_long_inputs_or_a_dev_subset_is_refused(shared_data, tmp_path):
   root = glue_data(shared_data, "rte", tmp_path / "glue")
   config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}"
-  too_long = cli(config, tmp_path / "run", "--config.train.num_train_steps=1")  # recipe 512 > tiny's 128 positions
+  too_long, result, ignored = refused(
+      (config, tmp_path / "run", "--config.train.num_train_steps=1"),  # recipe 512 > tiny's 128 positions
+      (config, tmp_path / "run", "--config.train.num_train_steps=1", "--config.data.max_seq_length=64"),
+      (config, tmp_path / "run", "--config.data.max_seq_length=64", "--config.allow_random_init=True",
+       "--config.train.eval_batches=2"))  # refused, not ignored with the whole dev split scored
   assert too_long.returncode != 0
   assert "data.max_seq_length=512 exceeds model.max_position_embeddings=128" in too_long.stderr
-  result = cli(config, tmp_path / "run", "--config.train.num_train_steps=1", "--config.data.max_seq_length=64")
   assert result.returncode != 0
   assert "No pretrained weights" in result.stderr and "allow_random_init" in result.stderr
-  ignored = cli(config, tmp_path / "run", "--config.data.max_seq_length=64", "--config.allow_random_init=True",
-                "--config.train.eval_batches=2")  # refused, not ignored with the whole dev split scored
   assert ignored.returncode == 1 and ignored.stderr.strip().splitlines()[-1].startswith(
       "error: train.eval_batches=2 limits pretraining's held-out evaluation; fine-tuning scores the whole dev split")
 
@@ -161,7 +174,7 @@ def test_two_processes_fine_tune_to_the_same_best_as_one_process(shared_data, tm
             [(i, a, b) for i, (a, b, _) in enumerate(rte_pairs(shared_data, 5))])
   arg = f"task=rte,size=tiny,data={root},spm={spm(shared_data)}"
   model_config = model_config_from(glue_experiment.get_config(arg)).replace(num_hidden_layers=2)
-  backbone = model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(1))
+  backbone = jax.jit(lambda key: model_lib.init_params(model_lib.AlbertModel(model_config), key))(jax.random.key(1))
   pretrained.save_pretrained(str(tmp_path / "init"), model_config, {"albert": backbone})
   run = [*(o for o in TINY_RUN if "allow_random_init" not in o), f"--config.init_checkpoint={tmp_path / 'init'}",
          "--config.train.num_train_steps=3", "--config.train.eval_every=1", "--config.train.learning_rate=0",
@@ -205,9 +218,12 @@ def test_weights_refused_at_start_up_leave_no_workdir(shared_data, tmp_path):
   backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
   pretrained.save_pretrained(str(tmp_path / "init"), model_config,
                              {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))})
-  for init, message in ((tmp_path / "init", "init_checkpoint does not match the model's backbone"),
-                        (tmp_path / "missing", "is neither a pretrained-weights directory")):
-    result = cli(config, tmp_path / "run", "--config.train.num_train_steps=1", "--config.data.max_seq_length=64",
-                 "--config.model.vocab_size=30000", f"--config.init_checkpoint={init}")  # the spm's, not the weights'
+  cases = ((tmp_path / "init", "init_checkpoint does not match the model's backbone"),
+           (tmp_path / "missing", "is neither a pretrained-weights directory"))
+  results = refused(*((config, tmp_path / f"run{i}", "--config.train.num_train_steps=1",
+                       "--config.data.max_seq_length=64", f"--config.init_checkpoint={init}",
+                       "--config.model.vocab_size=30000")  # the spm's, not the weights'
+                      for i, (init, _) in enumerate(cases)))
+  for i, ((_, message), result) in enumerate(zip(cases, results)):
     assert result.returncode == 1 and message in result.stderr, result.stderr
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / f"run{i}").exists()

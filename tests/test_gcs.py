@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from albert_jax import checkpointing, storage
-from tests.helpers import ALICE, assert_trees_equal, data_cli_error, final_params, require_module, spm
+from tests.helpers import ALICE, assert_trees_equal, cpu_xla_flags, data_cli_error, final_params, require_module, spm
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "albert-test"
@@ -76,7 +76,8 @@ def gcs(tmp_path_factory):
 
 
 def run(*args, wait=True):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  """`python -m ...` on one CPU device, compiling fast (this module's runs are compared only with one another)."""
+  env = dict(os.environ, XLA_FLAGS=cpu_xla_flags(1, fast_compile=True), JAX_PLATFORMS="cpu")
   cmd = [sys.executable, *args]
   if not wait:
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -122,7 +123,9 @@ def test_prepare_and_pretrain_in_a_bucket_resume_after_kill_9(gcs, tmp_path):
   uninterrupted = pretrain(f"{gcs}/run", mount)
   assert uninterrupted.returncode == 0, uninterrupted.stderr
 
-  victim = pretrain(f"{gcs}/killed", mount, "--config.checkpoint.async_save=true", wait=False)
+  # The killed run's launches read the step that the uninterrupted run compiled from its cache in the bucket.
+  cached = f"--config.compilation_cache_dir={gcs}/run/compilation_cache"
+  victim = pretrain(f"{gcs}/killed", mount, cached, "--config.checkpoint.async_save=true", wait=False)
   deadline = time.time() + 300
   while "4/commit_success.txt" not in objects("killed/checkpoints") and victim.poll() is None:
     assert time.time() < deadline
@@ -131,9 +134,9 @@ def test_prepare_and_pretrain_in_a_bucket_resume_after_kill_9(gcs, tmp_path):
   victim.wait()
   interrupted_at = checkpointing.Checkpointer(f"{gcs}/killed/checkpoints", 1, 1).latest_step()
   assert interrupted_at is not None and interrupted_at < 8
-  resumed = pretrain(f"{gcs}/killed", mount)
+  resumed = pretrain(f"{gcs}/killed", mount, cached)
   assert resumed.returncode == 0, resumed.stderr
-  assert f"Resumed from step {interrupted_at}" in resumed.stdout
+  assert f"Resumed from step {interrupted_at}" in resumed.stdout and "(from the compilation cache)" in resumed.stdout
 
   step_local, params_local = final_params(tmp_path / "local")
   for workdir in (f"{gcs}/run", f"{gcs}/killed"):

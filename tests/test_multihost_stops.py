@@ -15,12 +15,17 @@ import pytest
 
 from albert_jax import checkpointing
 from data_pipeline.tiny import ensure_tiny_dataset
-from tests.helpers import REPO, SMALL_RUN, assert_trees_equal, final_params, logged, pretrain_cli as cli
+from tests.helpers import REPO, SMALL_RUN, assert_trees_equal, final_params, logged, pretrain_cli
 from tests.processes import communicate_all, free_port
 
 # A constant learning rate after warm-up (poly_power 0): the schedule does not depend on num_train_steps, so a run
 # stopped on the way and resumed with another step count can be compared with one run straight to that count.
 RUN = [*SMALL_RUN, "--config.train.poly_power=0", "--config.checkpoint.every=100000"]
+
+
+def cli(*args, **kwargs):
+  """`pretrain_cli`, compiling fast: this module's runs are compared only with one another."""
+  return pretrain_cli(*args, fast_compile=True, **kwargs)
 
 
 @pytest.fixture
@@ -58,6 +63,17 @@ def wait_for_step(workdir, step, procs, timeout=300):
     time.sleep(0.1)
 
 
+def stopped_at(finished, workdir, step: int) -> None:
+  """`workdir`: a copy of the finished run's as it was when that run stopped after saving `step` (its later
+  checkpoints and log records removed)."""
+  shutil.copytree(finished, workdir)
+  for checkpoint in (workdir / "checkpoints").iterdir():
+    if int(checkpoint.name) > step:
+      shutil.rmtree(checkpoint)
+  lines = (workdir / "metrics.jsonl").read_text().splitlines(keepends=True)
+  (workdir / "metrics.jsonl").write_text("".join(line for line in lines if json.loads(line)["step"] <= step))
+
+
 # How each launch is stopped once it has trained two steps: the signal, the process it goes to, and the process it
 # goes to 0.5 s later (a pod's hosts get their notices at different steps).
 STOPS = {"SIGTERM to process 1 only": (signal.SIGTERM, 1, None),
@@ -68,8 +84,9 @@ STOPS = {"SIGTERM to process 1 only": (signal.SIGTERM, 1, None),
 @pytest.mark.slow
 def test_a_stop_reaching_the_processes_apart_saves_one_agreed_step_and_the_run_resumes_exactly(tmp_path, launched):
   run, saved = tmp_path / "run", 0
+  cached = [*RUN, f"--config.compilation_cache_dir={tmp_path / 'compilation_cache'}"]  # serves the straight run too
   for name, (signum, first, then) in STOPS.items():
-    procs = launch(launched, run, *RUN, "--config.train.num_train_steps=100000")
+    procs = launch(launched, run, *cached, "--config.train.num_train_steps=100000")
     wait_for_step(run, saved + 2, procs)
     procs[first].send_signal(signum)
     if then is not None:
@@ -82,7 +99,7 @@ def test_a_stop_reaching_the_processes_apart_saves_one_agreed_step_and_the_run_r
     for i, output in enumerate(outputs):
       said = "Interrupted" if codes[i] else "Preemption"
       assert f"{said}: saved step {saved} in" in output and "Traceback" not in output, (name, output)
-  finish = [*RUN, f"--config.train.num_train_steps={saved + 2}"]
+  finish = [*cached, f"--config.train.num_train_steps={saved + 2}"]
   procs = launch(launched, run, *finish)
   outputs = communicate_all(procs, timeout=300)
   assert all(p.returncode == 0 for p in procs) and f"Resumed from step {saved}" in outputs[0], outputs
@@ -97,18 +114,21 @@ def test_a_stop_reaching_the_processes_apart_saves_one_agreed_step_and_the_run_r
 @pytest.mark.slow
 def test_a_checkpoint_resumes_exactly_on_another_process_count(tmp_path, launched):
   """Synthetic data's position is the step, the same on every process: 1 -> 2 -> 1 processes (2 devices in all)
-  gives the losses of one process all along."""
-  reference = cli(tmp_path / "one", *RUN, "--config.train.num_train_steps=6", devices=2)
+  gives the losses of one process all along. The 1-process checkpoint at step 2 is the reference run's own, its
+  later steps removed."""
+  # One compilation cache: the last launch takes the reference's compiled step from it.
+  settings = [*RUN, "--config.checkpoint.every=2", "--config.checkpoint.keep=3",
+              f"--config.compilation_cache_dir={tmp_path / 'compilation_cache'}"]
+  reference = cli(tmp_path / "one", *settings, "--config.train.num_train_steps=6", devices=2)
   assert reference.returncode == 0, reference.stderr
   run = tmp_path / "changing"
-  first = cli(run, *RUN, "--config.train.num_train_steps=2", "--config.checkpoint.every=2", devices=2)
-  assert first.returncode == 0, first.stderr
-  procs = launch(launched, run, *RUN, "--config.train.num_train_steps=4", "--config.checkpoint.every=2")
+  stopped_at(tmp_path / "one", run, 2)
+  procs = launch(launched, run, *settings, "--config.train.num_train_steps=4")
   outputs = communicate_all(procs, timeout=300)
   assert all(p.returncode == 0 for p in procs), outputs
   assert (f"Step 2 in {run / 'checkpoints'} was written by 1 process and this run has 2; the data position is the "
           "same on every process, so the run continues exactly.") in outputs[0]
-  last = cli(run, *RUN, "--config.train.num_train_steps=6", "--config.checkpoint.every=2", devices=2)
+  last = cli(run, *settings, "--config.train.num_train_steps=6", devices=2)
   assert last.returncode == 0, last.stderr
   assert "Step 4 in" in last.stdout and "was written by 2 processes and this run has 1" in last.stdout
   assert not list((run / "checkpoints").glob("*.unreadable*"))
@@ -169,29 +189,29 @@ def _truncate_largest_file(directory) -> None:
 def test_a_checkpoint_a_process_cannot_read_is_skipped_by_every_process_in_one_line_each(tmp_path, launched):
   """A loader state that one process cannot read made that process alone restore an older step while the others
   waited for it in the newest one's restore: the job hung. Array data that fails to read printed thousands of lines
-  of dropped reads. Now every process resumes the same older step, saying so in a line, and the run ends exactly
-  as one never damaged."""
-  reference, damaged = tmp_path / "reference", tmp_path / "damaged"
-  for workdir, steps in ((reference, 6), (damaged, 4)):
-    procs = launch(launched, workdir, *SHARDED, f"--config.train.num_train_steps={steps}")
-    outputs = communicate_all(procs, timeout=300)
-    assert all(p.returncode == 0 for p in procs), outputs
-  faults = {"process 1's loader state": lambda step: (step / "data" / "process_1-of-2.json").write_text("{garbage"),
-            "array data": lambda step: _truncate_largest_file(step / "state" / "ocdbt.process_1" / "d")}
-  for name, damage in faults.items():
-    run = tmp_path / name.replace(" ", "_").replace("'", "")
-    shutil.copytree(damaged, run)
-    damage(run / "checkpoints" / "4")
-    procs = launch(launched, run, *SHARDED, "--config.train.num_train_steps=6")
-    outputs = communicate_all(procs, timeout=300)
-    assert all(p.returncode == 0 for p in procs), (name, outputs)
-    for output in outputs:
-      assert f"Checkpoint step 4 in {run / 'checkpoints'} cannot be read (" in output, (name, output)
-      assert f"Resumed from step 2 in {run / 'checkpoints'}" in output, (name, output)
-      assert "Exception ignored" not in output and "Traceback" not in output and len(output.splitlines()) < 40, (
-          name, output)
-    assert len(list((run / "checkpoints").glob("4.unreadable.*"))) == 1, name
-    assert_trees_equal(final_params(reference)[1], final_params(run)[1])
+  of dropped reads. Now every process skips each such step, saying so in a line, resumes the same older step, and
+  the run ends exactly as one never damaged. One launch meets both faults: the loader state in the newest step, the
+  array data in the one before."""
+  reference, run = tmp_path / "reference", tmp_path / "damaged"
+  cached = [*SHARDED, "--config.train.num_train_steps=6",
+            f"--config.compilation_cache_dir={tmp_path / 'compilation_cache'}"]  # the reference's step serves both
+  procs = launch(launched, reference, *cached)
+  outputs = communicate_all(procs, timeout=300)
+  assert all(p.returncode == 0 for p in procs), outputs
+  shutil.copytree(reference, run)
+  (run / "checkpoints" / "6" / "data" / "process_1-of-2.json").write_text("{garbage")
+  _truncate_largest_file(run / "checkpoints" / "4" / "state" / "ocdbt.process_1" / "d")
+  procs = launch(launched, run, *cached)
+  outputs = communicate_all(procs, timeout=300)
+  assert all(p.returncode == 0 for p in procs), outputs
+  for output in outputs:
+    for step in (6, 4):
+      assert f"Checkpoint step {step} in {run / 'checkpoints'} cannot be read (" in output, output
+    assert f"Resumed from step 2 in {run / 'checkpoints'}" in output, output
+    assert "Exception ignored" not in output and "Traceback" not in output and len(output.splitlines()) < 40, output
+  for step in (6, 4):
+    assert len(list((run / "checkpoints").glob(f"{step}.unreadable.*"))) == 1, step
+  assert_trees_equal(final_params(reference)[1], final_params(run)[1])
 
 
 ONE_PROCESS_FAILS = """

@@ -2,6 +2,7 @@
 (CoNLL, first sub-token, entity F1) and multiple choice (JSONL, masked options) through
 `python -m albert_jax.main` with a tiny random model on a few hundred generated examples; `--mode=embed`."""
 import csv
+import functools
 import json
 import random
 import re
@@ -15,7 +16,11 @@ from data_pipeline import train_spm
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
 from experiments import classification, multiple_choice, token_classification
-from tests.helpers import ALICE, SMALL_RUN, TINY_RUN, finetune_cli as cli, pretrain_cli, spm, task_of as _task
+from tests.helpers import ALICE, SMALL_RUN, TINY_RUN, finetune_cli, pretrain_cli, spm, task_of as _task
+
+# XLA at -O0 (tests.helpers.cpu_env): no result here is compared with one compiled otherwise.
+cli = functools.partial(finetune_cli, fast_compile=True)
+pretraining = functools.partial(pretrain_cli, fast_compile=True)
 
 WORDS = ("the film was long and the cast seemed tired while music played over every scene of the city at night "
          "people walked home through rain").split()
@@ -217,7 +222,7 @@ def test_mean_pooling_averages_the_unmasked_tokens():
   from albert_jax.model import AlbertModel, init_params
   from albert_jax.model_config import model_config_from
   model = AlbertModel(model_config_from(classification.get_config("size=tiny")))
-  params = init_params(model, jax.random.key(0))
+  params = jax.jit(lambda key: init_params(model, key))(jax.random.key(0))  # op by op it takes twice as long
   batch = {"input_ids": np.asarray([[2, 10, 11, 3, 0, 0]]), "attention_mask": np.asarray([[1, 1, 1, 1, 0, 0]]),
            "token_type_ids": np.zeros((1, 6), np.int32)}
   sequence, pooled = model.apply({"params": params}, **batch, deterministic=True)
@@ -239,17 +244,17 @@ def test_embed_with_a_pretraining_config_writes_the_file_it_names(tmp_path):
   corpus.write_text(ALICE.read_text()[:200_000])
   model = train_spm.train(Source(str(corpus), format="paragraphs"), str(tmp_path / "m.model"), vocab_size=300)
   steps = ["--config.train.num_train_steps=2", "--config.checkpoint.every=2"]
-  assert pretrain_cli(tmp_path / "pt", *SMALL_RUN, *steps).returncode == 0
+  assert pretraining(tmp_path / "pt", *SMALL_RUN, *steps).returncode == 0
   texts, output = tmp_path / "texts.txt", tmp_path / "new" / "vectors"
   texts.write_text("Alice was beginning to get very tired\n\nof sitting by her sister\n")
-  result = pretrain_cli(tmp_path / "pt", *SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
-                        f"--output={output}", f"--config.data.spm_model={model}")
+  result = pretraining(tmp_path / "pt", *SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
+                       f"--output={output}", f"--config.data.spm_model={model}")
   assert result.returncode == 0, result.stdout + result.stderr
   assert "loading its newest checkpoint (step 2)" in result.stdout and f"to {output}\n" in result.stdout
   assert np.load(output).shape == (3, 64)
   texts.write_text("Alice was beginning\rto get very tired\r")  # old Mac line ends: not one text of two lines
-  result = pretrain_cli(tmp_path / "pt", *SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
-                        f"--output={output}.cr", f"--config.data.spm_model={model}")
+  result = pretraining(tmp_path / "pt", *SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
+                       f"--output={output}.cr", f"--config.data.spm_model={model}")
   assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
       f"error: {texts}:1: a carriage return (\\r) inside the line"), result.stderr
   assert not (tmp_path / "new" / "vectors.cr").exists()

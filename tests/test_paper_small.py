@@ -51,9 +51,9 @@ def test_the_toy_study_reports_what_is_done_and_resumes_without_running_it_again
   out, payload = run_study(tmp_path, shared_data, "sentence_task")
   names = [run.name for run in paper_small.plan(TOY)]
   assert names == ["e16_all_sop", "e16_all_sop/mrpc/seed0", "random/mrpc/seed0", "e16_all_nsp", "e16_all_none",
-                   "e16_none_sop", "e8_all_sop", "e32_all_sop"]
+                   "e8_all_sop", "e32_all_sop", "e16_all_sop_l3", "e16_none_sop_l3"]
   assert list(payload["runs"]) == names and payload["corpus"] == "bundled"
-  assert (payload["runs_done"], payload["runs_total"]) == (3, 8)
+  assert (payload["runs_done"], payload["runs_total"]) == (3, 9)
   assert launched(out) == ["e16_all_sop", "e16_all_nsp", "e16_all_none"]
   for name in ("e16_all_sop", "e16_all_nsp", "e16_all_none"):
     record = payload["runs"][name]
@@ -67,24 +67,24 @@ def test_the_toy_study_reports_what_is_done_and_resumes_without_running_it_again
   assert statuses(payload) == {
       "transfer": {"pretrained": {"mrpc": "pending"}, "random": {"mrpc": "pending"}},
       "sentence_task": {t: {"mlm": "done", "sop": "done", "nsp": "done"} for t in ("sop", "nsp", "none")},
-      "sharing": {"all": {"params": "done", "mlm": "done"}, "none": {"params": "done", "mlm": "pending"}},
+      "sharing": {"all": {"params": "done", "mlm": "pending"}, "none": {"params": "done", "mlm": "pending"}},
       "embedding": {"e128": {"params": "done", "mlm": "done"}, "e64": {"params": "done", "mlm": "pending"},
                     "eH": {"params": "done", "mlm": "pending"}}}
   tables = payload["tables"]
   assert [(c["row"], c["measure"], c["status"]) for c in tables["sentence_task"]["comparisons"]] == [
       (r, m, "done") for r in ("nsp", "none") for m in ("mlm", "sop", "nsp")]
-  # Parameters, by hand: not sharing adds L-1 layers; E=8 instead of 16 drops 8 columns of the word, position and
-  # token-type tables, 8 LayerNorm scales and biases, and 8 rows of the E->H projection.
+  # Parameters, by hand: not sharing adds L-1 layers (Table 4's depth, 3); E=8 instead of 16 drops 8 columns of the
+  # word, position and token-type tables, 8 LayerNorm scales and biases, and 8 rows of the E->H projection.
   h, v, p = TOY.hidden_size, TOY.vocab_size, TOY.seq_len
   sharing, embedding = tables["sharing"], tables["embedding"]["rows"]
   assert sharing["rows"]["none"]["params"]["value"] - sharing["rows"]["all"]["params"]["value"] == (
-      (TOY.num_hidden_layers - 1) * layer_params(h, 4 * h))
+      (TOY.sharing_layers - 1) * layer_params(h, 4 * h))
   assert embedding["e128"]["params"]["value"] - embedding["e64"]["params"]["value"] == (v + p + 2 + 2 + h) * 8
   assert sharing["comparisons"][0] | {"difference": None} == {
       "row": "none", "against": "all", "measure": "params", "paper_sign": 1, "our_sign": 1, "difference": None,
       "same_direction": True, "inside_noise": False, "noise": "exact", "status": "done"}
   doc = (tmp_path / "doc.md").read_text()
-  assert doc.startswith("Prose kept.\n<!-- bench.paper_small toy: begin -->\nScale `toy`, corpus: bundled; 3 of 8")
+  assert doc.startswith("Prose kept.\n<!-- bench.paper_small toy: begin -->\nScale `toy`, corpus: bundled; 3 of 9")
   assert doc.endswith("<!-- bench.paper_small toy: end -->\nMore prose.\n") and "\nold\n" not in doc
 
   # The second invocation runs only what is not recorded: the baseline, done, is fine-tuned, not trained again.
@@ -106,19 +106,21 @@ def test_with_nothing_run_every_table_is_pending(tmp_path, shared_data):
   payload = paper_small.main(["--scale=cpu", f"--root={tmp_path / 'study'}", f"--results={tmp_path / 'cpu.json'}",
                               f"--doc={tmp_path / 'doc.md'}", f"--shared_data={shared_data}", "--report_only"])
   assert json.loads(json.dumps(payload)) == json.loads((tmp_path / "cpu.json").read_text())
-  assert payload["runs_done"] == 0 and payload["runs_total"] == 6 + 2 * 4 * 3 + 5 * 2 * 3
+  assert payload["runs_done"] == 0 and payload["runs_total"] == 7 + 2 * 4 * 3 + 6 * 2 * 3
   assert all(record == {"status": "pending"} for record in payload["runs"].values())
   cells = [(m, c) for t in payload["tables"].values() for row in t["rows"].values() for m, c in row.items()]
   assert len(cells) == 2 * 4 + 3 * 5 + 2 * 4 + 3 * 4
   assert all(c == {"status": "pending"} for m, c in cells if m != "params")
-  # Parameter counts need no run: not sharing adds 3 layers of H=192, FFN 768.
+  # Parameter counts need no run: not sharing adds 11 layers of H=192, FFN 768 (Table 4 at L=12), which makes the
+  # not-shared model 4.2x the all-shared one.
   sharing = payload["tables"]["sharing"]["rows"]
-  assert sharing["none"]["params"]["value"] - sharing["all"]["params"]["value"] == 3 * layer_params(192, 768)
+  assert sharing["none"]["params"]["value"] - sharing["all"]["params"]["value"] == 11 * layer_params(192, 768)
+  assert sharing["none"]["params"]["value"] > 4 * sharing["all"]["params"]["value"]
   assert all(c["status"] == ("done" if c["measure"] == "params" else "pending")
              for t in payload["tables"].values() for c in t["comparisons"])
   assert not os.path.exists(tmp_path / "study")   # nothing run, nothing written there
   doc = (tmp_path / "doc.md").read_text()
-  assert "0 of 60 runs done" in doc and "| SOP | pending | pending | pending | pending | pending |" in doc
+  assert "0 of 67 runs done" in doc and "| SOP | pending | pending | pending | pending | pending |" in doc
 
 
 def test_every_fine_tuning_run_loads_the_model_its_pretraining_run_trains(tmp_path):
@@ -134,8 +136,9 @@ def test_every_fine_tuning_run_loads_the_model_its_pretraining_run_trains(tmp_pa
         run.embedding_size, run.sharing, run.sentence_task)
     assert (config.model.hidden_size, config.train.num_train_steps, config.data.max_seq_length) == (
         scale.hidden_size, scale.steps, scale.seq_len)
+    assert config.model.num_hidden_layers == config.model.scan_unroll == (12 if "_l12" in run.name else 4)
     models[run.name] = config.model
-  assert len(models) == 6 and paper_small.baseline(scale).name == "e128_all_sop"
+  assert len(models) == 7 and paper_small.baseline(scale).name == "e128_all_sop"
   for run in paper_small.plan(scale):
     if isinstance(run, paper_small.Pretraining):
       continue

@@ -35,7 +35,8 @@ def prepared_corpus(shared_data, tmp_path_factory):
 
 @pytest.mark.slow
 def test_loss_falls_on_real_text_and_resume_continues_the_data_exactly(prepared_corpus, tmp_path):
-  steps = ["--config.train.num_train_steps=60", "--config.checkpoint.every=30", f"--config.data.path={prepared_corpus}"]
+  steps = ["--config.train.num_train_steps=60", "--config.checkpoint.every=30", f"--config.data.path={prepared_corpus}",
+           f"--config.compilation_cache_dir={tmp_path / 'compilation_cache'}"]  # one compile for the three launches
   full = cli(tmp_path / "full", *REAL_RUN, *steps, config="experiments/pretrain_tiny.py")
   assert full.returncode == 0, full.stderr
   losses = mlm_losses(tmp_path / "full")
@@ -56,8 +57,8 @@ def test_loss_falls_on_real_text_and_resume_continues_the_data_exactly(prepared_
 @pytest.mark.slow
 def test_default_tiny_run_builds_its_data_and_learns(tmp_path):
   """The README's first command, shortened: bundled corpus -> own SentencePiece model -> shards -> training."""
-  result = cli(tmp_path, "--config.train.num_train_steps=80", "--config.log.every=20",
-               "--config.train.eval_every=80", "--config.train.eval_batches=2", config="experiments/pretrain_tiny.py")
+  result = cli(tmp_path, "--config.train.num_train_steps=40", "--config.log.every=10",
+               "--config.train.eval_every=40", "--config.train.eval_batches=2", config="experiments/pretrain_tiny.py")
   assert result.returncode == 0, result.stderr
   losses = mlm_losses(tmp_path)
   assert losses[-1] < losses[0] - 0.5, losses

@@ -21,7 +21,7 @@ from albert_jax.tasks.classification import THRESHOLDS_FILE
 from albert_jax.tasks.squad import SquadPredictions
 from albert_jax.tasks.token_classification import TagPredictions
 from experiments import classification, glue
-from tests.helpers import REPO, config_for, glue_data, spm, task_of, write_split
+from tests.helpers import REPO, config_for, cpu_env, glue_data, spm, task_of, write_split
 from tests.processes import Launch
 
 RUN = ["--config.data.max_seq_length=16", "--config.allow_random_init=True", "--config.train.num_train_steps=4",
@@ -31,10 +31,10 @@ RUN = ["--config.data.max_seq_length=16", "--config.allow_random_init=True", "--
 
 
 def seeds_cli(*args, wait=True):
-  """`python -m albert_jax.seeds` on one CPU device: the finished process, or (wait=False) the running one with
-  stdout and stderr merged."""
+  """`python -m albert_jax.seeds` on one CPU device, XLA at -O0: the finished process, or (wait=False) the running
+  one with stdout and stderr merged."""
   cmd = [sys.executable, "-m", "albert_jax.seeds", *map(str, args)]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  env = cpu_env(1, fast_compile=True)
   if not wait:
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -139,15 +139,27 @@ def _numpy_head(params, sequence, valid, config):
   return start, end_logits, cls, log_softmax
 
 
+def _initial_params(task, model):
+  """The task's initial parameters, from one compiled program (op by op, each primitive compiles on its own)."""
+  return jax.device_get(jax.jit(lambda key: nn.unbox(task.init_params(model, key)))(jax.random.key(0)))
+
+
 def test_loss_and_beam_equal_a_numpy_forward():
   config, task, model = _tiny(start_n_top=3, end_n_top=2)
-  params = task.init_params(model, jax.random.key(0))
   params = {k: jax.tree.map(lambda x: x if k == "albert" else x * 10, v)  # head logits of order 1, not 0.02
-            for k, v in nn.unbox(params).items()}
+            for k, v in _initial_params(task, model).items()}
   batch = _batch()
-  sequence = np.asarray(AlbertModel(model.config).apply({"params": params["albert"]}, batch["input_ids"],
-                                                          batch["attention_mask"], batch["token_type_ids"])[0],
-                        np.float64)
+
+  @jax.jit
+  def forward(p, b):
+    """The encoder's output, the loss, the gradients (with dropout) and the beam: one program, compiled once."""
+    sequence = AlbertModel(model.config).apply({"params": p["albert"]}, b["input_ids"], b["attention_mask"],
+                                               b["token_type_ids"])[0]
+    grads = jax.grad(lambda q: task.loss_and_metrics(model, q, b, jax.random.key(1), False)[0])(p)
+    return sequence, task.loss_and_metrics(model, p, b, None, True), grads, task.predict_step(model, p, b)
+
+  sequence, (loss, metrics), grads, out = jax.device_get(forward(params, batch))
+  sequence = np.asarray(sequence, np.float64)
   valid = np.asarray(answer_positions(batch["attention_mask"], batch["token_type_ids"]))
   start, end_logits, cls, log_softmax = _numpy_head(params, sequence, valid, config)
   rows, starts, ends = np.arange(3), batch["start_positions"], batch["end_positions"]
@@ -157,14 +169,11 @@ def test_loss_and_beam_equal_a_numpy_forward():
   bce = np.mean(np.maximum(cls, 0) - cls * impossible + np.log1p(np.exp(-np.abs(cls))))
   expected = (start_loss + end_loss) / 2 + 0.5 * bce
 
-  loss, metrics = jax.jit(lambda p, b: task.loss_and_metrics(model, p, b, None, True))(params, batch)
   assert float(loss) == pytest.approx(expected, rel=1e-5) and float(metrics["class_loss"]) == pytest.approx(bce,
                                                                                                           rel=1e-5)
-  grads = jax.grad(lambda p: task.loss_and_metrics(model, p, batch, jax.random.key(1), False)[0])(params)
   for name in ("start_logits", "end_logits", "answer_class", "albert"):
     assert sum(float(np.abs(g).sum()) for g in jax.tree.leaves(grads[name])) > 0, name
 
-  out = jax.device_get(jax.jit(lambda p, b: task.predict_step(model, p, b))(params, batch))
   top_start = np.argsort(-log_softmax(start), axis=1, kind="stable")[:, :3]
   np.testing.assert_array_equal(out["start_top_index"], top_start)
   np.testing.assert_allclose(out["start_top_log_probs"], np.take_along_axis(log_softmax(start), top_start, 1),
@@ -184,7 +193,7 @@ def test_prediction_is_the_same_at_every_micro_batch():
   config.train.global_batch_size = 8
   features = {k: np.concatenate([v] * 3)[:7] for k, v in _batch().items() if k in ("input_ids", "attention_mask",
                                                                                     "token_type_ids")}
-  params = jax.device_get(task.init_params(model, jax.random.key(0)))
+  params = _initial_params(task, model)
   reference = jax.device_get(jax.jit(task.predictor(model))(params, features))
   for micro in (0, 1):
     config.train.micro_batch_size = micro
@@ -238,7 +247,7 @@ def test_tiny_fine_tuning_writes_files_the_official_scorer_reads(shared_data, tm
   data = squad_data(shared_data, tmp_path / "squad", 2)
   result = cli(f"experiments/squad_v2.py:size=tiny,data={data},spm={spm(shared_data)},head=answer_class",
                tmp_path / "run", *TINY_RUN, "--config.data.max_seq_length=128", "--config.data.doc_stride=64",
-               "--config.data.max_query_length=32")
+               "--config.data.max_query_length=32", fast_compile=True)
   assert result.returncode == 0, result.stdout + result.stderr
   best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
   path = str(Path(best["weights"]) / "dev_predictions.json")

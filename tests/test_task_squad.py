@@ -164,6 +164,11 @@ def test_v2_null_odds_must_cover_the_answers(tmp_path, squad_json):
       f"{odds}: no null odds for 1 answered question(s), e.g. {qids[0]}; pass the file written with {path}.")
   odds.write_text(json.dumps({q: True for q in qids}))
   assert "True is not a number (the null odds)" in _refusal(task.read_predictions, str(path), split)
+  for constant in ("NaN", "Infinity", "-Infinity"):  # what json.dumps writes for a non-finite float
+    odds.write_text(json.dumps({q: float(constant) for q in qids}))
+    assert _refusal(task.read_predictions, str(path), split) == (
+        f"{odds}: holds {constant}, not a finite number; predictions of a model whose outputs went non-finite cannot "
+        "be scored: predict again from a checkpoint before the divergence.")
 
 
 def test_user_file_and_short_windows(tmp_path, tokenizer):

@@ -43,7 +43,7 @@ def tracked(tmp_path_factory):
   workdir, env = root / "run", {"WANDB_MODE": "offline", **wandb_dirs(root)}
   for steps, tags in ((2, "tiny, ci"), (3, "tiny,resumed")):
     result = cli(workdir, *SMALL_RUN, f"--config.train.num_train_steps={steps}", PROJECT,
-                 f"--config.log.wandb_tags={tags}", extra_env=env)
+                 f"--config.log.wandb_tags={tags}", extra_env=env, fast_compile=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"step {steps}/{steps} |" in result.stderr  # W&B's console capture leaves the progress line alone
   return workdir, root / "wandb"

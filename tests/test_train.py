@@ -27,7 +27,7 @@ from albert_jax.model_config import model_config_for, model_config_from
 from experiments import common
 from tests.helpers import (REPO, SMALL_RUN, assert_trees_equal, final_params, logged, prepared_run,
                            pretrain_cli as cli)
-from tests.processes import communicate_all, free_port
+from tests.processes import Launch, communicate_all, free_port, records
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
@@ -127,67 +127,59 @@ def test_decay_mask_on_the_real_parameter_tree():
 
 # ------------------------------------------------------------------------------------------------ the step
 
-def step_setup(accumulation_steps):
-  config = common.pretraining_config("tiny")
-  config.model.vocab_size = 300
-  config.model.dtype, config.model.remat_policy = "float32", "none"  # exactness is checked in float32
-  config.data.max_seq_length = 16
-  config.data.max_predictions_per_seq = 4
-  model = AlbertForPreTraining(model_config_from(config))
-  tx, schedule = optim.create_optimizer(train_config(optimizer="lamb", warmup_steps=0))
-  loss_fn = lambda p, b, r, t, deterministic=False: pretrain.pretraining_loss(model, "sop", p, b, r, t, deterministic)
-  step = jax.jit(engine.make_train_step(loss_fn, pretrain.pretraining_totals, tx, schedule, accumulation_steps))
-  state = engine.TrainState(step=jnp.zeros((), jnp.int32),
-                            params=nn.unbox(model.init(jax.random.key(0), jnp.ones((1, 16), jnp.int32))["params"]),
-                            opt_state=None)
-  state = state.replace(opt_state=tx.init(state.params))
-  batches = pretrain.SyntheticBatches(config.data, engine.BatchSplit(8, 8, 1, 1, 1, 0), 300, seed=3)
-  return step, state, batches
-
-
-def test_accumulation_two_halves_equals_one_full_batch():
-  full_step, state, batches = step_setup(1)
-  accum_step, _, _ = step_setup(2)
-  batch = next(batches)
-  batch["masked_lm_weights"][:3, 2:] = 0  # unequal weights per micro batch: the normaliser must be global
-  a, metrics_a = full_step(state, batch, jax.random.key(5))
-  b, metrics_b = accum_step(state, batch, jax.random.key(5))
-  np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-6)
-  np.testing.assert_allclose(metrics_a["grad_norm"], metrics_b["grad_norm"], rtol=1e-5)
-  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
-    np.testing.assert_allclose(x, y, atol=2e-6)
-
-
 def tiny_setup(devices, micro_batch, mesh_shape=(("data", -1), ("fsdp", 1), ("tensor", 1))):
   config = common.pretraining_config("tiny")
   config.model.update(vocab_size=300, max_position_embeddings=16, dtype="float32", remat_policy="none")
   config.data.update(max_seq_length=16, max_predictions_per_seq=4)
-  config.train.update(global_batch_size=16, micro_batch_size=micro_batch, warmup_steps=0)
+  config.train.update(global_batch_size=16, micro_batch_size=micro_batch, warmup_steps=0, learning_rate=0.01)
   config.mesh.shape = mesh_shape
   return config, engine.setup(config, pretrain.make_job(config), devices=devices)
 
 
+@pytest.fixture(scope="module")
+def one_device_step():
+  """What the accumulating steps are compared with, taken once: the batch (unequal weights per micro step and
+  per device: the normaliser must be global), the state before, and the params and metrics of a step over all 16
+  rows at once on one device."""
+  config, full = tiny_setup(jax.devices()[:1], 0)
+  batch = pretrain.synthetic_batch(config.data, 16, 300, (3, 0))
+  batch["masked_lm_weights"][:5, 2:] = 0  # rows 0, 2, 4 go to micro batch 0 of 2, rows 1, 3 to micro batch 1
+  state = full.create_state(jax.random.key(0))
+  state_before = jax.tree.map(np.array, state)  # copies: the step donates `state`
+  with full.context():
+    after, metrics = full.train_step(state, full.global_batch(batch), jax.random.key(5))
+  return batch, state_before, jax.tree.map(np.asarray, after.params), jax.tree.map(np.asarray, metrics)
+
+
+def assert_accumulates_like_one_step(one_device_step, accumulating: engine.Setup):
+  """Takes the reference's state and batch through `accumulating`'s step, compiled once, and checks loss, gradient
+  norm and params against the reference's; returns that executable."""
+  batch, state_before, params, metrics = one_device_step
+  compiled = accumulating.lower_train_step().compile()
+  with accumulating.context():
+    after, accumulated = compiled(jax.device_put(state_before, accumulating.state_shardings),
+                                  accumulating.global_batch(batch), jax.random.key(5))
+  np.testing.assert_allclose(metrics["loss"], accumulated["loss"], rtol=1e-6)
+  np.testing.assert_allclose(metrics["grad_norm"], accumulated["grad_norm"], rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(after.params), strict=True):
+    np.testing.assert_allclose(x, y, atol=2e-6)
+  return compiled
+
+
+def test_accumulation_two_halves_equals_one_full_batch(one_device_step):
+  _, halves = tiny_setup(jax.devices()[:1], 8)
+  assert halves.split.accumulation_steps == 2
+  assert_accumulates_like_one_step(one_device_step, halves)
+
+
 @pytest.mark.parametrize("data, fsdp, tensor", [(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 2, 2)])
-def test_accumulation_over_data_parallel_devices_reduces_the_gradients_once(data, fsdp, tensor):
+def test_accumulation_over_data_parallel_devices_reduces_the_gradients_once(one_device_step, data, fsdp, tensor):
   """Each device sums its own micro steps; the data axis all-reduces once per step, not at every micro step (what
   the partitioner did). fsdp and tensor keep their own collectives inside the step. With both split, the CPU
   partitioner aborts on the once-per-step form, so there the step keeps the partitioner's (same numbers)."""
-  config, full = tiny_setup(jax.devices()[:1], 0)  # 16 rows in one step on one device
   _, accumulating = tiny_setup(jax.devices(), 1, (("data", data), ("fsdp", fsdp), ("tensor", tensor)))
   assert accumulating.split.accumulation_steps == 16 // (data * fsdp) > 1
-  batch = pretrain.synthetic_batch(config.data, 16, 300, (3, 0))
-  batch["masked_lm_weights"][:5, 2:] = 0  # unequal weights per device and micro step: the normaliser is global
-  state = full.create_state(jax.random.key(0))
-  same_state = jax.device_put(jax.tree.map(np.asarray, state), accumulating.state_shardings)
-  with full.context():
-    a, metrics_a = full.train_step(state, full.global_batch(batch), jax.random.key(5))
-  with accumulating.context():
-    b, metrics_b = accumulating.train_step(same_state, accumulating.global_batch(batch), jax.random.key(5))
-    compiled = accumulating.lower_train_step().compile()
-  np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-6)
-  np.testing.assert_allclose(metrics_a["grad_norm"], metrics_b["grad_norm"], rtol=1e-5)
-  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
-    np.testing.assert_allclose(x, y, atol=2e-6)
+  compiled = assert_accumulates_like_one_step(one_device_step, accumulating)
   if (fsdp, tensor) == (2, 2):
     return  # the partitioner's form, checked for its numbers only (its groups of 2 are not told apart by size)
   over_data = [(c.bytes, c.executions) for c in compile_stats.collective_stats(compiled, jax.devices()).collectives
@@ -200,28 +192,56 @@ def test_accumulation_over_data_parallel_devices_reduces_the_gradients_once(data
 
 # ------------------------------------------------------------------------------------------------ through the CLI
 
-@pytest.mark.slow
-def test_cli_run_writes_metrics_config_and_checkpoints(tmp_path):
-  result = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=4", "--config.checkpoint.every=2",
-               "--config.train.eval_every=4", "--config.train.eval_batches=2")
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+  """One persistent compilation cache for the runs of this module whose claims are not about compiling: a run that
+  compiles a step another one compiled (same settings, same devices) takes it from there."""
+  return tmp_path_factory.mktemp("compilation_cache")
+
+
+def reference_flags(shared_cache: Path) -> list[str]:
+  """8 steps of SMALL_RUN with checkpoints at 2, 4, 6 and 8 and evaluations at 4 and 8, the step compiled once per
+  mesh into `shared_cache`."""
+  return [*SMALL_RUN, "--config.train.num_train_steps=8", "--config.checkpoint.every=2", "--config.checkpoint.keep=10",
+          "--config.train.eval_every=4", "--config.train.eval_batches=2",
+          f"--config.compilation_cache_dir={shared_cache}"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, shared_cache):
+  """(workdir, command-line flags, finished process) of `reference_flags` on one device, uninterrupted: what runs
+  interrupted or damaged on the way, or on other meshes, must end as, and a finished run to run again (in a copy:
+  `copy_of`)."""
+  workdir = tmp_path_factory.mktemp("reference") / "run"
+  flags = reference_flags(shared_cache)
+  result = cli(workdir, *flags)
   assert result.returncode == 0, result.stdout + result.stderr
-  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  return workdir, flags, result
+
+
+def copy_of(reference_run, path: Path) -> Path:
+  shutil.copytree(reference_run[0], path)
+  return path
+
+
+@pytest.mark.slow
+def test_cli_run_writes_metrics_config_and_checkpoints(reference_run):
+  workdir, _, result = reference_run
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
   keys = {"step", "loss", "mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy", "learning_rate", "grad_norm",
           "examples_per_sec", "tokens_per_sec", "step_time"}
-  assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4] and keys <= set(rows[0])
-  assert any("eval/mlm_loss" in r for r in rows)
-  assert json.load(open(tmp_path / "config.json"))["model"]["vocab_size"] == 300
-  assert sorted(checkpointing.Checkpointer(str(tmp_path / "checkpoints"), 1, 1).all_steps()) == [2, 4]
-  assert "step 4/4" in result.stderr and "eta" in result.stderr
+  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9)) and keys <= set(rows[0])
+  assert [r["step"] for r in rows if "eval/mlm_loss" in r] == [4, 8]
+  assert json.load(open(workdir / "config.json"))["model"]["vocab_size"] == 300
+  assert sorted(checkpointing.Checkpointer(str(workdir / "checkpoints"), 1, 1).all_steps()) == [2, 4, 6, 8]
+  assert "step 8/8" in result.stderr and "eta" in result.stderr
 
 
 @pytest.mark.slow
-def test_resume_after_kill_9_is_bit_identical(tmp_path):
-  steps = ["--config.train.num_train_steps=8", "--config.checkpoint.every=2", "--config.checkpoint.keep=10"]
-  reference = cli(tmp_path / "reference", *SMALL_RUN, *steps)
-  assert reference.returncode == 0, reference.stderr
+def test_resume_after_kill_9_is_bit_identical(reference_run, tmp_path):
+  reference, steps, _ = reference_run
   # Kill -9 as soon as step 4 is complete (mid-run, possibly mid-save of a later step), then resume.
-  victim = cli(tmp_path / "killed", *SMALL_RUN, *steps, "--config.checkpoint.async_save=true", wait=False)
+  victim = cli(tmp_path / "killed", *steps, "--config.checkpoint.async_save=true", wait=False)
   ckpt_dir = tmp_path / "killed" / "checkpoints"
   deadline = time.time() + 300
   while not (ckpt_dir / "4" / "_CHECKPOINT_METADATA").exists() and victim.poll() is None:
@@ -231,24 +251,24 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
   victim.wait()
   interrupted_at = checkpointing.Checkpointer(str(ckpt_dir), 1, 1).latest_step()
   assert interrupted_at is not None and interrupted_at < 8
-  resumed = cli(tmp_path / "killed", *SMALL_RUN, *steps)
+  resumed = cli(tmp_path / "killed", *steps)
   assert resumed.returncode == 0, resumed.stderr
   assert f"Resumed from step {interrupted_at}" in resumed.stdout
-  step_a, params_a = final_params(tmp_path / "reference")
+  step_a, params_a = final_params(reference)
   step_b, params_b = final_params(tmp_path / "killed")
   assert step_a == step_b == 8
   assert_trees_equal(params_a, params_b)
-  assert logged(tmp_path / "reference")[8] == logged(tmp_path / "killed")[8]
+  assert logged(reference)[8] == logged(tmp_path / "killed")[8]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, exit_code, said", [(signal.SIGTERM, 0, "Preemption"),
                                                      (signal.SIGINT, 130, "Interrupted")])
-def test_sigterm_or_ctrl_c_saves_and_exits_cleanly(tmp_path, signum, exit_code, said):
+def test_sigterm_or_ctrl_c_saves_and_exits_cleanly(shared_cache, tmp_path, signum, exit_code, said):
   """A preemption notice or a first Ctrl-C saves at the next step boundary and exits, with no traceback (no
   KeyboardInterrupt traceback with nothing saved)."""
   proc = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=100000", "--config.checkpoint.every=100000",
-             wait=False)
+             f"--config.compilation_cache_dir={shared_cache}", wait=False)
   deadline = time.time() + 300
   while not (tmp_path / "metrics.jsonl").exists() or len(open(tmp_path / "metrics.jsonl").readlines()) < 2:
     assert proc.poll() is None and time.time() < deadline
@@ -261,17 +281,16 @@ def test_sigterm_or_ctrl_c_saves_and_exits_cleanly(tmp_path, signum, exit_code, 
   assert f"{said}: saved step {saved}" in output and "Traceback" not in output
 
 
-def test_rerunning_a_finished_run_says_so_without_compiling(tmp_path):
-  finished = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
-  assert finished.returncode == 0, finished.stderr
-  config_before = (tmp_path / "config.json").read_text()
-  for steps in (2, 1):  # the same command, and a smaller step count
-    again = cli(tmp_path, *SMALL_RUN, f"--config.train.num_train_steps={steps}")
+def test_rerunning_a_finished_run_says_so_without_compiling(reference_run, tmp_path):
+  run, flags = copy_of(reference_run, tmp_path / "run"), reference_run[1]
+  config_before = (run / "config.json").read_text()
+  for steps in (8, 7):  # the same command, and a smaller step count
+    again = cli(run, *flags, f"--config.train.num_train_steps={steps}")
     assert again.returncode == 0, again.stderr
-    assert (f"Nothing to train: {tmp_path} holds step 2 and train.num_train_steps={steps}; raise "
+    assert (f"Nothing to train: {run} holds step 8 and train.num_train_steps={steps}; raise "
             "--config.train.num_train_steps to train further.") in again.stdout
     assert "Compiling the train step" not in again.stdout + again.stderr
-  assert (tmp_path / "config.json").read_text() == config_before
+  assert (run / "config.json").read_text() == config_before
 
 
 def prepare_book(shared_data, output_dir, characters: int, *flags: str) -> None:
@@ -285,13 +304,14 @@ def prepare_book(shared_data, output_dir, characters: int, *flags: str) -> None:
 
 
 @pytest.mark.shared_data
-def test_prepared_data_without_held_out_documents_or_of_another_vocabulary_is_refused_at_start_up(shared_data,
-                                                                                                    tmp_path):
+def test_prepared_data_without_held_out_documents_or_of_another_vocabulary_is_refused_at_start_up(
+    shared_data, shared_cache, tmp_path):
   """Both refused at start-up, before the workdir is written: data with no held-out documents (whose first
   evaluation would fail at train.eval_every steps, before that step's checkpoint, on every rerun) and data of
   another vocabulary."""
   prepare_book(shared_data, tmp_path / "prepared", 100_000, "--eval_fraction=0")
-  data = [*prepared_run(tmp_path / "prepared"), "--config.train.num_train_steps=2"]
+  data = [*prepared_run(tmp_path / "prepared"), "--config.train.num_train_steps=3",
+          f"--config.compilation_cache_dir={shared_cache}"]
   refused = cli(tmp_path / "run", *data, "--config.train.eval_every=1", config="experiments/pretrain_tiny.py")
   assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
   assert refused.stderr.strip().splitlines()[-1] == (
@@ -321,45 +341,51 @@ def test_the_bundled_corpus_with_another_vocabulary_is_refused_before_anything_i
 
 
 @pytest.mark.shared_data
-def test_resuming_on_data_prepared_again_in_the_same_folder_is_refused(shared_data, tmp_path):
+def test_resuming_on_data_prepared_again_in_the_same_folder_is_refused(shared_data, shared_cache, tmp_path):
   """The saved loader position belongs to one preparation: it is not applied to whatever the folder holds now."""
   data = tmp_path / "prepared"
-  run = [*prepared_run(data), "--config.train.eval_every=0", "--config.checkpoint.every=2"]
+  run = [*prepared_run(data), "--config.train.eval_every=0", "--config.checkpoint.every=2",
+         "--config.train.num_train_steps=3", f"--config.compilation_cache_dir={shared_cache}"]
   prepare_book(shared_data, data, 60_000)
-  first = cli(tmp_path / "run", *run, "--config.train.num_train_steps=2", config="experiments/pretrain_tiny.py")
+  first = cli(tmp_path / "run", *run, config="experiments/pretrain_tiny.py")
   assert first.returncode == 0, first.stderr
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / "3")  # as if stopped after step 2 (its step compiled)
   shutil.rmtree(data)
   prepare_book(shared_data, data, 120_000)  # other inputs, same folder
-  longer = [*run, "--config.train.num_train_steps=3"]
-  refused = cli(tmp_path / "run", *longer, config="experiments/pretrain_tiny.py")
+  refused = cli(tmp_path / "run", *run, config="experiments/pretrain_tiny.py")
   assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
   assert refused.stderr.strip().splitlines()[-1].startswith(
       f"error: The data at {data} is not the preparation this run's checkpoint was reading")
-  allowed = cli(tmp_path / "run", *longer, "--config.resume_with_changes=True", config="experiments/pretrain_tiny.py")
+  allowed = cli(tmp_path / "run", *run, "--config.resume_with_changes=True", config="experiments/pretrain_tiny.py")
   assert allowed.returncode == 0, allowed.stderr
   assert f"The data at {data} changed since the checkpoint; reading it from its start" in allowed.stdout
-  assert logged(tmp_path / "run").keys() == {1, 2, 3}
+  assert [r["step"] for r in records(tmp_path / "run") if "loss" in r] == [1, 2, 3, 3]  # step 3 again, resumed
+
+
+@pytest.fixture(scope="module")
+def data_parallel_losses(tmp_path_factory, shared_cache):
+  """{step: loss} of `reference_flags` on 8 devices along the data axis: what one device and other meshes must
+  match."""
+  workdir = tmp_path_factory.mktemp("data_parallel")
+  result = cli(workdir, *reference_flags(shared_cache), devices=8)
+  assert result.returncode == 0, result.stderr
+  return logged(workdir)
 
 
 @pytest.mark.slow
-def test_eight_devices_give_the_same_losses_as_one(tmp_path):
-  runs = {}
-  for devices in (1, 8):
-    result = cli(tmp_path / str(devices), *SMALL_RUN, "--config.train.num_train_steps=3", devices=devices)
-    assert result.returncode == 0, result.stderr
-    runs[devices] = logged(tmp_path / str(devices))
-  assert runs[1].keys() == runs[8].keys() == {1, 2, 3}
-  np.testing.assert_allclose([runs[8][s] for s in (1, 2, 3)], [runs[1][s] for s in (1, 2, 3)], rtol=1e-5)
+def test_eight_devices_give_the_same_losses_as_one(reference_run, data_parallel_losses):
+  one = logged(reference_run[0])
+  assert one.keys() == data_parallel_losses.keys() == set(range(1, 9))
+  np.testing.assert_allclose([data_parallel_losses[s] for s in one], list(one.values()), rtol=1e-5)
 
 
 @pytest.mark.slow
-def test_fsdp_and_tensor_mesh_train_the_same_model(tmp_path):
-  base = cli(tmp_path / "dp", *SMALL_RUN, "--config.train.num_train_steps=2", devices=8)
-  mixed = cli(tmp_path / "mixed", *SMALL_RUN, "--config.train.num_train_steps=2",
-              "--config.mesh.shape=(('data', 2), ('fsdp', 2), ('tensor', 2))", devices=8)
-  assert base.returncode == 0 and mixed.returncode == 0, mixed.stderr
-  np.testing.assert_allclose(list(logged(tmp_path / "mixed").values()), list(logged(tmp_path / "dp").values()),
-                             rtol=1e-5)
+def test_fsdp_and_tensor_mesh_train_the_same_model(shared_cache, data_parallel_losses, tmp_path):
+  mixed = cli(tmp_path, *reference_flags(shared_cache), "--config.mesh.shape=(('data', 2), ('fsdp', 2), ('tensor', 2))",
+              devices=8)
+  assert mixed.returncode == 0, mixed.stderr
+  assert logged(tmp_path).keys() == data_parallel_losses.keys()
+  np.testing.assert_allclose(list(logged(tmp_path).values()), list(data_parallel_losses.values()), rtol=1e-5)
 
 
 
@@ -452,51 +478,51 @@ CHECKPOINT_FAULTS = {
 
 
 @pytest.mark.slow
-def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path):
-  steps = ["--config.train.num_train_steps=6", "--config.checkpoint.every=2", "--config.checkpoint.keep=10"]
-  reference = cli(tmp_path / "reference", *SMALL_RUN, *steps)
-  assert reference.returncode == 0, reference.stderr
-  damaged = cli(tmp_path / "damaged", *SMALL_RUN, "--config.train.num_train_steps=4", *steps[1:])
-  assert damaged.returncode == 0, damaged.stderr
-  for name, damage in CHECKPOINT_FAULTS.items():
-    run = tmp_path / name.replace(" ", "_")
-    shutil.copytree(tmp_path / "damaged", run)
-    damage(run / "checkpoints" / "4")
-    resumed = cli(run, *SMALL_RUN, *steps)
-    assert resumed.returncode == 0, (name, resumed.stderr)
-    assert "Checkpoint step 4 in" in resumed.stdout and "skipping it" in resumed.stdout, name
-    assert "Resumed from step 2" in resumed.stdout, name
-    assert len(list((run / "checkpoints").glob("4.unreadable.*"))) == 1, name  # kept for inspection
-    assert_trees_equal(final_params(tmp_path / "reference")[1], final_params(run)[1])
-  for step in (2, 4):  # nothing readable: one line naming each failure, and nothing moved aside
-    CHECKPOINT_FAULTS["deleted metadata"](tmp_path / "damaged" / "checkpoints" / str(step))
-  refused = cli(tmp_path / "damaged", *SMALL_RUN, *steps)
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(reference_run, tmp_path):
+  """Each fault damages one of the newest checkpoints: the resume skips all three (one it missed would be where it
+  resumes, or what fails it), keeps each aside, and goes on from step 2 to the reference's step 8."""
+  reference, steps, _ = reference_run
+  run = copy_of(reference_run, tmp_path / "damaged")
+  damaged_steps = dict(zip((8, 6, 4), CHECKPOINT_FAULTS))
+  for step, name in damaged_steps.items():
+    CHECKPOINT_FAULTS[name](run / "checkpoints" / str(step))
+  resumed = cli(run, *steps)
+  assert resumed.returncode == 0, resumed.stderr
+  skipped = [line for line in resumed.stdout.splitlines() if line.endswith("; skipping it.")]
+  assert [line.split()[2] for line in skipped] == ["8", "6", "4"], resumed.stdout
+  assert "Resumed from step 2" in resumed.stdout
+  for step, name in damaged_steps.items():
+    assert len(list((run / "checkpoints").glob(f"{step}.unreadable.*"))) == 1, name  # kept for inspection
+  assert_trees_equal(final_params(reference)[1], final_params(run)[1])
+  unreadable = copy_of(reference_run, tmp_path / "unreadable")
+  for step in (2, 4, 6, 8):  # nothing readable: one line naming each failure, and nothing moved aside
+    CHECKPOINT_FAULTS["deleted metadata"](unreadable / "checkpoints" / str(step))
+  refused = cli(unreadable, *steps)
   assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
-  assert refused.stderr.strip().splitlines()[-1].startswith(
-      f"error: No checkpoint in {tmp_path / 'damaged' / 'checkpoints'} can be read (step 4: ")
-  kept = sorted(p.name for p in (tmp_path / "damaged" / "checkpoints").iterdir() if p.name[0].isdigit())
-  assert kept == ["2", "4"]
+  message = refused.stderr.strip().splitlines()[-1]
+  assert message.startswith(f"error: No checkpoint in {unreadable / 'checkpoints'} can be read (step 8: ")
+  assert all(f"step {step}: " in message for step in (6, 4, 2)), message
+  assert sorted(p.name for p in (unreadable / "checkpoints").iterdir() if p.name[0].isdigit()) == ["2", "4", "6", "8"]
 
 
 @pytest.mark.slow
-def test_resuming_with_changed_settings_is_said_recorded_or_refused(tmp_path):
-  first = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2")
-  assert first.returncode == 0, first.stderr
-  longer = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=3", "--config.log.every=3")
+def test_resuming_with_changed_settings_is_said_recorded_or_refused(reference_run, tmp_path):
+  run, flags = copy_of(reference_run, tmp_path / "run"), reference_run[1]
+  longer = cli(run, *flags, "--config.train.num_train_steps=9", "--config.log.every=3")
   assert longer.returncode == 0, longer.stderr
-  assert ("Resuming at step 2 with changed settings: log.every: 1 -> 3, train.num_train_steps: 2 -> 3"
+  assert ("Resuming at step 8 with changed settings: log.every: 1 -> 3, train.num_train_steps: 8 -> 9"
           in longer.stdout)
-  assert json.loads((tmp_path / "config.2.json").read_text())["train"]["num_train_steps"] == 2
-  reseeded = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=3", "--config.seed=7")
+  assert json.loads((run / "config.8.json").read_text())["train"]["num_train_steps"] == 8
+  reseeded = cli(run, *flags, "--config.train.num_train_steps=9", "--config.seed=7")
   assert reseeded.returncode != 0
   assert "with changed seed would not continue the same run" in reseeded.stderr
   assert "--config.resume_with_changes=True" in reseeded.stderr
-  relu = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=3", "--config.model.hidden_act=relu")
+  relu = cli(run, *flags, "--config.train.num_train_steps=9", "--config.model.hidden_act=relu")
   assert relu.returncode == 1 and "with changed model.hidden_act would not continue the same run" in relu.stderr
-  forced = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=4", "--config.seed=7",
+  forced = cli(run, *flags, "--config.train.num_train_steps=10", "--config.seed=7",
                "--config.resume_with_changes=True")
   assert forced.returncode == 0, forced.stderr
-  assert "seed: 0 -> 7" in forced.stdout and (tmp_path / "config.3.json").exists()
+  assert "seed: 0 -> 7" in forced.stdout and (run / "config.9.json").exists()
 
 
 @pytest.fixture
@@ -532,18 +558,22 @@ def test_a_full_disk_stops_the_run_naming_the_last_good_checkpoint(small_disk):
 
 
 @pytest.mark.slow
-def test_a_second_run_in_a_busy_workdir_is_refused_and_a_killed_owner_does_not_block(tmp_path):
-  steps = ["--config.train.num_train_steps=300", "--config.checkpoint.every=50"]
-  owner = cli(tmp_path, *SMALL_RUN, *steps, "--config.train.num_train_steps=1000000", wait=False)  # still running
+def test_a_second_run_in_a_busy_workdir_is_refused_and_a_killed_owner_does_not_block(shared_cache, tmp_path,
+                                                                                    launches):
+  steps = reference_flags(shared_cache)
+  owner = Launch(cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=1000000",
+                     "--config.checkpoint.every=1000000", wait=False))  # killed mid-run with nothing saved
+  launches.append(owner)
   deadline = time.time() + 300
-  while not (tmp_path / "metrics.jsonl").exists() and owner.poll() is None:
+  while not (tmp_path / "metrics.jsonl").exists() and owner.proc.poll() is None:
     assert time.time() < deadline
     time.sleep(0.05)
-  second = cli(tmp_path, *SMALL_RUN, *steps, "--config.train.learning_rate=0.5")
+  owner.proc.send_signal(signal.SIGSTOP)  # paused mid-run, alive and holding the lock: the CPU is left to the others
+  second = cli(tmp_path, *steps, "--config.train.learning_rate=0.5")
   assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
-  assert f"is in use by a run on host {socket.gethostname()} (PID {owner.pid}" in second.stderr
+  assert f"is in use by a run on host {socket.gethostname()} (PID {owner.proc.pid}" in second.stderr
   port = free_port()  # a two-process run: process 1 must not wait in its first collective for a process 0 long gone
-  procs = [cli(tmp_path, *SMALL_RUN, *steps, f"--coordinator_address=localhost:{port}", "--num_processes=2",
+  procs = [cli(tmp_path, *steps, f"--coordinator_address=localhost:{port}", "--num_processes=2",
                f"--process_id={i}", wait=False) for i in range(2)]
   outputs = communicate_all(procs, timeout=120)
   assert [p.returncode for p in procs] == [1, 1], outputs
@@ -551,12 +581,11 @@ def test_a_second_run_in_a_busy_workdir_is_refused_and_a_killed_owner_does_not_b
   assert outputs[1].strip().splitlines()[-1] == (
       f"error: Workdir {tmp_path} could not be locked by process 0 (its error says why); wait for the run using it, "
       "stop it, or use another --workdir.")
-  owner.send_signal(signal.SIGKILL)
-  owner.wait()
+  owner.kill()
   assert json.loads((tmp_path / "config.json").read_text())["train"]["learning_rate"] != 0.5  # not overwritten
-  resumed = cli(tmp_path, *SMALL_RUN, *steps)
-  assert resumed.returncode == 0, resumed.stderr
-  assert f"from a run that is no longer alive (host {socket.gethostname()}, PID {owner.pid})" in resumed.stdout
+  next_run = cli(tmp_path, *steps)
+  assert next_run.returncode == 0, next_run.stderr
+  assert f"from a run that is no longer alive (host {socket.gethostname()}, PID {owner.proc.pid})" in next_run.stdout
   assert not (tmp_path / "run.lock").exists()
 
 
@@ -586,11 +615,9 @@ def test_keep_zero_is_refused_before_anything_is_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_restart_with_a_different_model_shape_is_refused(tmp_path):
-  first = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2", "--config.checkpoint.every=2")
-  assert first.returncode == 0, first.stderr
-  again = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=4", "--config.model.hidden_size=32",
-              "--config.model.intermediate_size=64")
+def test_restart_with_a_different_model_shape_is_refused(reference_run, tmp_path):
+  again = cli(copy_of(reference_run, tmp_path / "run"), *reference_run[1], "--config.train.num_train_steps=10",
+              "--config.model.hidden_size=32", "--config.model.intermediate_size=64")
   assert again.returncode != 0
   assert "model.hidden_size: saved 64 vs now 32" in again.stderr and "new --workdir" in again.stderr
 

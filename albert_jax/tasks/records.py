@@ -153,8 +153,13 @@ def csv_records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def read_id_map(path: str, what: str, valid) -> dict[str, Any]:
   """A predictions file that is one JSON object {id: value}, each value passing `valid`; refuses anything else by
-  name: another JSON type, no ids, a bad value, and an id given twice with different values (json.loads would
-  silently keep the last)."""
+  name: another JSON type, no ids, a bad value, NaN or Infinity (which json.loads reads as floats that would score
+  as numbers), and an id given twice with different values (json.loads would silently keep the last)."""
+  def finite_only(name):
+    raise DataFileError(path, None, f"holds {name}, not a finite number; predictions of a model whose outputs went "
+                                    "non-finite cannot be scored: predict again from a checkpoint before the "
+                                    "divergence.")
+
   def unique(pairs):
     out = {}
     for key, value in pairs:
@@ -163,7 +168,7 @@ def read_id_map(path: str, what: str, valid) -> dict[str, Any]:
       out[key] = value
     return out
   try:
-    values = json.loads(read_text(path), object_pairs_hook=unique)
+    values = json.loads(read_text(path), object_pairs_hook=unique, parse_constant=finite_only)
   except json.JSONDecodeError as e:
     raise DataFileError(path, e.lineno, f"not JSON ({e.msg}); pass the file write_predictions wrote.") from None
   if not isinstance(values, dict) or not values:
