@@ -67,11 +67,8 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
       listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
       breaking = [k for k in changed if k.startswith(EXACT_RESUME_FIELDS)]
       if breaking and not config.get("resume_with_changes", False):
-        unsaved = [k for k in breaking if k not in before]
-        older = (f"; {', '.join(unsaved)}: not in that config.json, added since the albert_jax that wrote it, whose "
-                 "default may differ from what that version did" if unsaved else "")
         raise InputError(f"Resuming {workdir} at step {latest} with changed {', '.join(breaking)} would not continue "
-                         f"the same run (data order, dropout or step size change{older}). Restore the saved values "
+                         f"the same run (data order, dropout or step size change). Restore the saved values "
                          f"(config.json there), use a new --workdir, or pass --config.resume_with_changes=True.")
       if jax.process_index() == 0:
         print(f"Resuming at step {latest} with changed settings: {listed} (the previous config is kept as "

@@ -116,28 +116,6 @@ def test_every_resume_with_changes_keeps_the_config_it_replaced(tmp_path, monkey
   assert (saved("config.2.json"), saved("config.2.1.json"), saved("config.json")) == (1, 2, 3)
 
 
-def test_a_resume_names_the_settings_its_older_config_json_lacks(tmp_path, monkeypatch):
-  """A config.json written before a data setting existed: the resume is refused as for a changed one (the new
-  default may read the data otherwise), and the message says which settings are new rather than changed."""
-  import ml_collections
-  from albert_jax import loop
-  monkeypatch.setattr(loop, "latest_step", lambda workdir: 2)
-  config = ml_collections.ConfigDict({"model": {"hidden_size": 8}, "seed": 0,
-                                      "data": {"max_seq_length": 64, "shuffle_buffer": 1024}})
-  loop.write_workdir_config(str(tmp_path), config)
-  older = json.loads((tmp_path / "config.json").read_text())
-  del older["data"]["shuffle_buffer"]
-  (tmp_path / "config.json").write_text(json.dumps(older))
-  config.seed = 1
-  with pytest.raises(InputError) as refused:
-    loop.check_workdir_config(str(tmp_path), config)
-  assert str(refused.value) == (
-      f"Resuming {tmp_path} at step 2 with changed data.shuffle_buffer, seed would not continue the same run (data "
-      "order, dropout or step size change; data.shuffle_buffer: not in that config.json, added since the albert_jax "
-      "that wrote it, whose default may differ from what that version did). Restore the saved values (config.json "
-      "there), use a new --workdir, or pass --config.resume_with_changes=True.")
-
-
 @pytest.mark.shared_data
 def test_no_tool_writes_where_it_reads_nor_leaves_a_stale_file_in_a_submission(shared_data, tmp_path):
   corpus = tmp_path / "corpus.txt"
