@@ -1,7 +1,6 @@
 """The training loop, thin (after big_vision `train.py` and flax lm1b `train.py`): resume or initialise, feed
 batches to the one jitted step of `engine.setup`, log, evaluate, checkpoint, handle preemption and stop on a
-non-finite step. Pretraining and fine-tuning both run through `fit`.
-"""
+non-finite step. Pretraining and fine-tuning both run through `fit`."""
 from __future__ import annotations
 
 import errno
@@ -55,8 +54,8 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
   if latest is not None:
     text = path.read_text()
     saved = json.loads(text)
-    diffs = {k: (saved.get("model", {}).get(k), config.model.get(k)) for k in SHAPE_FIELDS
-             if saved.get("model", {}).get(k) != config.model.get(k)}
+    model = saved.get("model", {})   # without the fields of a later albert_jax, whose defaults keep the shapes
+    diffs = {k: (model[k], config.model.get(k)) for k in SHAPE_FIELDS if k in model and model[k] != config.model.get(k)}
     if diffs:
       listed = ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
       raise InputError(f"Workdir {workdir} holds checkpoints of a different model ({listed}). Use a new --workdir, "
@@ -64,8 +63,9 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
     before, now = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
     changed = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)}
     if changed:
-      listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-      breaking = [k for k in changed if k.startswith(EXACT_RESUME_FIELDS)]
+      listed = ", ".join(f"{k}: {a!r} -> {b!r}" if k in before else f"{k}: {b!r} (new field)" for k, (a, b) in
+                         changed.items())   # a field of a later albert_jax: no saved value to restore, not refused
+      breaking = [k for k in changed if k.startswith(EXACT_RESUME_FIELDS) and k in before and k in now]
       if breaking and not config.get("resume_with_changes", False):
         raise InputError(f"Resuming {workdir} at step {latest} with changed {', '.join(breaking)} would not continue "
                          f"the same run (data order, dropout or step size change). Restore the saved values "

@@ -125,6 +125,20 @@ def write_atomic(p: str | os.PathLike, data: str | bytes) -> None:
     f.write(data)
 
 
+def create_new_object(url: str, data: str) -> bool:
+  """Uploads `data` to the gs:// `url` only if no object is there (the precondition `ifGenerationMatch=0`, checked
+  by the server, so of two writers starting together exactly one succeeds); False if one is there."""
+  from google.api_core import exceptions
+  from google.cloud import storage as gcs
+  parts = urllib.parse.urlparse(url)
+  check_bucket(parts.netloc)
+  try:
+    gcs.Client().bucket(parts.netloc).blob(parts.path.lstrip("/")).upload_from_string(data, if_generation_match=0)
+  except exceptions.PreconditionFailed:
+    return False
+  return True
+
+
 def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike) -> None:
   """Copies a file from and to anywhere (local or remote), atomically at `dst`."""
   with path(src).open("rb") as fin, open_atomic(dst, "wb") as fout:

@@ -510,6 +510,36 @@ def build_tables(scale: Scale, records: dict[str, dict], params: dict[str, int])
   return out
 
 
+README_DEFAULT_MLM = 10.5   # held-out MLM accuracy (%) of the README's 500-step default run
+
+
+def acceptance(tables_payload: dict[str, Any]) -> list[dict[str, Any]]:
+  """The study's targets (those of its issue), each with the values it reads, in the tables' units, and whether it
+  is met: None while a value is pending, or where the scale does not measure it (the toy scale has no SST-2)."""
+  def value(table: str, row: str, measure: str) -> float | None:
+    found = tables_payload[table]["rows"][row].get(measure, {"status": "pending"})
+    return None if found["status"] == "pending" else found["value"]
+
+  def target(claim: str, test, *values: float | None) -> dict[str, Any]:
+    return {"claim": claim, "values": list(values), "met": None if None in values else bool(test(*values))}
+
+  return [
+      *(target(f"pretrained > random init on {LABELS[task]}", lambda a, b: a > b,
+               value("transfer", "pretrained", task), value("transfer", RANDOM, task)) for task in ("sst-2", "mrpc")),
+      target(f"held-out MLM acc. of the baseline above the README default's {README_DEFAULT_MLM}",
+             lambda a: a > README_DEFAULT_MLM, value("sentence_task", "sop", "mlm")),
+      target("SOP-trained ≥ 75 on held-out SOP", lambda a: a >= 75, value("sentence_task", "sop", "sop")),
+      target("SOP-trained above NSP-trained on held-out SOP by ≥ 10", lambda a, b: a - b >= 10,
+             value("sentence_task", "sop", "sop"), value("sentence_task", "nsp", "sop")),
+      target("NSP-trained within 5 of chance (50) on held-out SOP", lambda a: abs(a - 50) <= 5,
+             value("sentence_task", "nsp", "sop")),
+      target("not-shared ≥ all-shared on held-out MLM", lambda a, b: a >= b,
+             value("sharing", "none", "mlm"), value("sharing", "all", "mlm")),
+      target("not-shared has ≥ 3× the backbone params of all-shared", lambda a, b: a >= 3 * b,
+             value("sharing", "none", "params"), value("sharing", "all", "params")),
+  ]
+
+
 def read_records(study: Study) -> dict[str, dict]:
   records = {}
   for run in plan(study.scale):
@@ -539,7 +569,12 @@ def markdown(scale_name: str, payload: dict[str, Any]) -> str:
   """One scale's tables: ours beside the paper's, then each row against the first."""
   lines = [f"Scale `{scale_name}`, corpus: {payload['corpus']}; {payload['runs_done']} of {payload['runs_total']} "
            f"runs done, {payload['wall_s_done'] / 3600:.2f} h of runs",
-           f"(regenerate: `python -m {MODULE} --scale={scale_name} --report_only`)."]
+           f"(regenerate: `python -m {MODULE} --scale={scale_name} --report_only`).",
+           "", "**The targets**", "", "| target | ours | met |", "|---|---|---|"]
+  for t in payload["acceptance"]:
+    measure = "params" if "params" in t["claim"] else ""
+    ours = " vs ".join("pending" if v is None else fmt(v, measure) for v in t["values"])
+    lines.append(f"| {t['claim']} | {ours} | {'—' if t['met'] is None else 'yes' if t['met'] else '**no**'} |")
   for table in payload["tables"].values():
     measures = list(next(iter(table["rows"].values())))
     paper_measures = list(dict.fromkeys(m for row in table["paper"].values() for m in row))
@@ -589,6 +624,7 @@ def report(args: argparse.Namespace, study: Study) -> dict[str, Any]:
              "runs": {r.name: records.get(r.name, {"status": "pending"}) for r in runs},
              "commands": {r.name: "python -m albert_jax.main " + " ".join(study.argv(r)) for r in runs},
              "environment": common.environment(MODULE)}
+  payload["acceptance"] = acceptance(payload["tables"])
   write_json(args.results, payload)
   write_markdown(args.doc, args.scale, markdown(args.scale, payload))
   print(f"wrote {args.results} and {args.doc}: {len(records)} of {len(runs)} runs done", flush=True)

@@ -12,9 +12,11 @@ recorded its sha256 resumes. The SentencePiece model is copied in as `spiece.mod
 loader needs.
 
 What may be reused is decided by `prepare_config.json`: the settings plus a fingerprint of every input file (path,
-size, mtime and a hash of its first and last MiB; for a TFDS input, every file of the prepared dataset) and the
-tokenizer's sha256; paths are recorded absolute, so the same files named from another directory are the same
-settings. Different settings are refused (they are more likely a wrong --output_dir than a wish to lose the old
+size, the sha256 of its contents; for a TFDS input, every file of the prepared dataset) and the tokenizer's sha256;
+paths are recorded absolute, so the same files named from another directory are the same settings. A file whose
+size, mtime and first and last MiB are as recorded keeps its recorded sha256 (a rerun reads no more than 2 MiB a
+file); otherwise the whole file is hashed, so a corpus copied or checked out again (new mtimes, same bytes) is
+reused, and its manifest stays as it was: a pretraining run on it resumes. Different settings are refused (they are more likely a wrong --output_dir than a wish to lose the old
 output). The same settings over changed inputs or a replaced --spm_model mean "prepare these files again", as
 `make` rebuilds after a source changed: the stale shards are deleted and everything is prepared anew, said on
 stderr. A preparation that finds no documents deletes what it wrote, so the corrected command starts afresh.
@@ -29,7 +31,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import hashlib
 import json
 import multiprocessing
 import os
@@ -42,10 +43,10 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from data_pipeline import cli, records, rng, sources, writers
+from data_pipeline import cli, fingerprints, records, rng, sources, writers
 from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
-from data_pipeline.sources import Source, absolute_input, binary_file_error
+from data_pipeline.sources import Source, absolute_input
 from data_pipeline.tokenization import Tokenizer
 
 SPLITS = ("train", "eval")
@@ -105,25 +106,6 @@ def assign(seed: int, doc_index: int, eval_fraction: float, counts: dict[str, in
   key = rng.mix(seed, doc_index)
   split = "eval" if (key & 0xFFFFFFFF) < eval_fraction * 2**32 else "train"
   return split, (key >> 32) % counts[split]
-
-
-SAMPLE_BYTES = 1 << 20   # hashed at each end of an input file
-
-
-def input_fingerprint(path: str, text: bool = True) -> dict:
-  """Size, mtime and a hash of the first and last MiB: cheap on a corpus of many GB, and it changes when a file
-  is replaced, appended to or edited at either end. `text`: refuse a binary file (a NUL byte in those bytes)."""
-  size, mtime_ns = storage.size_and_mtime_ns(path)
-  digest = hashlib.sha256(str(size).encode())
-  with storage.path(path).open("rb") as f:
-    for start in sorted({0, max(0, size - SAMPLE_BYTES)}):
-      f.seek(start)
-      sample = f.read(SAMPLE_BYTES)
-      if text and b"\0" in sample:
-        raise binary_file_error(path, start + sample.index(b"\0"))
-      digest.update(sample)
-  return {"path": storage.absolute(path), "size": size, "mtime_ns": mtime_ns,
-          "sample_sha256": digest.hexdigest()}
 
 
 def _tokenize(doc, source: Source, tokenizer: Tokenizer, config: PrepareConfig, stats) -> list[list[int]]:
@@ -201,10 +183,6 @@ def _fresh(path: str) -> str:
   return path
 
 
-def _sha256(path: str) -> str:
-  return hashlib.sha256(storage.path(path).read_bytes()).hexdigest()
-
-
 def _is_done(path: str) -> bool:
   """A finished output file; a symlink placed there is not one (it is replaced)."""
   return storage.path(path).is_file() and not os.path.islink(path)
@@ -227,34 +205,34 @@ def _delete_outputs(config: PrepareConfig) -> None:
     storage.remove(output)
 
 
-def _check_or_record_identity(config: PrepareConfig, identity: dict) -> None:
-  """Refuse other settings; over changed inputs or tokenizer, delete the stale outputs (see the module docstring)."""
+def _check_or_record_identity(config: PrepareConfig, identity: dict) -> dict:
+  """Refuse other settings; over changed inputs or tokenizer, delete the stale outputs (see the module docstring).
+  Returns the identity recorded, its inputs' fingerprints with their contents' sha256."""
   path = os.path.join(config.output_dir, CONFIG_FILE)
+  previous = None
   if storage.path(path).exists():
     previous = _absolute_paths(json.loads(storage.path(path).read_text()))   # earlier versions kept them as given
-    if previous == identity:
-      return
-    changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
+  identity = {**identity, "inputs": fingerprints.with_contents_sha256(identity["inputs"], previous)}
+  if previous == identity:
+    return identity
+  if previous is not None:
+    changed = sorted(k for k in set(previous) | set(identity) if not fingerprints.same_entry(k, previous, identity))
     settings = [k for k in changed if k not in _CONTENT_KEYS]
     if settings:
       raise InputError(f"{config.output_dir!r} holds a preparation with different settings ({', '.join(settings)}); "
                        "use a new --output_dir, or delete it to start over.")
-    print(f"data_pipeline.prepare: {_describe_change(previous, identity)} since the preparation in "
-          f"{config.output_dir!r}; deleting its shards and preparing again.", file=sys.stderr, flush=True)
-    _delete_outputs(config)
+    if changed:
+      print(f"data_pipeline.prepare: {fingerprints.describe_change(previous, identity)} since the preparation in "
+            f"{config.output_dir!r}; deleting its shards and preparing again.", file=sys.stderr, flush=True)
+      _delete_outputs(config)
+    elif touched := sum(a.get("mtime_ns") != b["mtime_ns"] for a, b in zip(previous["inputs"], identity["inputs"])):
+      print(f"data_pipeline.prepare: {touched} input file(s) have new mtimes but the same contents (sha256) as "
+            f"when {config.output_dir!r} was prepared; reusing it.", file=sys.stderr, flush=True)
   storage.write_atomic(path, json.dumps(identity, indent=1))
+  return identity
 
 
 _CONTENT_KEYS = ("inputs", "tokenizer_sha256")
-
-
-def _describe_change(previous: dict, identity: dict) -> str:
-  if previous.get("tokenizer_sha256") != identity["tokenizer_sha256"]:
-    return f"--spm_model {identity['spm_model']} changed (sha256)"
-  before = {f["path"]: f for f in previous.get("inputs", [])}
-  now = {f["path"]: f for f in identity["inputs"]}
-  changed = sorted(p for p in set(before) | set(now) if before.get(p) != now.get(p))
-  return f"{len(changed)} input file(s) changed, e.g. {changed[0]}" if changed else "the inputs changed"
 
 
 def _watch_parent(parent: int) -> None:
@@ -274,7 +252,7 @@ def prepare(config: PrepareConfig) -> dict:
   files = source.files("data_pipeline.prepare")
   for file in files:
     writers.check_apart("--output_dir", config.output_dir, "--input", file, "the preparation")
-  inputs = [input_fingerprint(f, text=source.format != "tfds") for f in files]
+  inputs = [fingerprints.input_fingerprint(f, text=source.format != "tfds") for f in files]
   storage.path(config.output_dir).mkdir(parents=True, exist_ok=True)   # not the lock's: kept, emptied, if no documents
   with writers.WriterLock(os.path.join(config.output_dir, writers.LOCK_FILE), f"--output_dir={config.output_dir}",
                           "--output_dir", cli.on_stderr("data_pipeline.prepare")):
@@ -282,7 +260,8 @@ def prepare(config: PrepareConfig) -> dict:
 
 
 def _prepare(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inputs: list[dict]) -> dict:
-  _check_or_record_identity(config, {**config.identity(), "inputs": inputs, "tokenizer_sha256": tokenizer.sha256})
+  identity = _check_or_record_identity(config, {**config.identity(), "inputs": inputs,
+                                                "tokenizer_sha256": tokenizer.sha256})
   counts = config.shard_counts()
   todo = [(split, i) for split in SPLITS for i in range(counts[split])
           if not _is_done(os.path.join(config.output_dir, records.shard_name(split, i, counts[split])))]
@@ -297,9 +276,12 @@ def _prepare(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inpu
       with multiprocessing.get_context("spawn").Pool(workers, _watch_parent, (os.getpid(),)) as pool:
         pool.starmap(_write_shards, [(config, todo[k::workers], k == 0) for k in range(workers)])
   model_copy = os.path.join(config.output_dir, records.SPM_MODEL)
-  if not _is_done(model_copy) or _sha256(model_copy) != tokenizer.sha256:
+  if not _is_done(model_copy) or fingerprints.sha256(model_copy) != tokenizer.sha256:
     storage.copy_atomic(config.spm_model, model_copy)
-  manifest = _manifest(config, tokenizer, files, inputs)
+  manifest_path = os.path.join(config.output_dir, records.MANIFEST)
+  complete = not todo and _is_done(manifest_path)   # then kept byte for byte: a run that read it resumes
+  manifest = (json.loads(storage.path(manifest_path).read_text()) if complete
+              else _manifest(config, tokenizer, files, identity["inputs"]))
   if not sum(manifest["splits"][s]["documents"] for s in SPLITS):
     _delete_outputs(config)   # nothing worth resuming: the corrected command (another --format) starts afresh
     raise InputError(f"No documents in --input={config.input!r} ({manifest['totals']}); check --format "
@@ -309,7 +291,8 @@ def _prepare(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inpu
       print(f"data_pipeline.prepare: warning: no document went to the {split} split (--eval_fraction="
             f"{config.eval_fraction} of {manifest['totals']['documents']} documents); {_EMPTY_SPLIT[split]}",
             file=sys.stderr, flush=True)
-  storage.write_atomic(os.path.join(config.output_dir, records.MANIFEST), json.dumps(manifest, indent=1))
+  if not complete:
+    storage.write_atomic(manifest_path, json.dumps(manifest, indent=1))
   return manifest
 
 
@@ -341,7 +324,7 @@ def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inp
       "token_dtype": records.token_dtype(tokenizer.vocab_size).name,
       "config": config.identity(),
       "input_files": len(files),
-      "inputs": inputs,
+      "inputs": [{k: f[k] for k in ("path", "size", "sha256")} for f in inputs],
       "splits": splits,
       "totals": dict(totals),
   }

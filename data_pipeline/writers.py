@@ -94,12 +94,11 @@ class WriterLock:
     storage.write_atomic(self.path, self._text())
 
   def _create(self) -> bool:
-    """Writes the lock file where none is, on a local disk in one step (mode "x": the file must be new), so that of
-    two writers starting together one holds it; False if one appeared since it was read. An object store has no
-    such step: there the later of two writers starting together wins."""
+    """Writes the lock file where none is in one step that fails if one is there (a local file opened with mode
+    "x"; in a bucket, an upload on the condition that no object exists), so that of two writers starting together
+    one holds it; False if one appeared since it was read."""
     if storage.is_remote(self.path):
-      self._write()
-      return True
+      return storage.create_new_object(self.path, self._text())
     os.makedirs(self.folder, exist_ok=True)
     try:
       with open(self.path, "x", encoding="utf-8") as f:

@@ -1,5 +1,7 @@
 """Sources and preparation: formats, bad input, sharding, determinism, resumption, manifest; a file named by several
-paths read once; the same preparation run again changes no byte, so pretraining on it resumes."""
+paths read once; the same preparation run again changes no byte (new mtimes on the same bytes included), so
+pretraining on it resumes."""
+import hashlib
 import json
 import re
 import os
@@ -11,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipeline import records
+from data_pipeline import fingerprints, records
 from albert_jax.errors import InputError
 from data_pipeline.loader import DocumentSource
 from data_pipeline.prepare import PrepareConfig, main as prepare_main, prepare
@@ -394,6 +396,49 @@ def test_a_rerun_or_another_worker_count_writes_the_same_manifest_and_shards(sha
   assert _files(tmp_path / "two") == first
 
 
+def test_new_mtimes_on_the_same_bytes_reuse_the_preparation_and_its_manifest(shared_data, tmp_path, capsys,
+                                                                              monkeypatch):
+  """A corpus copied or checked out again (new mtimes, same bytes) is not prepared again, and manifest.json keeps
+  its bytes; an edit the cheap fingerprint misses (same size, same first and last bytes) is found by the sha256 of
+  the whole file."""
+  monkeypatch.setattr(fingerprints, "SAMPLE_BYTES", 8)   # so that a mid-file edit escapes the sampled ends
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("The end of the story.\nIt was the best of times.\n\nA second document.\nOf all things.\n")
+  out = tmp_path / "out"
+  config = PrepareConfig(input=str(corpus), spm_model=_spm(shared_data), output_dir=str(out), num_shards=1,
+                         eval_fraction=0)
+  assert prepare(config)["inputs"] == [{"path": str(corpus), "size": corpus.stat().st_size,
+                                        "sha256": hashlib.sha256(corpus.read_bytes()).hexdigest()}]
+  first = _files(out)
+  later = corpus.stat().st_mtime_ns + 10**9
+  os.utime(corpus, ns=(later, later))
+  capsys.readouterr()
+  prepare(config)
+  said = capsys.readouterr().err.splitlines()
+  assert said[0] == (f"data_pipeline.prepare: 1 input file(s) have new mtimes but the same contents (sha256) as "
+                     f"when {str(out)!r} was prepared; reusing it.")
+  recorded = _files(out)
+  assert recorded.pop("prepare_config.json") != first.pop("prepare_config.json") and recorded == first
+  record = json.loads((out / "prepare_config.json").read_text())
+  assert record["inputs"][0]["mtime_ns"] == later   # the next run compares the cheap fingerprint only
+  # A preparation recorded before contents were hashed (no sha256; the manifest held the cheap fingerprints):
+  # reused while the cheap fingerprint is as recorded, its manifest kept as it is, the record completed.
+  for entry in record["inputs"]:
+    del entry["sha256"]
+  (out / "prepare_config.json").write_text(json.dumps(record))
+  legacy = {**json.loads(first["manifest.json"]), "inputs": record["inputs"]}
+  (out / "manifest.json").write_text(json.dumps(legacy, indent=1))
+  prepare(config)
+  assert (out / "manifest.json").read_text() == json.dumps(legacy, indent=1)
+  assert "sha256" in json.loads((out / "prepare_config.json").read_text())["inputs"][0]
+  assert not [line for line in capsys.readouterr().err.splitlines() if "eval split" not in line]
+  # The same size and ends, another middle: the whole file's hash differs, so it is prepared again.
+  corpus.write_text(corpus.read_text().replace("best", "rest"))
+  assert prepare(config)["inputs"][0]["sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+  assert "1 input file(s) changed, e.g." in capsys.readouterr().err
+  assert _stored_sentences(out)[1] == albert_tokenizer(shared_data).encode("It was the rest of times.")
+
+
 def _prepare(text: Path, output_dir: Path, spm_model: str) -> None:
   result = subprocess.run([sys.executable, "-m", "data_pipeline.prepare", f"--input={text}", "--format=paragraphs",
                            f"--spm_model={spm_model}", f"--output_dir={output_dir}"], capture_output=True, text=True,
@@ -403,8 +448,8 @@ def _prepare(text: Path, output_dir: Path, spm_model: str) -> None:
 
 @pytest.mark.slow
 def test_pretraining_resumes_after_the_same_preparation_is_run_again(shared_data, tmp_path):
-  """The checkpoint holds manifest.json's sha256: the same preparation run again leaves the file as it was, and
-  the run resumes on it."""
+  """The checkpoint holds manifest.json's sha256: the same preparation run again, over the same bytes with a new
+  mtime, leaves the file as it was, and the run resumes on it."""
   text = tmp_path / "book.txt"
   text.write_text((shared_data / "corpus" / "gutenberg_01952_yellow_wallpaper.txt").read_text()[:60_000])
   data = tmp_path / "prepared"
@@ -413,6 +458,7 @@ def test_pretraining_resumes_after_the_same_preparation_is_run_again(shared_data
   _prepare(text, data, _spm(shared_data))
   first = pretrain_cli(tmp_path / "run", *run, "--config.train.num_train_steps=2", config=tiny)
   assert first.returncode == 0, first.stderr
+  os.utime(text, ns=(text.stat().st_atime_ns, text.stat().st_mtime_ns + 10**9))   # as a copy or a new checkout
   _prepare(text, data, _spm(shared_data))
   resumed = pretrain_cli(tmp_path / "run", *run, "--config.train.num_train_steps=3", config=tiny)
   assert resumed.returncode == 0, resumed.stderr

@@ -190,6 +190,19 @@ def test_convert_fine_tune_predict_and_evaluate_in_a_bucket(gcs, shared_data, tm
   assert no_local_gs_folder(tmp_path)
 
 
+def test_of_two_writers_starting_together_in_a_bucket_one_holds_the_lock(gcs):
+  """Both found no lock file; the server takes the first upload and refuses the second, whose precondition is that
+  no object exists, so the second judges the holder (here alive: refused) instead of overwriting its record."""
+  from data_pipeline.writers import InUse, WriterLock
+  lock = f"{gcs}/locked/run.lock"
+  first, second = (WriterLock(lock, f"Workdir {gcs}/locked", "--workdir") for _ in range(2))
+  assert first._create() and not second._create()
+  assert json.loads(storage.path(lock).read_text())["started"] == first.record["started"]
+  with pytest.raises(InUse, match=f"^Workdir {gcs}/locked is in use by a run on host "):
+    second._claim()
+  storage.remove(lock)
+
+
 def test_no_server_fails_fast_naming_the_bucket_and_the_fix(gcs, monkeypatch):
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
   start = time.time()

@@ -121,6 +121,22 @@ def test_with_nothing_run_every_table_is_pending(tmp_path, shared_data):
   assert not os.path.exists(tmp_path / "study")   # nothing run, nothing written there
   doc = (tmp_path / "doc.md").read_text()
   assert "0 of 67 runs done" in doc and "| SOP | pending | pending | pending | pending | pending |" in doc
+  assert [t["met"] for t in payload["acceptance"]] == [None] * 7 + [True]
+  assert "| not-shared has ≥ 3× the backbone params of all-shared | 6.43M vs 1.54M | yes |" in doc
+
+
+def test_the_targets_read_the_tables_and_say_which_are_met():
+  """Each target at its boundary, and one with a value pending."""
+  done = lambda value: {"status": "done", "value": value}
+  tables = {"transfer": {"rows": {"pretrained": {"sst-2": done(60.0), "mrpc": done(70.0)},
+                                  "random": {"sst-2": done(60.0), "mrpc": {"status": "pending"}}}},
+            "sentence_task": {"rows": {"sop": {"mlm": done(10.5), "sop": done(75.0)}, "nsp": {"sop": done(45.0)}}},
+            "sharing": {"rows": {"all": {"mlm": done(15.0), "params": done(2e6)},
+                                 "none": {"mlm": done(15.0), "params": done(6e6)}}}}
+  targets = paper_small.acceptance(tables)
+  assert [t["met"] for t in targets] == [False, None, False, True, True, True, True, True]
+  assert targets[4] == {"claim": "SOP-trained above NSP-trained on held-out SOP by ≥ 10", "values": [75.0, 45.0],
+                        "met": True}
 
 
 def test_every_fine_tuning_run_loads_the_model_its_pretraining_run_trains(tmp_path):

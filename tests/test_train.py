@@ -346,7 +346,7 @@ def test_resuming_on_data_prepared_again_in_the_same_folder_is_refused(shared_da
   data = tmp_path / "prepared"
   run = [*prepared_run(data), "--config.train.eval_every=0", "--config.checkpoint.every=2",
          "--config.train.num_train_steps=3", f"--config.compilation_cache_dir={shared_cache}"]
-  prepare_book(shared_data, data, 60_000)
+  prepare_book(shared_data, data, 20_000)
   first = cli(tmp_path / "run", *run, config="experiments/pretrain_tiny.py")
   assert first.returncode == 0, first.stderr
   shutil.rmtree(tmp_path / "run" / "checkpoints" / "3")  # as if stopped after step 2 (its step compiled)

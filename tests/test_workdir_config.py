@@ -175,3 +175,25 @@ def test_convert_names_a_garbled_run_config_in_one_line(tmp_path):
   with pytest.raises(ValueError, match=(f"^{tmp_path}/run/config.json is not a run's config .*; pass a training "
                                         "workdir as albert_jax.main wrote it, or restore it from a copy")):
     convert.convert(None, "hf", str(tmp_path / "run"), str(tmp_path / "hf"))
+
+
+def test_a_workdir_of_an_earlier_version_resumes_with_the_fields_added_since(tmp_path, monkeypatch, capsys):
+  """Its config.json lacks the fields added since: they are new, not changed (no saved value could be restored),
+  so the resume goes on and says so; the fields it holds are compared as ever."""
+  monkeypatch.setattr(loop, "latest_step", lambda workdir: 2)
+  config = experiment_config(["main", "--config=experiments/pretrain_tiny.py"])
+  older = json.loads(config.to_json_best_effort())
+  del older["data"]["sentence_task"], older["model"]["sharing"]   # an exact-resume field and a shape field
+  (tmp_path / "config.json").write_text(json.dumps(older))
+  loop.check_workdir_config(str(tmp_path), config)
+  assert capsys.readouterr().out == ("Resuming at step 2 with changed settings: data.sentence_task: 'sop' (new "
+                                     "field), model.sharing: 'all' (new field) (the previous config is kept as "
+                                     "config.2.json).\n")
+  (tmp_path / "config.json").write_text(json.dumps(older))
+  config.data.short_seq_prob = 0.2
+  with pytest.raises(ValueError, match=r"with changed data\.short_seq_prob would not continue the same run"):
+    loop.check_workdir_config(str(tmp_path), config)
+  older["model"]["hidden_size"] *= 2
+  (tmp_path / "config.json").write_text(json.dumps(older))
+  with pytest.raises(ValueError, match=r"holds checkpoints of a different model \(model\.hidden_size: saved "):
+    loop.check_workdir_config(str(tmp_path), config)
