@@ -114,19 +114,14 @@ class HFHead:
 def hf_head_from_config(hf_config: Mapping[str, Any], path: str) -> HFHead | None:
   """What the fine-tuned head of a transformers directory was trained for, from its config.json (None for the
   pretraining and backbone classes): the class names in id order (None when they are HF's default LABEL_i, which
-  say nothing), their count and problem_type. A multi-label classifier is refused: every albert_jax classifier
-  picks one class (softmax), so evaluation and prediction would read its outputs wrongly."""
+  say nothing), their count and problem_type (a multi-label classifier fits a `multi_label=true` task only,
+  `converted_head_fits`)."""
   architecture = (hf_config.get("architectures") or [""])[0]
   if architecture not in HF_HEAD_PARAMS:
     return None
   if architecture not in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
     return HFHead(architecture)
   problem_type = hf_config.get("problem_type")
-  if problem_type == "multi_label_classification":
-    raise InputError(f"{path}: config.json has problem_type='multi_label_classification' (independent yes/no per "
-                     "class); albert_jax's classifiers pick one class, so this head would be read wrongly. Keep it "
-                     "in transformers, or save its encoder alone (`model.albert.save_pretrained(DIR)`, an "
-                     "AlbertModel) and convert that to fine-tune a head here.")
   id2label = {int(i): name for i, name in (hf_config.get("id2label") or {}).items()}
   if sorted(id2label) != list(range(len(id2label))):
     raise InputError(f"{path}: config.json's id2label has ids {sorted(id2label)}; expected 0 to "

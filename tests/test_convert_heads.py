@@ -22,7 +22,7 @@ from albert_jax import compilation_cache, convert, embed, finetune, main, pretra
 from albert_jax import model as model_lib
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.heads import PooledClassifier
-from experiments import glue, pretrain_tiny
+from experiments import classification, glue, pretrain_tiny
 from tests.helpers import REPO, config_for, glue_data, quietly, spm, write_split
 
 # The model of every run here: SMALL of tests/hf_models.py with the vocabulary of the shared spiece.model.
@@ -202,11 +202,34 @@ def test_hf_to_ours_to_hf_keeps_id2label_and_problem_type(hf, tmp_path, override
 
 
 @pytest.mark.hf
-def test_a_multi_label_classifier_is_refused_by_name(hf, tmp_path):
-  with pytest.raises(ValueError, match="problem_type='multi_label_classification'.*pick one class.*AlbertModel"):
-    converted(hf, tmp_path, "AlbertForSequenceClassification", num_labels=3,
-              problem_type="multi_label_classification")
-  assert not (tmp_path / "ours").exists()
+def test_a_converted_multi_label_classifier_predicts_a_sigmoid_per_class_in_its_own_order(hf, shared_data,
+                                                                                          tmp_path):
+  """HF problem_type multi_label_classification, id2label [c, a, b], biases 5, 0, -5 (logits about those, the
+  weights being small): a multi_label=true task without labels= reads one sigmoid per class in that order (a
+  softmax would give 0.993, 0.007, 0.00005), a single-label task refuses the head, and --to=hf writes it back."""
+  weights = converted(hf, tmp_path, "AlbertForSequenceClassification", problem_type="multi_label_classification",
+                      **labelled(["c", "a", "b"]))
+  data = tmp_path / "data"
+  data.mkdir()
+  write_split(data / "train.tsv", 8)
+  texts = tmp_path / "in.tsv"
+  write_split(texts, 3, labeled=False)
+  args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
+  config = classification.get_config(f"size=tiny,data={data},spm={spm(shared_data)},text=sentence,multi_label=true")
+  config.model.update(MODEL)
+  config.data.max_seq_length = 16
+  quietly(finetune.predict, config, weights, args)
+  rows = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
+  for row in rows:
+    assert list(row["probabilities"]) == ["c", "a", "b"]
+    np.testing.assert_allclose(list(row["probabilities"].values()), [0.9933, 0.5, 0.0067], atol=0.05)
+  with pytest.raises(ValueError, match=r"problem_type=multi_label_classification, not for this run's "
+                                       r"task=classification, .*of another problem_type"):
+    finetune.predict(own_data_config(shared_data, tmp_path), weights, args)
+  convert.convert(None, "hf", weights, str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
+  back = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert (back["id2label"], back["problem_type"]) == ({"0": "c", "1": "a", "2": "b"}, "multi_label_classification")
+  hf.assert_same_tensors(hf.read(tmp_path / "ours_hf"), hf.read(tmp_path / "back"))
 
 
 # ------------------------------------------------------------------------- token classification, masked LM
