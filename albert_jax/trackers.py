@@ -12,6 +12,7 @@ import importlib
 import json
 import math
 import os
+import secrets
 import sys
 from typing import Protocol
 
@@ -100,10 +101,23 @@ class TensorBoardTracker:
     self._writer.close()
 
 
+WANDB_ID_FILE = "wandb_run_id.txt"
+
+
 def wandb_run_id(workdir: str) -> str:
-  """The W&B run id of a workdir: every start of the run in the same workdir continues one W&B run (and so does a
-  new run in a path used before: docs/pretraining.md)."""
-  return hashlib.sha256(storage.absolute(workdir).encode()).hexdigest()[:16]
+  """The W&B run id of the workdir's run, made at its first start and kept in the workdir (WANDB_ID_FILE): every
+  later start continues that W&B run, and a new run in a path used before (a deleted workdir, the same local path
+  on another machine) starts its own. A run that logged before ids were kept (a metrics.jsonl, no id file) keeps
+  the one it had, a hash of the workdir's path."""
+  path = storage.path(workdir) / WANDB_ID_FILE
+  if path.exists():
+    return path.read_text().strip()
+  if (storage.path(workdir) / "metrics.jsonl").exists():
+    run_id = hashlib.sha256(storage.absolute(workdir).encode()).hexdigest()[:16]
+  else:
+    run_id = secrets.token_hex(8)
+  storage.write_atomic(os.path.join(workdir, WANDB_ID_FILE), run_id)
+  return run_id
 
 
 class WandbTracker:

@@ -1,8 +1,10 @@
 """Experiment tracking (albert_jax/trackers.py): the resolved config as TensorBoard hparams, a Weights & Biases
 run written offline and read back with wandb's own reader, continued on resume, and the refusals in one line."""
 import glob
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -27,6 +29,23 @@ def test_the_config_becomes_tensorboard_hparams_by_section_and_field():
       "log.on": True, "seed": 0, "model.flat_matmuls": "None"}
   assert [trackers.tag(name) for name in ("loss", "eval/mlm_loss", "dev/f1")] == ["train/loss", "eval/mlm_loss",
                                                                                    "dev/f1"]
+
+
+def test_a_new_run_in_a_path_used_before_gets_its_own_wandb_run(tmp_path):
+  """The W&B run id is kept in the workdir: the same at every start, a new one where the workdir was deleted and
+  started afresh; a workdir that logged before ids were kept continues under its path's hash, its id then."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  first = trackers.wandb_run_id(str(workdir))
+  assert trackers.wandb_run_id(str(workdir)) == first == (workdir / trackers.WANDB_ID_FILE).read_text()
+  shutil.rmtree(workdir)
+  workdir.mkdir()
+  second = trackers.wandb_run_id(str(workdir))
+  assert second != first and len(second) == len(first) == 16
+  shutil.rmtree(workdir)
+  workdir.mkdir()
+  (workdir / "metrics.jsonl").write_text('{"step": 1, "loss": 10.0}\n')
+  assert trackers.wandb_run_id(str(workdir)) == hashlib.sha256(str(workdir).encode()).hexdigest()[:16]
 
 
 def wandb_dirs(tmp_path) -> dict[str, str]:
