@@ -153,6 +153,7 @@ def test_every_fine_tuning_run_loads_the_model_its_pretraining_run_trains(tmp_pa
     assert (config.model.hidden_size, config.train.num_train_steps, config.data.max_seq_length) == (
         scale.hidden_size, scale.steps, scale.seq_len)
     assert config.model.num_hidden_layers == config.model.scan_unroll == (12 if "_l12" in run.name else 4)
+    assert config.train.learning_rate == (0.005 if "_l12" in run.name else 0.01)   # Table 4's own
     models[run.name] = config.model
   assert len(models) == 7 and paper_small.baseline(scale).name == "e128_all_sop"
   for run in paper_small.plan(scale):
