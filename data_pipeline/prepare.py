@@ -19,7 +19,8 @@ file); otherwise the whole file is hashed, so a corpus copied or checked out aga
 reused, and its manifest stays as it was: a pretraining run on it resumes. Different settings are refused (they
 are more likely a wrong --output_dir than a wish to lose the old output). The same settings over changed inputs
 or a replaced --spm_model mean "prepare these files again", as `make` rebuilds after a source changed: the stale
-shards are deleted and everything is prepared anew, said on stderr. A preparation that finds no documents deletes what it wrote, so the corrected command starts afresh.
+shards are deleted and everything is prepared anew, said on stderr. A preparation that finds no documents deletes
+what it wrote, so the corrected command starts afresh.
 Files are only ever written under a fresh temporary name and renamed into place, so a symlink placed in the output
 folder is replaced, never written through. Worker processes end themselves when the parent process dies (kill -9
 included), so no orphan writes on. One preparation writes a folder at a time: a second is refused naming the first,
