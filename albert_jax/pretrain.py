@@ -48,7 +48,7 @@ def pretraining_loss(model, sentence_task: str, params: Any, batch: dict[str, ja
     labels = batch["sentence_order_label"].reshape(-1)
     sentence_nll = optax.softmax_cross_entropy_with_integer_labels(out["sop_logits"], labels)
     sums.update(sentence_loss_sum=sentence_nll.sum(),
-                sentence_correct=(out["sop_logits"].argmax(-1) == labels).sum(),
+                sentence_correct=(out["sop_logits"].argmax(-1) == labels).sum(), sentence_positives=labels.sum(),
                 examples=jnp.asarray(labels.shape[0], jnp.float32))
     loss = loss + sums["sentence_loss_sum"] / totals["examples"]
   return loss, sums
@@ -251,12 +251,17 @@ def _fine_tuning_command(workdir: str) -> str:
 
 def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
   """MLM and sentence-task metrics over `train.eval_batches` batches of the held-out documents (the same batches
-  each time)."""
+  each time). `<task>_majority_accuracy` is what always answering the commoner label scores on them: chance, which
+  is above 0.5 where one-sentence chunks (always label 1, a random B) are common, as at short sequence lengths."""
   eval_iter = s.job.batches("eval", s.split)
   total: dict[str, float] = {}
   for _ in range(config.train.eval_batches):
     total = loop.add(total, loop.fetch(s.eval_step(params, s.global_batch(next(eval_iter)))))
-  return s.job.summarize(total, config.train.eval_batches)
+  metrics = s.job.summarize(total, config.train.eval_batches)
+  if "sentence_positives" in total:
+    positives = total["sentence_positives"] / total["examples"]
+    metrics[f"{config.data.sentence_task}_majority_accuracy"] = max(positives, 1 - positives)
+  return metrics
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:

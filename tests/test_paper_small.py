@@ -71,6 +71,11 @@ def test_the_toy_study_reports_what_is_done_and_resumes_without_running_it_again
       "embedding": {"e128": {"params": "done", "mlm": "done"}, "e64": {"params": "done", "mlm": "pending"},
                     "eH": {"params": "done", "mlm": "pending"}}}
   tables = payload["tables"]
+  # Chance: what always answering the commoner label scores on the held-out examples, as --mode=eval counts it.
+  for task in ("sop", "nsp"):
+    chance = payload["runs"]["e16_all_none"]["held_out"][task][f"{task}_majority_accuracy"]
+    assert 50 <= 100 * chance == tables["sentence_task"]["rows"]["nsp"][task]["chance"] <= 100
+  assert "Chance on these held-out examples" in (tmp_path / "doc.md").read_text()
   assert [(c["row"], c["measure"], c["status"]) for c in tables["sentence_task"]["comparisons"]] == [
       (r, m, "done") for r in ("nsp", "none") for m in ("mlm", "sop", "nsp")]
   # Parameters, by hand: not sharing adds L-1 layers (Table 4's depth, 3); E=8 instead of 16 drops 8 columns of the
@@ -130,13 +135,19 @@ def test_the_targets_read_the_tables_and_say_which_are_met():
   done = lambda value: {"status": "done", "value": value}
   tables = {"transfer": {"rows": {"pretrained": {"sst-2": done(60.0), "mrpc": done(70.0)},
                                   "random": {"sst-2": done(60.0), "mrpc": {"status": "pending"}}}},
-            "sentence_task": {"rows": {"sop": {"mlm": done(10.5), "sop": done(75.0)}, "nsp": {"sop": done(45.0)}}},
+            "sentence_task": {"rows": {"sop": {"mlm": done(10.5), "sop": done(75.0)},
+                                       "nsp": {"sop": done(65.0) | {"chance": 60.0}}}},
             "sharing": {"rows": {"all": {"mlm": done(15.0), "params": done(2e6)},
                                  "none": {"mlm": done(15.0), "params": done(6e6)}}}}
   targets = paper_small.acceptance(tables)
   assert [t["met"] for t in targets] == [False, None, False, True, True, True, True, True]
-  assert targets[4] == {"claim": "SOP-trained above NSP-trained on held-out SOP by ≥ 10", "values": [75.0, 45.0],
+  assert targets[4] == {"claim": "SOP-trained above NSP-trained on held-out SOP by ≥ 10", "values": [75.0, 65.0],
                         "met": True}
+  # Chance is the held-out examples' commoner label share, not 50: 65 is within 5 of 60.
+  assert targets[5] == {"claim": "NSP-trained within 5 of chance (the commoner label's share) on held-out SOP",
+                        "values": [65.0, 60.0], "met": True}
+  tables["sentence_task"]["rows"]["nsp"]["sop"]["chance"] = 59.9
+  assert paper_small.acceptance(tables)[5]["met"] is False
 
 
 def test_every_fine_tuning_run_loads_the_model_its_pretraining_run_trains(tmp_path):

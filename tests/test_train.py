@@ -689,10 +689,18 @@ def test_a_compilation_cache_entry_cut_short_is_removed_once_checked(tmp_path):
 
 def test_sentence_metrics_are_named_after_the_sentence_task(tmp_path):
   result = cli(tmp_path, *SMALL_RUN, "--config.train.num_train_steps=2", "--config.data.sentence_task=nsp",
-               "--config.train.eval_every=2", "--config.train.eval_batches=1")
+               "--config.train.eval_every=2", "--config.train.eval_batches=3", "--config.data.kind=synthetic")
   assert result.returncode == 0, result.stderr
-  keys = set().union(*(json.loads(line) for line in open(tmp_path / "metrics.jsonl")))
-  assert {"nsp_accuracy", "nsp_loss", "eval/nsp_accuracy", "eval/nsp_loss"} <= keys
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  keys = set().union(*rows)
+  assert {"nsp_accuracy", "nsp_loss", "eval/nsp_accuracy", "eval/nsp_loss", "eval/nsp_majority_accuracy"} <= keys
+  # Chance on the held-out batches, by hand: the share of the commoner label in the 3 x 8 labels evaluated.
+  data = ml_collections.ConfigDict(json.load(open(tmp_path / "config.json"))["data"])
+  seed = json.load(open(tmp_path / "config.json"))["seed"] + 1  # the held-out batches' seed
+  labels = np.concatenate([pretrain.synthetic_batch(data, 8, 300, (seed, i))["sentence_order_label"] for i in range(3)])
+  evaluation = next(row for row in rows if "eval/nsp_majority_accuracy" in row)
+  assert evaluation["eval/nsp_majority_accuracy"] == pytest.approx(max(labels.mean(), 1 - labels.mean()))
+  assert labels.mean() != 0.5  # (the seed's labels are unbalanced: the max picks a side)
   assert not [k for k in keys if "sop" in k]
   assert "nsp_accuracy" in result.stderr  # the console line
 
