@@ -32,24 +32,30 @@ class _Generation:
   rank: int                       # 2-D torus (v3, v5e, v6e) or 3-D (v4, v5p)
   hbm_bytes_per_chip: int         # Cloud TPU system-architecture pages
   peak_bf16_flops_per_chip: float  # same pages
+  all_reduce_bytes_per_second_per_chip: float  # same pages: "all-reduce bandwidth per Pod" over the Pod's chips
+  dcn_bytes_per_second_per_chip: float         # same pages: data-centre network bandwidth per chip
   shapes: dict[int, str]          # Cloud name number -> default slice shape (chips per axis)
 
 
 # Figures from cloud.google.com/tpu/docs/{v3,v4,v5e,v5p,v6e} (per chip): v3 123 TFLOP/s and 32 GiB; v4 275 and
 # 32 GiB; v5e 197 and 16 GB; v5p 459 and 95 GB; v6e 918 and 32 GB (read as GiB). The compiler keeps part of the HBM
-# for itself: on v3 it reports 15.48 GiB available of a core's 16 GiB.
+# for itself: on v3 it reports 15.48 GiB available of a core's 16 GiB. All-reduce bandwidth per Pod over its chips:
+# v3 340 TB/s / 1024, v4 1.1 PB/s / 4096, v5e 51.2 TB/s / 256, v6e 102.4 TB/s / 256; v5p, not given, is half its
+# 1,200 GB/s bidirectional interconnect per chip, the ratio of v5e's and v6e's figures. Data-centre network per chip:
+# v5p 50 Gbit/s, v5e 6.4 Tbit/s per Pod of 256 chips (25 Gbit/s); the pages give none for v3, v4 and v6e, which take
+# v5e's 25 Gbit/s.
 _GENERATIONS = {
-    "v3": _Generation(("v3",), "v3", True, 2, False, 2, 32 * GiB, 123e12, {
+    "v3": _Generation(("v3",), "v3", True, 2, False, 2, 32 * GiB, 123e12, 340e12 / 1024, 25e9 / 8, {
         8: "2x2", 32: "4x4", 64: "4x8", 128: "8x8", 256: "8x16", 512: "16x16", 1024: "16x32", 2048: "32x32"}),
-    "v4": _Generation(("v4",), "v4", True, 1, True, 3, 32 * GiB, 275e12, {
+    "v4": _Generation(("v4",), "v4", True, 1, True, 3, 32 * GiB, 275e12, 1.1e15 / 4096, 25e9 / 8, {
         8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 384: "4x4x12",
         512: "4x8x8", 1024: "8x8x8", 1536: "8x8x12", 2048: "8x8x16", 4096: "8x16x16"}),
-    "v5e": _Generation(("v5litepod", "v5e"), "v5e", False, 1, False, 2, 16 * GiB, 197e12, {
+    "v5e": _Generation(("v5litepod", "v5e"), "v5e", False, 1, False, 2, 16 * GiB, 197e12, 51.2e12 / 256, 25e9 / 8, {
         1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}),
-    "v5p": _Generation(("v5p",), "v5p", True, 1, True, 3, 95 * GiB, 459e12, {
+    "v5p": _Generation(("v5p",), "v5p", True, 1, True, 3, 95 * GiB, 459e12, 600e9, 50e9 / 8, {
         8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 512: "4x8x8",
         1024: "8x8x8", 2048: "8x8x16", 4096: "8x16x16", 8192: "16x16x16", 12288: "16x16x24"}),
-    "v6e": _Generation(("v6e",), "v6e", False, 1, False, 2, 32 * GiB, 918e12, {
+    "v6e": _Generation(("v6e",), "v6e", False, 1, False, 2, 32 * GiB, 918e12, 102.4e12 / 256, 25e9 / 8, {
         1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}),
 }
 _BY_NAME = {name: gen for gen, g in _GENERATIONS.items() for name in g.names}
@@ -70,6 +76,8 @@ class TpuTopology:
   hbm_bytes_per_device: int      # nominal; the compiler reserves some (v3: 15.48 of 16 GiB usable)
   peak_bf16_flops_per_device: float
   megacore: bool
+  all_reduce_bytes_per_second_per_chip: float
+  dcn_bytes_per_second_per_chip: float
 
   @property
   def chip_config_name(self) -> str:
@@ -111,7 +119,9 @@ def parse(name: str) -> TpuTopology:
   return TpuTopology(
       name=name, generation=gen, topology=f"{g.topology_prefix}:{shape}", chips=chips,
       devices=chips * g.devices_per_chip, hbm_bytes_per_device=g.hbm_bytes_per_chip // g.devices_per_chip,
-      peak_bf16_flops_per_device=g.peak_bf16_flops_per_chip / g.devices_per_chip, megacore=g.megacore)
+      peak_bf16_flops_per_device=g.peak_bf16_flops_per_chip / g.devices_per_chip, megacore=g.megacore,
+      all_reduce_bytes_per_second_per_chip=g.all_reduce_bytes_per_second_per_chip,
+      dcn_bytes_per_second_per_chip=g.dcn_bytes_per_second_per_chip)
 
 
 def answer_libtpus_host_query() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from albert_jax import compile_stats, engine, topology
+from albert_jax import compile_stats, engine, step_bound, topology
 from albert_jax.errors import InputError
 from albert_jax.model_config import is_pretraining, model_config_from
 from albert_jax.topology import GiB
@@ -40,6 +40,7 @@ class Result:
   memory: compile_stats.MemoryBreakdown | None = None
   collectives: compile_stats.CollectiveStats | None = None
   matmul_flops: int | None = None     # per step per device, loop trips included (compile_stats.matmul_flops)
+  optimal_seconds: float | None = None  # the compiler's ideal for one run, loop bodies counted once (step_bound)
   compiled: Any = dataclasses.field(default=None, repr=False, compare=False)  # with compile_for(keep_compiled=True)
 
   def overrides(self) -> list[str]:
@@ -66,10 +67,13 @@ def job_for(config: ml_collections.ConfigDict) -> engine.Job:
   return finetune.make_job(config, task, task.build_model(model_config_from(config)))
 
 
-def with_settings(config: ml_collections.ConfigDict, micro_batch: int, remat_policy: str) -> ml_collections.ConfigDict:
+def with_settings(config: ml_collections.ConfigDict, micro_batch: int, remat_policy: str,
+                  scan_unroll: int | None = None) -> ml_collections.ConfigDict:
   changed = ml_collections.ConfigDict(config.to_dict())
   changed.train.micro_batch_size = micro_batch
   changed.model.remat_policy = remat_policy
+  if scan_unroll is not None:
+    changed.model.scan_unroll = scan_unroll
   return changed
 
 
@@ -97,7 +101,41 @@ def compile_for(config: ml_collections.ConfigDict, devices: list, keep_compiled:
   return Result(fits=True, compile_seconds=seconds, required_bytes=max(memory.total, memory.peak), memory=memory,
                 collectives=compile_stats.collective_stats(compiled, list(s.mesh.devices.flat)),
                 matmul_flops=compile_stats.matmul_flops(compiled)[0],
+                optimal_seconds=step_bound.optimal_seconds(compiled),
                 compiled=compiled if keep_compiled else None, **settings)
+
+
+def time_bound(config: ml_collections.ConfigDict, result: Result, topo: topology.TpuTopology,
+               devices: list) -> step_bound.StepBound | None:
+  """The lower bound on the step time and hours of `result`, compiled from `config` (`step_bound`): where its layers
+  run in a loop, from one more compile of the same setting with every layer unrolled. None where that does not fit."""
+  if not result.fits:
+    return None
+  model = model_config_from(config)
+  if step_bound.layers_in_a_loop(model, result.scan_unroll):
+    unrolled = with_settings(config, result.micro_batch, result.remat_policy, model.num_hidden_layers)
+    ideal = compile_for(unrolled, devices).optimal_seconds
+  else:
+    ideal = result.optimal_seconds
+  if ideal is None:
+    return None
+  job = job_for(config)
+  tokens = config.train.global_batch_size * job.tokens_per_example
+  ici, dcn = step_bound.collective_seconds(result.collectives.totals(), topo)
+  return step_bound.StepBound(
+      compute_seconds=result.accumulation_steps * ideal, ici_seconds=ici, dcn_seconds=dcn, tokens_per_step=tokens,
+      model_flops_per_step=job.flops_per_token * tokens, devices=len(devices),
+      peak_flops_per_device=topo.peak_bf16_flops_per_device, train_steps=int(config.train.num_train_steps))
+
+
+def _report_time_bound(config, result: Result, topo: topology.TpuTopology, devices: list) -> dict[str, Any] | None:
+  bound = time_bound(config, result, topo, devices)
+  if bound is None:
+    print("No step-time bound: the step with every layer unrolled does not fit the device.", flush=True)
+    return None
+  for line in bound.lines():
+    print(line, flush=True)
+  return bound.to_dict()
 
 
 def shorter_bucket_compiles(config: ml_collections.ConfigDict, devices: list) -> list[dict[str, Any]]:
@@ -242,7 +280,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
       print(_nothing_fits(config, topo, args.num_slices), file=sys.stderr)
       sys.exit(EXIT_DOES_NOT_FIT)
     print_report(best, topo, args.num_slices, devices)
-    print("Use: " + " ".join(best.overrides()))
+    print("Use: " + " ".join(best.overrides()) + " (without --fit, the same command also bounds the step time and "
+          "the hours to train)")
     print(json.dumps({**summary(best, topo, args.num_slices, devices), "candidates": len(tried),
                       "overrides": best.overrides()}), flush=True)
     return
@@ -250,6 +289,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
   result = compile_for(config, devices)
   print_report(result, topo, args.num_slices, devices)
   report = summary(result, topo, args.num_slices, devices)
+  report["time_bound"] = _report_time_bound(config, result, topo, devices) if report["fits"] else None
   shorter = shorter_bucket_compiles(config, devices) if report["fits"] else []
   for bucket in shorter:
     print(f"length bucket {bucket['length']}: {bucket['peak_bytes_per_device'] / GiB:.2f} GiB per device, compiled "

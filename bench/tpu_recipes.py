@@ -1,7 +1,8 @@
 """`python -m bench.tpu_recipes`: the README's "Pretraining on TPU" table, measured by the TPU compiler on this host.
 
 Each row compiles the shipped experiment file's exact train step (`--mode=compile`'s code) for a slice and
-records memory per device, headroom and the collective bytes per step; `bench/results/tpu_compile_<row>.json`
+records memory per device, headroom, the collective bytes per step and the step-time bound (`albert_jax.step_bound`:
+one more compile with the layers unrolled); `bench/results/tpu_compile_<row>.json`
 holds each row, and the printed Markdown tables are what the README shows. The second table compares the
 gradient all-reduce of ALBERT and BERT at the same size (the paper's Table 2 speed-up comes from it).
 Takes minutes per row on 2 CPU cores: pick rows with `--only`. `--remat_cost` compiles the rows under each remat
@@ -56,10 +57,12 @@ def measure(name: str, results_dir: str) -> dict:
   module, slice_name, slices, overrides = ROWS[name]
   topo = topology.parse(slice_name)
   devices = topology.tpu_devices(topo, slices)
-  result = tpu_compile.compile_for(row_config(module, overrides), devices)
+  config = row_config(module, overrides)
+  result = tpu_compile.compile_for(config, devices)
+  bound = tpu_compile.time_bound(config, result, topo, devices)
   file, _, arg = module.partition(":")
   record = {"row": name, "experiment": f"experiments/{file}.py" + (f":{arg}" if arg else ""), "overrides": overrides,
-            **tpu_compile.summary(result, topo, slices, devices)}
+            **tpu_compile.summary(result, topo, slices, devices), "time_bound": bound and bound.to_dict()}
   common.write_json(argparse.Namespace(results_dir=results_dir, name=None), f"tpu_compile_{name}",
                     "bench.tpu_recipes", record)
   return record
@@ -122,6 +125,17 @@ def print_tables(records: list[dict]) -> None:
             f"{sum(c['all-gather'].values()) / 1e6:.1f} | {sum(c['reduce-scatter'].values()) / 1e6:.1f} |")
 
 
+def print_time_bounds(records: list[dict]) -> None:
+  print("\n| model | slice | lower bound s/step | compute | interconnect | tokens/s | MFU | steps | hours |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for r in records:
+    b = r.get("time_bound")
+    if b:
+      print(f"| {r['experiment'].split('/')[-1].replace('.py', '')} | {r['name']} x {r['num_slices']} | "
+            f"{b['step_seconds']:.3f} | {b['compute_seconds']:.3f} | {b['ici_seconds']:.4f} | "
+            f"{b['tokens_per_second']:,.0f} | {b['mfu']:.1%} | {b['train_steps']:,} | {b['hours']:.1f} |")
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", default="", help=f"comma-separated rows of: {', '.join(ROWS)}")
@@ -147,6 +161,7 @@ def main(argv=None) -> None:
     print(f"compiling {name}...", flush=True)
     records.append(measure(name, args.results_dir))
   print_tables(records)
+  print_time_bounds(records)
 
 
 if __name__ == "__main__":

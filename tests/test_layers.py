@@ -17,7 +17,7 @@ LAYERS = {
     "data": ("data_pipeline",),
     "model and engine": ("albert_jax.ops", "albert_jax.model_config", "albert_jax.model", "albert_jax.flops",
                          "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology", "albert_jax.compile_stats",
-                         "albert_jax.checkpointing", "albert_jax.compilation_cache", "albert_jax.workdir_lock",
+                         "albert_jax.step_bound", "albert_jax.checkpointing", "albert_jax.compilation_cache", "albert_jax.workdir_lock",
                          "albert_jax.trackers", "albert_jax.metrics", "albert_jax.engine", "albert_jax.loop",
                          "albert_jax.run_config"),
     "tasks and weights": ("albert_jax.tasks", "albert_jax.buckets", "albert_jax.head_identity", "albert_jax.pretrained",

@@ -32,8 +32,14 @@ def test_the_slice_gets_flat_matmuls_only_when_asked(monkeypatch, setting, compi
   assert seen == [compiled_with] and config.model.flat_matmuls is setting
 
 
-def test_tiny_pretraining_fits_a_v3_8_and_reports_every_field():
-  result, report = compile_cli("--topology=v3-8")
+@pytest.fixture(scope="module")
+def tiny_on_v3_8():
+  """The CPU default recipe compiled for a v3-8 as it is: (result, report)."""
+  return compile_cli("--topology=v3-8")
+
+
+def test_tiny_pretraining_fits_a_v3_8_and_reports_every_field(tiny_on_v3_8):
+  result, report = tiny_on_v3_8
   assert result.returncode == 0, result.stderr
   assert report["topology"] == "v3:2x2" and report["devices"] == 8 and report["num_slices"] == 1
   assert report["fits"] is True
@@ -49,6 +55,23 @@ def test_tiny_pretraining_fits_a_v3_8_and_reports_every_field():
   # The compiled program's matmuls, loop trips included, against describe's per-token formula (8 sequences of 64
   # tokens a core); the two differ by 0.03% (the pooler and the small products the formula leaves out).
   assert report["matmul_flops_per_step"] == pytest.approx(5_260_224 * 8 * 64, rel=1e-3)
+  # The step-time bound: every layer is in the program (scan_unroll 4), so no second compile; the compiler's ideal
+  # is never faster than the chip's peak on the model's FLOPs (64 sequences of 64 tokens over 8 cores of 61.5 TFLOP/s).
+  bound, model_flops, peak = report["time_bound"], 5_260_224 * 64 * 64, 8 * 61.5e12
+  assert bound["compute_seconds"] >= model_flops / peak and bound["dcn_seconds"] == 0 < bound["ici_seconds"]
+  assert 0 < bound["mfu"] <= 1 and bound["mfu"] == pytest.approx(model_flops / (bound["step_seconds"] * peak), rel=1e-3)
+  assert bound["tokens_per_second"] == pytest.approx(64 * 64 / bound["step_seconds"])
+  assert bound["train_steps"] == 500 and bound["hours"] == pytest.approx(500 * bound["step_seconds"] / 3600)
+  assert "lower bound per step" in result.stdout and "steps take at least" in result.stdout
+
+
+def test_the_bound_of_scanned_layers_counts_every_layer(tiny_on_v3_8):
+  """The compiler's cost counts a loop's body once: with the layers scanned one an iteration, the bound comes from
+  the same setting compiled with every layer unrolled, which is the default recipe's own program (scan_unroll 4)."""
+  result, report = compile_cli("--topology=v3-8", "--config.model.scan_unroll=1")
+  assert result.returncode == 0, result.stderr
+  assert report["scan_unroll"] == 1
+  assert report["time_bound"]["compute_seconds"] == tiny_on_v3_8[1]["time_bound"]["compute_seconds"]
 
 
 def test_two_slices_put_gradient_traffic_on_the_data_centre_network_once_per_step():
