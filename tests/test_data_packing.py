@@ -58,23 +58,16 @@ def test_a_hand_packed_corpus():
 
 
 def test_resume_from_every_position_and_worker_strides():
-  it = _packed(HAND)
-  stream = [next(it).a.tolist() for _ in range(12)]
-  for k in range(8):
-    it = _packed(HAND)
-    for _ in range(k):
-      next(it)
-    state = json.loads(json.dumps(it.get_state()))
+  it, stream, states = _packed(HAND), [], []
+  for _ in range(12):
+    states.append(json.loads(json.dumps(it.get_state())))
+    stream.append(next(it).a.tolist())
+  for k in range(5):             # at the start, a document, mid-sentence, mid-document, the next epoch
     restored = _packed(HAND)
-    restored.set_state(state)
+    restored.set_state(states[k])
     assert [next(restored).a.tolist() for _ in range(4)] == stream[k:k + 4], k
   odd = _packed(HAND, sl=slice(1, None, 2))          # grain's worker 1 of 2
   assert [next(odd).a.tolist() for _ in range(5)] == stream[1:11:2]
-
-
-@pytest.fixture(scope="module")
-def tiny_prepared(tmp_path_factory):
-  return tiny.ensure_tiny_dataset(str(tmp_path_factory.mktemp("tiny")))
 
 
 def _config(path, **overrides):
