@@ -4,7 +4,8 @@ alone on FULL-SENTENCES inputs (`data.packing=full_sentences`), dynamic masking 
 `experiments/pretrain_roberta.py:size=tiny|base|large`. base and large: BERT-base / BERT-large on prepared data
 with the paper's Table 9 (seq 512, batch 8k, AdamW β1 0.9, β2 0.98, ε 1e-6, weight decay 0.01, no gradient
 clipping, peak lr 6e-4 / 4e-4, warmup 24k / 30k, linear decay to 0 at 500k steps). `adamw` keeps the original
-ALBERT's moments without bias correction; by the time warmup lifts the rate above 1e-6, β2 = 0.98's bias is gone.
+ALBERT's moments without bias correction: within 1% of the corrected update from step 200, when warmup's rate is
+still 5e-6 (base).
 tiny: `pretrain_tiny.py`'s CPU run (bundled corpus, its 4,000-piece tokenizer, LAMB schedule, 500 steps at seq 64)
 with the model BERT-shaped and the inputs RoBERTa's, so the two runs compare. The tokenizer stays SentencePiece
 (RoBERTa's byte-level BPE is not implemented).
