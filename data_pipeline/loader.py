@@ -8,12 +8,12 @@
 Each document's instances and each instance's mask are pure functions of (seed, document index, epoch), so the
 stream is the same for a seed whatever the machine; with worker processes it also depends on num_workers (grain
 interleaves the workers' batches). Hosts read disjoint documents that together cover the split.
+`get_state()` is a small JSON dict: where the current shuffle window began plus how far into it the iterator is,
+so `set_state` rebuilds that window and continues with exactly the next example.
 
 `data.packing=full_sentences` (data_pipeline.packing) replaces the first two steps: every host reads every
 document in one global order per epoch and packs the same sequences; the global batches are shuffled and cut as
 above and each host builds and masks its own rows of them, so the global batches do not depend on the host count.
-`get_state()` is a small JSON dict: where the current shuffle window began plus how far into it the iterator is,
-so `set_state` rebuilds that window and continues with exactly the next example.
 """
 from __future__ import annotations
 
@@ -237,6 +237,10 @@ class _BatchIterator(grain.DatasetIterator):
     return {"window_start": self._window_state, "position": self._position}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
+    if set(state["window_start"]) != set(self._window_state):
+      raise InputError(f"The saved data position {dict(state['window_start'])} is not one of this data.packing's "
+                       f"(those hold {sorted(self._window_state)}); resume with the data settings the run was "
+                       "trained with, or train in a new --workdir.")
     self._parent.set_state(state["window_start"])
     self._fill_window()
     self._position = state["position"]

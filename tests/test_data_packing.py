@@ -159,3 +159,14 @@ def test_settings_that_full_sentences_cannot_build_are_refused_in_one_line(field
   with pytest.raises(ValueError) as error:
     ExampleConfig(**fields)
   assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_position_saved_with_the_other_packing_is_refused(tiny_prepared):
+  pairs = make_pretraining_iterator(_config(tiny_prepared, packing="segment_pairs"), "train", 8, 0, 0, 1,
+                                    vocab_size=tiny.VOCAB_SIZE)
+  packed = make_pretraining_iterator(_config(tiny_prepared), "train", 8, 0, 0, 1, vocab_size=tiny.VOCAB_SIZE)
+  with pytest.raises(ValueError, match=r"is not one of this data.packing's \(those hold \['document', 'sentence', "
+                                       r"'sequence', 'token'\]\); resume with the data settings the run was trained"):
+    packed.set_state(pairs.get_state())
+  with pytest.raises(ValueError, match=r"\(those hold \['next_index'\]\)"):
+    pairs.set_state(packed.get_state())
