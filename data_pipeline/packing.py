@@ -65,14 +65,17 @@ class _PackingIterator(grain.DatasetIterator):
   def _pack(self) -> Instance:
     epoch, pieces, used = self._epoch, [], 0
     while True:
-      end = int(self._offsets[self._sentence + 1])
-      length = end - self._token
-      separator = int(used > 0 and self._token == 0 and length > 0)   # the first tokens of another document
-      if used + separator + length <= self._max_tokens:
-        pieces += [self._separator, self._ids[self._token:end]] if separator else [self._ids[self._token:end]]
-        used += separator + length
-        self._sentence, self._token = self._sentence + 1, end
-      elif used == 0:                              # longer than a sequence: cut
+      separator = int(used > 0 and self._token == 0)               # before the first tokens of another document
+      room = self._max_tokens - used - separator
+      # the last sentence end within `room` of the cursor: the whole sentences that fit, taken at once
+      end = int(np.searchsorted(self._offsets, self._token + room, side="right")) - 1
+      if end > self._sentence:
+        taken = self._ids[self._token:self._offsets[end]]
+        if len(taken):
+          pieces += [self._separator, taken] if separator else [taken]
+          used += separator + len(taken)
+        self._sentence, self._token = end, int(self._offsets[end])
+      elif used == 0:                              # a sentence longer than a sequence: cut
         pieces.append(self._ids[self._token:self._token + self._max_tokens])
         used, self._token = self._max_tokens, self._token + self._max_tokens
       else:
