@@ -130,8 +130,8 @@ def test_batches_have_the_layout_of_segment_pair_batches(tiny_prepared):
 
 def test_exact_resume_mid_epoch_and_the_same_global_batches_for_any_host_count(tiny_prepared):
   """A restored iterator continues with the next batch, on one host or on two (the saved position is global);
-  two hosts' rows, concatenated, are the one host's batch."""
-  config = _config(tiny_prepared)
+  two hosts' rows, concatenated, are the one host's batch. Behind a prefetch thread, as a training run reads."""
+  config = _config(tiny_prepared, prefetch=2)
   one = make_pretraining_iterator(config, "train", 8, 3, 0, 1, vocab_size=tiny.VOCAB_SIZE)
   for _ in range(5):
     next(one)
