@@ -15,6 +15,7 @@ is measured in alternating blocks, 16 of each per mode; the median of the block 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import glob
 import hashlib
@@ -142,11 +143,13 @@ def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predi
   needed = (blocks * block + 1) * batch_size + config.shuffle_buffer
   elements = loader.document_stream(source, seed, 0, 1).order(range(needed))
   tokenizer = Tokenizer(os.path.join(path, manifest["tokenizer"]["model"]), manifest["tokenizer"]["do_lower_case"])
+  builder = BatchBuilder(tokenizer, config)
   in_memory_bytes = 0 if from_disk else loader.DocumentSource.IN_MEMORY_BYTES
   iterators = {"loader": loader.make_pretraining_iterator(data, "train", batch_size, seed, 0, 1, vocab_size,
                                                           in_memory_bytes),
-               "builder": loader._BatchIterator(Stream(elements, documents), documents,
-                                                BatchBuilder(tokenizer, config), batch_size, seed)}
+               "builder": loader._BatchIterator(Stream(elements, documents), functools.partial(
+                                                    loader.document_pairs, documents, builder, seed),
+                                                builder, batch_size, slice(None))}
   digests = {name: [_digest(next(it))] for name, it in iterators.items()}   # opens files, fills the first window
   # The collector's full passes (2-3 per mode, 30-55 ms each over the setup's ~100k objects) are set off by
   # allocations that loader and builder make alike (the same instance building and shuffle buffer) and land in

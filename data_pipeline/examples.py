@@ -19,6 +19,9 @@ from data_pipeline.tokenization import Tokenizer
 from albert_jax.errors import InputError
 
 MASKING_MODES = ("dynamic", "static")
+# "segment_pairs": ALBERT's [CLS] A [SEP] B [SEP] examples from one document (instances.py); "full_sentences":
+# RoBERTa's sequences packed with whole sentences across documents (packing.py).
+PACKINGS = ("segment_pairs", "full_sentences")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,7 @@ class ExampleConfig:
   masking: str = "dynamic"       # "dynamic": new pairs and masks every epoch; "static": they repeat every dupe_factor
   dupe_factor: int = 40
   shuffle_buffer: int = 1024     # instances shuffled together (from whole documents, see loader)
+  packing: str = "segment_pairs"
 
   def __post_init__(self):
     if self.masking not in MASKING_MODES:
@@ -47,6 +51,16 @@ class ExampleConfig:
       raise InputError(f"data.ngram={self.ngram} must be at least 1 (1: single words, as BERT masks; ALBERT uses "
                        "3); set --config.data.ngram.")
     self.pair_config()   # validates sentence_task, short_seq_scope, max_seq_length
+    if self.packing not in PACKINGS:
+      raise InputError(f"data.packing={self.packing!r}; choose one of {PACKINGS}.")
+    if self.packing == "full_sentences" and self.sentence_task != "none":
+      raise InputError(f"data.packing=full_sentences builds single-segment sequences with no sentence task, but "
+                       f"data.sentence_task={self.sentence_task!r}; set --config.data.sentence_task=none (or use "
+                       "data.packing=segment_pairs).")
+    if self.packing == "full_sentences" and self.masking != "dynamic":
+      raise InputError("data.packing=full_sentences packs each epoch's own document order, so data.masking=static "
+                       "has no fixed copies to repeat; set --config.data.masking=dynamic (or use "
+                       "data.packing=segment_pairs).")
 
   @classmethod
   def from_config(cls, data_config: Mapping[str, Any]) -> "ExampleConfig":

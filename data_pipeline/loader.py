@@ -10,15 +10,20 @@ stream is the same for a seed whatever the machine; with worker processes it als
 interleaves the workers' batches). Hosts read disjoint documents that together cover the split.
 `get_state()` is a small JSON dict: where the current shuffle window began plus how far into it the iterator is,
 so `set_state` rebuilds that window and continues with exactly the next example.
+
+`data.packing=full_sentences` (data_pipeline.packing) replaces the first two steps: every host reads every
+document in one global order per epoch and packs the same sequences; the global batches are shuffled and cut as
+above and each host builds and masks its own rows of them, so the global batches do not depend on the host count.
 """
 from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import itertools
 import os
 import random
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import grain
 import numpy as np
@@ -26,7 +31,8 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from data_pipeline import records, rng, shuffle
 from data_pipeline.examples import BatchBuilder, ExampleConfig
-from data_pipeline.instances import Document, document_instances
+from data_pipeline.instances import Document, Instance, document_instances
+from data_pipeline.packing import FullSentences
 from data_pipeline.tokenization import Tokenizer
 
 from albert_jax.errors import InputError
@@ -171,36 +177,49 @@ class _DocumentIterator(grain.DatasetIterator):
     self._ahead.clear()
 
 
-class PretrainingBatches(grain.IterDataset):
-  """(document index, epoch, document) elements -> dicts of batched, masked numpy arrays."""
+def document_pairs(documents: DocumentSource, builder: BatchBuilder, seed: int,
+                   element: tuple[int, int, Document]) -> tuple[int, list[Instance]]:
+  """A document's segment-pair instances and the key that shuffles a window beginning with them."""
+  doc_index, epoch, doc = element
+  key = rng.mix(seed, doc_index, builder.config.epoch_key(epoch))
+  return key, document_instances(doc, doc_index, key, builder.pair_config, documents.other)
 
-  def __init__(self, parent: grain.IterDataset, documents: DocumentSource, builder: BatchBuilder,
-               batch_size: int, seed: int):
+
+def packed_sequence(instance: Instance) -> tuple[int, list[Instance]]:
+  """A packed sequence (data_pipeline.packing) as its own instance, its key shuffling a window beginning with it."""
+  return instance.key, [instance]
+
+
+class PretrainingBatches(grain.IterDataset):
+  """Elements -> dicts of batched, masked numpy arrays. `instances_of(element)` gives (window key, instances);
+  instances are shuffled `shuffle_buffer` at a time and taken `batch_size` at a time, of which `rows` are built
+  and masked (a host's share of a global batch, or all of it)."""
+
+  def __init__(self, parent: grain.IterDataset, instances_of: Callable[[Any], tuple[int, list[Instance]]],
+               builder: BatchBuilder, batch_size: int, rows: slice = slice(None)):
     super().__init__(parent)
-    self._documents, self._builder, self._batch_size, self._seed = documents, builder, batch_size, seed
+    self._instances_of, self._builder, self._batch_size, self._rows = instances_of, builder, batch_size, rows
 
   def __iter__(self) -> "_BatchIterator":
-    return _BatchIterator(self._parent.__iter__(), self._documents, self._builder, self._batch_size, self._seed)
+    return _BatchIterator(self._parent.__iter__(), self._instances_of, self._builder, self._batch_size, self._rows)
 
 
 class _BatchIterator(grain.DatasetIterator):
 
-  def __init__(self, parent, documents: DocumentSource, builder: BatchBuilder, batch_size: int, seed: int):
+  def __init__(self, parent, instances_of, builder: BatchBuilder, batch_size: int, rows: slice):
     super().__init__(parent)
-    self._documents, self._builder, self._batch_size, self._seed = documents, builder, batch_size, seed
+    self._instances_of, self._builder, self._batch_size, self._rows = instances_of, builder, batch_size, rows
     self._window, self._position = [], 0
     self._window_state = self._parent.get_state()
 
   def _fill_window(self) -> None:
-    """Instances of whole documents until there are `shuffle_buffer`, shuffled together."""
+    """Instances of whole elements until there are `shuffle_buffer`, shuffled together."""
     self._window_state = self._parent.get_state()
-    config = self._builder.config
     window, first = [], None
-    while len(window) < config.shuffle_buffer:
-      doc_index, epoch, doc = next(self._parent)
-      key = rng.mix(self._seed, doc_index, config.epoch_key(epoch))
+    while len(window) < self._builder.config.shuffle_buffer:
+      key, instances = self._instances_of(next(self._parent))
       first = key if first is None else first
-      window.extend(document_instances(doc, doc_index, key, self._builder.pair_config, self._documents.other))
+      window.extend(instances)
     random.Random(first).shuffle(window)
     self._window, self._position = window, 0
 
@@ -212,12 +231,16 @@ class _BatchIterator(grain.DatasetIterator):
       take = min(self._batch_size - len(batch), len(self._window) - self._position)
       batch.extend(self._window[self._position:self._position + take])
       self._position += take
-    return self._builder(batch)
+    return self._builder(batch[self._rows])
 
   def get_state(self) -> dict[str, Any]:
     return {"window_start": self._window_state, "position": self._position}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
+    if set(state["window_start"]) != set(self._window_state):
+      raise InputError(f"The saved data position {dict(state['window_start'])} is not one of this data.packing's "
+                       f"(those hold {sorted(self._window_state)}); resume with the data settings the run was "
+                       "trained with, or train in a new --workdir.")
     self._parent.set_state(state["window_start"])
     self._fill_window()
     self._position = state["position"]
@@ -263,10 +286,16 @@ def make_pretraining_dataset(data_config: Mapping[str, Any], split: str, host_ba
   config = ExampleConfig.from_config(data_config)
   _, documents, tokenizer = _open_split(data_config["path"], split, vocab_size, data_config.get("spm_model"),
                                         in_memory_bytes)
-  if len(documents) < process_count:
-    raise InputError(f"Split {split!r} has {len(documents)} documents, fewer than the {process_count} hosts.")
-  ds = document_stream(documents, seed, process_index, process_count)
-  ds = PretrainingBatches(ds, documents, BatchBuilder(tokenizer, config), host_batch_size, seed)
+  builder = BatchBuilder(tokenizer, config)
+  if config.packing == "full_sentences":   # one global stream: every host packs it, and builds its own rows
+    ds = FullSentences(document_stream(documents, seed, 0, 1), seed, config.max_seq_length - 2, tokenizer.sep_id)
+    ds = PretrainingBatches(ds, packed_sequence, builder, host_batch_size * process_count,
+                            slice(process_index * host_batch_size, (process_index + 1) * host_batch_size))
+  else:
+    if len(documents) < process_count:
+      raise InputError(f"Split {split!r} has {len(documents)} documents, fewer than the {process_count} hosts.")
+    ds = document_stream(documents, seed, process_index, process_count)
+    ds = PretrainingBatches(ds, functools.partial(document_pairs, documents, builder, seed), builder, host_batch_size)
   workers, prefetch = int(data_config.get("num_workers", 0)), int(data_config.get("prefetch", 2))
   if workers > 0:
     return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=max(prefetch, 1)))

@@ -95,6 +95,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.data.ngram = 3
   c.data.favor_shorter_ngram = True
   c.data.sentence_task = "sop"    # "sop" | "nsp" | "none"
+  c.data.packing = "segment_pairs"  # or "full_sentences": RoBERTa's packed sequences, sentence_task none (docs/data.md)
   c.data.masking = "dynamic"      # "dynamic" (fresh masks each epoch) | "static" (dupe_factor fixed copies)
   c.data.dupe_factor = 40
   c.data.num_workers = 0          # grain worker processes (0 = in the training process)

@@ -39,6 +39,13 @@ def tokenizer(shared_data):
   return Tokenizer(str(shared_data / "albert_spm" / "spiece.model"))
 
 
+@pytest.fixture(scope="session")
+def tiny_prepared(tmp_path_factory):
+  """The bundled tiny corpus prepared (data_pipeline.tiny), built once per test process; tests only read it."""
+  from data_pipeline import tiny
+  return tiny.ensure_tiny_dataset(str(tmp_path_factory.mktemp("tiny")))
+
+
 @pytest.fixture(scope="module")
 def squad_json(shared_data):
   """SQuAD v1.1 dev, as read from its JSON file."""

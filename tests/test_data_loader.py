@@ -122,11 +122,6 @@ TINY_FINGERPRINTS = {(128, "document", "sop", 300): "cd29fff334f25249", (128, "c
                      (512, "document", "nsp", 100): "c1249c89bc75b139", (512, "chunk", "sop", 100): "c76398530f41e0ee"}
 
 
-@pytest.fixture(scope="module")
-def tiny_prepared(tmp_path_factory):
-  return tiny.ensure_tiny_dataset(str(tmp_path_factory.mktemp("tiny")))
-
-
 def test_random_b_segments_read_only_their_sentences_and_batches_are_unchanged(tiny_prepared):
   manifest = records.read_manifest(tiny_prepared)
   docs = DocumentSource(records.split_files(tiny_prepared, manifest, "train"), manifest["token_dtype"],

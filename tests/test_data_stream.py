@@ -1,4 +1,5 @@
 """The loader's document stream against the grain pipeline it replaces: same order, same batches, same state."""
+import functools
 import hashlib
 import json
 import os
@@ -12,7 +13,8 @@ from grain._src.python.experimental.index_shuffle.python import index_shuffle_mo
 
 from data_pipeline import records, shuffle, tiny
 from data_pipeline.examples import BatchBuilder, ExampleConfig
-from data_pipeline.loader import DocumentSource, PretrainingBatches, document_stream, make_pretraining_iterator
+from data_pipeline.loader import (DocumentSource, PretrainingBatches, document_pairs, document_stream,
+                                  make_pretraining_iterator)
 from data_pipeline.tokenization import Tokenizer
 
 
@@ -56,11 +58,6 @@ def test_order_is_the_grain_pipelines_for_hosts_epochs_and_workers(count, seed, 
     assert stream.order(positions) == [reference.slice(slice(worker, None, 3))[i][:2] for i in positions]
 
 
-@pytest.fixture(scope="module")
-def tiny_prepared(tmp_path_factory):
-  return tiny.ensure_tiny_dataset(str(tmp_path_factory.mktemp("tiny")))
-
-
 def _digests(iterator, count):
   out = []
   for _ in range(count):
@@ -85,7 +82,7 @@ def test_batches_and_states_equal_the_grain_pipeline_fed_from_memory(tiny_prepar
   tokenizer = Tokenizer(f"{tiny_prepared}/{manifest['tokenizer']['model']}", manifest["tokenizer"]["do_lower_case"])
   builder = BatchBuilder(tokenizer, ExampleConfig.from_config(config))
   stream = _grain_stream(decoded, 3, 1, 2).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-  reference = iter(PretrainingBatches(stream, Decoded(), builder, 8, 3))
+  reference = iter(PretrainingBatches(stream, functools.partial(document_pairs, Decoded(), builder, 3), builder, 8))
   loader = make_pretraining_iterator(config, "train", 16, 3, 1, 2, vocab_size=tiny.VOCAB_SIZE,
                                      in_memory_bytes=in_memory_bytes)
   for _ in range(3):                                        # windows of 64 instances: batches cross them

@@ -1,0 +1,45 @@
+"""RoBERTa's pretraining recipe (Liu et al. 2019) on this project's encoder: BERT's shape (no sharing, E = H), MLM
+alone on FULL-SENTENCES inputs (`data.packing=full_sentences`), dynamic masking of 15% of the tokens, single words.
+
+`experiments/pretrain_roberta.py:size=tiny|base|large`. base and large: BERT-base / BERT-large on prepared data
+with the paper's Table 9 (seq 512, batch 8k, AdamW β1 0.9, β2 0.98, ε 1e-6, weight decay 0.01, no gradient
+clipping, peak lr 6e-4 / 4e-4, warmup 24k / 30k, linear decay to 0 at 500k steps). `adamw` keeps the original
+ALBERT's moments without bias correction: within 1% of the corrected update from step 200, when warmup's rate is
+still 5e-6 (base).
+tiny: `pretrain_tiny.py`'s CPU run (bundled corpus, its 4,000-piece tokenizer, LAMB schedule, 500 steps at seq 64)
+with the model BERT-shaped and the inputs RoBERTa's, so the two runs compare. The tokenizer stays SentencePiece
+(RoBERTa's byte-level BPE is not implemented).
+"""
+from albert_jax.errors import InputError
+from experiments import common, pretrain_tiny
+
+# size: (model size, peak learning rate, warmup steps), Table 9 of the paper
+RECIPES = {"base": ("bert_base", 6e-4, 24_000), "large": ("bert_large", 4e-4, 30_000)}
+SIZES = ("tiny", *RECIPES)
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, size="tiny")
+  if args.size not in SIZES:
+    raise InputError(f"Config argument size={args.size!r}; choose one of {list(SIZES)}.")
+  if args.size == "tiny":
+    c = pretrain_tiny.get_config()
+    c.model.embedding_size = c.model.hidden_size
+    c.model.sharing = "none"
+  else:
+    model_size, learning_rate, warmup_steps = RECIPES[args.size]
+    c = common.pretraining_config(model_size)
+    c.train.global_batch_size = 8192
+    c.train.num_train_steps = 500_000
+    c.train.optimizer = "adamw"
+    c.train.learning_rate = learning_rate
+    c.train.warmup_steps = warmup_steps
+    c.train.b1, c.train.b2, c.train.eps, c.train.weight_decay = 0.9, 0.98, 1e-6, 0.01
+    c.train.clip_grad_norm = 0.0
+  c.data.packing = "full_sentences"
+  c.data.sentence_task = "none"
+  c.data.masking = "dynamic"
+  c.data.max_predictions_per_seq = 0  # no cap: 15% of each sequence's tokens
+  c.data.ngram = 1
+  c.data.short_seq_prob = 0.0         # packed sequences are filled to the length
+  return c
