@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import math
 import re
+import unicodedata
 from typing import Any
 
 import jax
@@ -28,6 +29,10 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # Control characters and Unicode line breaks: in an id or a class name they would split or shift rows of the
 # prediction files (GLUE's are TSV; str.splitlines() also cuts at \v, \f, \x1c-\x1e, \x85, \u2028, \u2029).
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Zero-width joiners change how the letters of joining scripts (Persian, Indic) and emoji sequences look, so between
+# two such characters they are part of what a person reads; every other format character (Unicode category Cf:
+# zero-width space, bidi controls, byte-order mark, soft hyphen) is invisible.
+JOINERS = "\u200c\u200d"
 
 
 @dataclasses.dataclass
@@ -99,10 +104,31 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
 
 
 def control_character(text: str, what: str) -> str | None:
-  """The complaint about an id or class name that holds a control character (see CONTROL); None when it is clean."""
-  found = CONTROL.search(text)
-  return found and (f"{what} {text!r} holds the control character {found.group()!r}; ids and class names are "
-                    "written into prediction files, whose rows it would break: remove it.")
+  """The complaint about an id or class name that holds a control character (see CONTROL) or an invisible format
+  character (see JOINERS): one would break the prediction files' rows, the other makes a name that looks like
+  another but is not; None when it is clean."""
+  if found := CONTROL.search(text):
+    return (f"{what} {text!r} holds the control character {found.group()!r}; ids and class names are written into "
+            "prediction files, whose rows it would break: remove it.")
+  invisible = [i for i, ch in enumerate(text) if unicodedata.category(ch) == "Cf" and not _joins(text, i)]
+  if invisible:
+    ch = text[invisible[0]]
+    seen = "".join(ch for i, ch in enumerate(text) if i not in invisible)
+    return (f"{what} {text!r} holds the invisible format character U+{ord(ch):04X} "
+            f"({unicodedata.name(ch, 'unnamed')}), which makes it another {what} than the one it looks like: remove "
+            f"it (did you mean {seen!r}?)")
+  return None
+
+
+def _joins(text: str, i: int) -> bool:
+  """Whether text[i] is a zero-width joiner between two visible characters (letters, marks, digits, symbols)."""
+  return (text[i] in JOINERS and 0 < i < len(text) - 1
+          and all(unicodedata.category(text[j])[0] in "LMNS" for j in (i - 1, i + 1)))
+
+
+def as_read(text: str) -> str:
+  """An id or class name as a person reads it: NFC, so a decomposed "café" is the composed one."""
+  return unicodedata.normalize("NFC", text)
 
 
 def score_label(text: str, path: str, line: int, hint: str) -> float:
@@ -159,16 +185,18 @@ class TaskSettings:
   num_choices: int = 4                    # multiple_choice: options per question (fewer are padded and masked)
 
   def __post_init__(self):
-    """Refuses class names that would be misread: a name given twice makes a phantom class (the labels map to the
-    first, the other output never trains) and a control character breaks the prediction files' rows."""
+    """Refuses class names that would be misread: a name given twice (in either Unicode form) makes a phantom class
+    (the labels map to the first, the other output never trains), a control character breaks the prediction files'
+    rows and an invisible one makes a name unlike the one it looks like. Names are kept in NFC (see as_read)."""
+    for name in self.labels:
+      if problem := control_character(name, "data.labels name"):
+        raise InputError(problem)
+    object.__setattr__(self, "labels", tuple(as_read(name) for name in self.labels))
     name, count = max(collections.Counter(self.labels).items(), key=lambda item: item[1], default=("", 0))
     if count > 1:
       times = "twice" if count == 2 else f"{count} times"
       raise InputError(f"data.labels={list(self.labels)} names {name!r} {times}; list each class once, in output "
                        "order.")
-    for name in self.labels:
-      if problem := control_character(name, "data.labels name"):
-        raise InputError(problem)
 
   @classmethod
   def from_config(cls, config) -> "TaskSettings":
