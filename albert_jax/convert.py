@@ -41,28 +41,32 @@ NO_TOKENIZER = "none"
 PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 
-def from_hf(src: str, dst: str) -> None:
+def from_hf(src: str, dst: str, clear=lambda: None) -> None:
   """A fine-tuned head keeps what it was trained for (class names and order, problem type, class) in dst's
-  head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes them back."""
+  head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes them back.
+  `clear`: empties --dst of an earlier conversion's files, once the source has loaded."""
   head = interop.read_head(src)
   model_config, params = interop.load_hf(src)
+  clear()
   pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
   trained = f"; an {head.architecture} head{labels}" if head else ""
   print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}{trained}).", flush=True)
 
 
-def from_tf1(src: str, dst: str) -> None:
+def from_tf1(src: str, dst: str, clear=lambda: None) -> None:
   if storage.is_remote(src):
     raise InputError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
                      "`gcloud storage cp -r` first (--dst may be gs://).")
   model_config, params = tf1.load_tf1(src)
+  clear()
   pretrained.save_pretrained(dst, model_config, params)
   print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
 
 
-def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None) -> None:
-  """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids."""
+def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None, clear=lambda: None) -> None:
+  """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids; then
+  the folder, loaded as transformers loads it, is checked again (`hf_export.check_loaded`)."""
   run, best = src, None if pretrained.is_pretrained_dir(src) else head_identity.read_best(src)
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
     src = head_identity.best_weights(src, best)
@@ -73,11 +77,15 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
   else:
     head = interop.finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
   max_length = model_config.max_position_embeddings
-  checked = tokenizer and hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
+  if tokenizer:
+    hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
+  clear()
   interop.save_hf(model_config, params, dst, head=head)
   said = "no tokenizer (--spm_model=none)"
   if tokenizer:
     hf_export.save_tokenizer(tokenizer, dst, max_length)
+  checked = hf_export.check_loaded(tokenizer, dst, f"remove what else --dst={dst} holds and convert again")
+  if tokenizer:
     said = (f"the tokenizer of {tokenizer.model_path}, do_lower_case={tokenizer.do_lower_case}, checked to give its "
             f"ids through {checked}")
   print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}; {said}).", flush=True)
@@ -131,12 +139,33 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
     raise ExistsError(f"--dst={dst} is a file; pass a directory (it is created if missing).")
   _check_dst_apart(src, dst)
   with writers.WriterLock(os.path.join(dst, writers.LOCK_FILE), f"--dst={dst}", "--dst"):
-    if any(p.name != writers.LOCK_FILE for p in storage.path(dst).iterdir()) and not overwrite:
-      raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
+    earlier = _earlier_files(dst, overwrite)
+    clear = lambda: [storage.remove(file) for file in earlier]
     if source:
-      {"hf": from_hf, "tf1": from_tf1}[source](src, dst)
+      {"hf": from_hf, "tf1": from_tf1}[source](src, dst, clear)
     else:
-      to_hf(src, dst, encoder_only, spm_model)
+      to_hf(src, dst, encoder_only, spm_model, clear)
+    if stale := [os.path.basename(file) for file in earlier if not storage.path(file).exists()]:
+      print(f"Removed from --dst={dst} what this conversion does not write: {', '.join(stale)}.", flush=True)
+
+
+# What any conversion leaves in its --dst, even one killed part way: --overwrite replaces such a folder's files.
+MODEL_FILES = (interop.CONFIG_FILE, pretrained.CONFIG_FILE, pretrained.PARAMS_DIR)
+
+
+def _earlier_files(dst: str, overwrite: bool) -> list[str]:
+  """The files that an --overwrite removes from --dst before writing (an earlier conversion's: tokenizer files of
+  another tool that transformers would read beside the new ones); folders stay, since neither transformers nor our
+  loader reads any but params/, which is replaced. Refuses a --dst that is not empty without --overwrite, and one
+  that holds no model, whose files are not a conversion's to remove."""
+  entries = sorted(p for p in storage.path(dst).iterdir() if p.name != writers.LOCK_FILE)
+  if entries and not overwrite:
+    raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
+  if entries and not {p.name for p in entries} & set(MODEL_FILES):
+    names = ", ".join(p.name for p in entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    raise ExistsError(f"--dst={dst} holds {names} but no model ({', '.join(MODEL_FILES)}); --overwrite replaces an "
+                      "earlier conversion, not other files: choose a new or empty directory.")
+  return [os.path.join(dst, p.name) for p in entries if not p.is_dir()]
 
 
 def main(argv):
