@@ -16,7 +16,7 @@ LAYERS = {
     "errors and storage": ("albert_jax.errors", "albert_jax.storage"),
     "data": ("data_pipeline",),
     "model and engine": ("albert_jax.ops", "albert_jax.model_config", "albert_jax.model", "albert_jax.flops",
-                         "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology", "albert_jax.compile_stats",
+                         "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology", "albert_jax.compile_stats", "albert_jax.host_memory",
                          "albert_jax.checkpointing", "albert_jax.compilation_cache", "albert_jax.workdir_lock",
                          "albert_jax.trackers", "albert_jax.metrics", "albert_jax.engine", "albert_jax.loop",
                          "albert_jax.run_config"),
