@@ -131,14 +131,16 @@ def as_read(text: str) -> str:
   return unicodedata.normalize("NFC", text)
 
 
+# A number as data files write it: float() also takes "1_000" (Python's digit grouping), "nan" and "infinity".
+NUMBER = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*")
+
+
 def score_label(text: str, path: str, line: int, hint: str) -> float:
-  """A regression label: a finite number, else a DataFileError naming the row (a nan would train and score as nan)."""
-  try:
-    score = float(text)
-  except ValueError:
-    score = math.nan
+  """A regression label: a finite decimal number, else a DataFileError naming the row (a nan would train and score
+  as nan; "1_000" is 1000 to Python alone)."""
+  score = float(text) if NUMBER.fullmatch(text) else math.nan
   if not math.isfinite(score):
-    raise DataFileError(path, line, f"label {text!r} is not a finite number ({hint})")
+    raise DataFileError(path, line, f"label {text!r} is not a finite number in decimal notation ({hint})")
   return score
 
 
@@ -192,6 +194,10 @@ class TaskSettings:
       if problem := control_character(name, "data.labels name"):
         raise InputError(problem)
     object.__setattr__(self, "labels", tuple(as_read(name) for name in self.labels))
+    if not math.isfinite(self.null_score_diff_threshold):  # a nan compares false: every question answered
+      raise InputError(f"data.null_score_diff_threshold={self.null_score_diff_threshold} (evaluate: --null_threshold) "
+                       "is not a finite number; give the null odds above which a SQuAD v2 question is answered \"\" "
+                       "(e.g. 0.0).")
     name, count = max(collections.Counter(self.labels).items(), key=lambda item: item[1], default=("", 0))
     if count > 1:
       times = "twice" if count == 2 else f"{count} times"
