@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from albert_jax.errors import InputError
+from albert_jax.errors import InputError, MissingFileError
 from experiments import classification, glue, multiple_choice, race, token_classification
 from tests.helpers import TINY_RUN, finetune_cli, spm, squad_task, task_of
 
@@ -211,6 +211,21 @@ def test_a_label_in_either_unicode_form_is_one_class_and_joiners_inside_a_word_a
     task_of(classification, "", labels=(CAFE, CAFE_DECOMPOSED))
   with _refused("data.labels name 'neg\\u200e' holds the invisible format character U+200E (LEFT-TO-RIGHT MARK)"):
     task_of(classification, "", labels=("neg\u200e", "pos"))
+
+
+def test_a_split_is_a_name_in_the_data_folder_and_a_missing_one_names_what_is_there(tmp_path):
+  """--split=../../x read a file outside the data folder and wrote its predictions outside the run; a mistyped
+  split blamed config.data.path (issue #48)."""
+  for name in ("train.tsv", "dev.tsv", "test.tsv"):
+    (tmp_path / name).write_text("text\tlabel\na\tpos\nb\tneg\n")
+  task = task_of(classification, f"data={tmp_path}")
+  for bad in ("../../x", "sub/test", "..", "", "/etc/passwd"):
+    with _refused(f"--split={bad!r} is not a split name; name one of the task's splits"):
+      task.load_split(bad, None)
+  with pytest.raises(MissingFileError) as missing:
+    task.load_split("tset", None)
+  assert str(missing.value) == (f"split 'tset': {tmp_path / 'tset.tsv'} not found; {tmp_path} holds dev, test, train "
+                                "(a split is named by its file): check the split's name, or --config.data.path.")
 
 
 # --- JSON that json.loads reads silently or with a traceback ---------------------------------------------------

@@ -11,6 +11,7 @@ import abc
 import collections
 import dataclasses
 import math
+import os
 import re
 import unicodedata
 from typing import Any
@@ -26,6 +27,7 @@ from albert_jax.model_config import ModelConfig
 from data_pipeline.tokenization import Tokenizer
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+SPLIT_NAME = re.compile(r"\w[\w.-]*")  # a file (or folder) of the data folder, without a path
 # Control characters and Unicode line breaks: in an id or a class name they would split or shift rows of the
 # prediction files (GLUE's are TSV; str.splitlines() also cuts at \v, \f, \x1c-\x1e, \x85, \u2028, \u2029).
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -251,7 +253,17 @@ class Task(abc.ABC):
     """-> (features, info); features carry labels only when every example has one."""
 
   def load_split(self, split: str, tokenizer: Tokenizer) -> Split:
+    """Split `split` (a name: "../x" would read a file outside the data folder, and its predictions would be written
+    outside the run) of the data folder, featurized."""
+    if not SPLIT_NAME.fullmatch(split) or ".." in split:
+      raise InputError(f"--split={split!r} is not a split name; name one of the task's splits (test, dev, ...) as "
+                       "its file in the data folder is named, without a folder.")
     path = self.split_path(split)
+    folder = os.path.dirname(path)
+    if not storage.path(path).exists() and storage.path(folder).is_dir():
+      names = sorted({entry.name.split(".")[0] for entry in storage.path(folder).iterdir()})
+      raise MissingFileError(f"split {split!r}: {path} not found; {folder} holds {', '.join(names) or 'nothing'} "
+                             "(a split is named by its file): check the split's name, or --config.data.path.")
     return self._featurized(split, path, self.read_examples(path, labeled=not split.startswith("test")), tokenizer)
 
   def read_user_file(self, path: str, tokenizer: Tokenizer) -> Split:
