@@ -215,7 +215,7 @@ def test_a_label_in_either_unicode_form_is_one_class_and_joiners_inside_a_word_a
 
 def test_a_split_is_a_name_in_the_data_folder_and_a_missing_one_names_what_is_there(tmp_path):
   """--split=../../x read a file outside the data folder and wrote its predictions outside the run; a mistyped
-  split blamed config.data.path (issue #48)."""
+  split, and a missing --input, blamed config.data.path (issue #48)."""
   for name in ("train.tsv", "dev.tsv", "test.tsv"):
     (tmp_path / name).write_text("text\tlabel\na\tpos\nb\tneg\n")
   task = task_of(classification, f"data={tmp_path}")
@@ -226,6 +226,10 @@ def test_a_split_is_a_name_in_the_data_folder_and_a_missing_one_names_what_is_th
     task.load_split("tset", None)
   assert str(missing.value) == (f"split 'tset': {tmp_path / 'tset.tsv'} not found; {tmp_path} holds dev, test, train "
                                 "(a split is named by its file): check the split's name, or --config.data.path.")
+  with pytest.raises(MissingFileError) as missing:
+    task.read_user_file(str(tmp_path / "mine.tsv"), None)
+  assert str(missing.value) == (f"--input={tmp_path / 'mine.tsv'} not found; pass the file of examples to predict "
+                                "(its format: docs/finetuning.md).")
 
 
 # --- JSON that json.loads reads silently or with a traceback ---------------------------------------------------

@@ -268,6 +268,9 @@ class Task(abc.ABC):
 
   def read_user_file(self, path: str, tokenizer: Tokenizer) -> Split:
     """A user's own unlabelled file (format per task, see docs/finetuning.md) ready for `predict_step`."""
+    if not storage.path(path).exists():  # read_text would blame config.data.path
+      raise MissingFileError(f"--input={path} not found; pass the file of examples to predict (its format: "
+                             "docs/finetuning.md).")
     return self._featurized("user", path, self.read_user_examples(path), tokenizer)
 
   def gold_split(self, path: str) -> Split:
