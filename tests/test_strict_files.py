@@ -232,6 +232,21 @@ def test_a_split_is_a_name_in_the_data_folder_and_a_missing_one_names_what_is_th
                                 "(its format: docs/finetuning.md).")
 
 
+def test_a_missing_or_empty_init_checkpoint_is_named_rather_than_the_empty_spm_model(tmp_path):
+  from albert_jax.tasks import make_tokenizer
+  config = classification.get_config("")
+  config.init_checkpoint = str(tmp_path / "albert_base")
+  with pytest.raises(MissingFileError) as missing:
+    make_tokenizer(config)
+  assert str(missing.value) == (f"init_checkpoint={tmp_path / 'albert_base'} not found, so nothing names the "
+                                "SentencePiece model (config.data.spm_model is empty); pass the weights' folder (a "
+                                "convert output or a training workdir), or --config.data.spm_model=PATH.")
+  config.init_checkpoint = ""
+  with _refused("config.data.spm_model is empty and init_checkpoint is empty (weights whose run records their "
+                "SentencePiece model would name it); pass the SentencePiece model"):
+    make_tokenizer(config)
+
+
 # --- JSON that json.loads reads silently or with a traceback ---------------------------------------------------
 
 def _mc(**fields):

@@ -62,7 +62,14 @@ class DataFileError(InputError):
 
 def make_tokenizer(config) -> Tokenizer:
   if not config.data.spm_model:
-    raise InputError("config.data.spm_model is empty; pass the SentencePiece model the checkpoint was trained "
+    init = config.get("init_checkpoint", "")
+    if init and not storage.path(init).exists():  # the weights would name it: that is what to fix
+      raise MissingFileError(f"init_checkpoint={init} not found, so nothing names the SentencePiece model "
+                             "(config.data.spm_model is empty); pass the weights' folder (a convert output or a "
+                             "training workdir), or --config.data.spm_model=PATH.")
+    named = "" if init else (" and init_checkpoint is empty (weights whose run records their SentencePiece model "
+                             "would name it)")
+    raise InputError(f"config.data.spm_model is empty{named}; pass the SentencePiece model the checkpoint was trained "
                      "with (ALBERT's is spiece.model / 30k-clean.model), e.g. --config.data.spm_model=PATH.")
   # Pretraining configs (`--mode=embed` with one) have no such field: their data is prepared uncased by default.
   return Tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
