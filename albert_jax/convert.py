@@ -140,7 +140,7 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
   _check_dst_apart(src, dst)
   with writers.WriterLock(os.path.join(dst, writers.LOCK_FILE), f"--dst={dst}", "--dst"):
     earlier = _earlier_files(dst, overwrite)
-    clear = lambda: [storage.remove(file) for file in earlier]
+    clear = lambda: [storage.path(p).rmtree() if storage.path(p).is_dir() else storage.remove(p) for p in earlier]
     if source:
       {"hf": from_hf, "tf1": from_tf1}[source](src, dst, clear)
     else:
@@ -151,21 +151,26 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
 
 # What any conversion leaves in its --dst, even one killed part way: --overwrite replaces such a folder's files.
 MODEL_FILES = (interop.CONFIG_FILE, pretrained.CONFIG_FILE, pretrained.PARAMS_DIR)
+# What a conversion that failed (a full disk) or was killed leaves: orbax's temporary folder, a file being written.
+LEFTOVERS = (".orbax-checkpoint-tmp", ".tmp")
 
 
 def _earlier_files(dst: str, overwrite: bool) -> list[str]:
-  """The files that an --overwrite removes from --dst before writing (an earlier conversion's: tokenizer files of
-  another tool that transformers would read beside the new ones); folders stay, since neither transformers nor our
-  loader reads any but params/, which is replaced. Refuses a --dst that is not empty without --overwrite, and one
-  that holds no model, whose files are not a conversion's to remove."""
+  """What is removed from --dst before writing: a failed conversion's leftovers (LEFTOVERS), with or without
+  --overwrite, and with it an earlier conversion's files (tokenizer files of another tool that transformers would
+  read beside the new ones); other folders stay, since neither transformers nor our loader reads any but params/,
+  which is replaced. Refuses a --dst holding more without --overwrite, and one that holds no model, whose files are
+  not a conversion's to remove."""
   entries = sorted(p for p in storage.path(dst).iterdir() if p.name != writers.LOCK_FILE)
+  leftovers = [p for p in entries if any(mark in p.name for mark in LEFTOVERS)]
+  entries = [p for p in entries if p not in leftovers]
   if entries and not overwrite:
     raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
   if entries and not {p.name for p in entries} & set(MODEL_FILES):
     names = ", ".join(p.name for p in entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
     raise ExistsError(f"--dst={dst} holds {names} but no model ({', '.join(MODEL_FILES)}); --overwrite replaces an "
                       "earlier conversion, not other files: choose a new or empty directory.")
-  return [os.path.join(dst, p.name) for p in entries if not p.is_dir()]
+  return [os.path.join(dst, p.name) for p in leftovers + [p for p in entries if not p.is_dir()]]
 
 
 def main(argv):

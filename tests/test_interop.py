@@ -225,6 +225,19 @@ def test_a_convert_overwrite_killed_before_its_model_config_leaves_nothing_that_
   assert pretrained.load_pretrained(ours)[0] == interop.load_hf(hf_dir)[0]
 
 
+def test_a_failed_conversions_leftovers_are_removed_without_overwrite(tmp_path, hf_dir, capsys):
+  """A full disk left orbax's temporary folder in --dst, which then had to be forced with --overwrite (issue #48)."""
+  ours = tmp_path / "ours"
+  (ours / "params.orbax-checkpoint-tmp-1700000000").mkdir(parents=True)
+  (ours / "params.orbax-checkpoint-tmp-1700000000" / "part").write_bytes(b"\0" * 10)
+  (ours / "model_config.json.tmp").write_text("{")
+  convert.convert("hf", None, str(hf_dir), str(ours))
+  assert sorted(p.name for p in ours.iterdir()) == ["model_config.json", "params"]
+  assert (f"Removed from --dst={ours} what this conversion does not write: model_config.json.tmp, "
+          "params.orbax-checkpoint-tmp-1700000000.") in capsys.readouterr().out
+  assert pretrained.load_pretrained(ours)[0] == interop.load_hf(hf_dir)[0]
+
+
 def test_convert_cli_exports_a_pretraining_workdir(tmp_path):
   """--src takes a pretraining workdir, not only a `convert` output: its newest checkpoint goes to Hugging Face as
   it is."""
