@@ -122,7 +122,7 @@ def control_character(text: str, what: str) -> str | None:
   invisible = [i for i, ch in enumerate(text) if unicodedata.category(ch) == "Cf" and not _joins(text, i)]
   if invisible:
     ch = text[invisible[0]]
-    seen = "".join(ch for i, ch in enumerate(text) if i not in invisible)
+    seen = "".join(c for i, c in enumerate(text) if i not in invisible)
     return (f"{what} {text!r} holds the invisible format character U+{ord(ch):04X} "
             f"({unicodedata.name(ch, 'unnamed')}), which makes it another {what} than the one it looks like: remove "
             f"it (did you mean {seen!r}?)")
