@@ -12,13 +12,14 @@ The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from absl import app, flags
 
 from albert_jax import (checkpointing, console, head_identity, hf_export, interop, pretrained, run_config, storage,
                         tf1)
-from albert_jax.errors import ExistsError, InputError, MissingFileError, one_line_user_errors
+from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
 from data_pipeline import writers
 
@@ -141,12 +142,24 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
   with writers.WriterLock(os.path.join(dst, writers.LOCK_FILE), f"--dst={dst}", "--dst"):
     earlier = _earlier_files(dst, overwrite)
     clear = lambda: [storage.path(p).rmtree() if storage.path(p).is_dir() else storage.remove(p) for p in earlier]
-    if source:
-      {"hf": from_hf, "tf1": from_tf1}[source](src, dst, clear)
-    else:
-      to_hf(src, dst, encoder_only, spm_model, clear)
+    try:
+      if source:
+        {"hf": from_hf, "tf1": from_tf1}[source](src, dst, clear)
+      else:
+        to_hf(src, dst, encoder_only, spm_model, clear)
+    except Exception as e:  # noqa: BLE001 - re-raised unless the disk is full
+      if not _disk_full(e):
+        raise
+      raise EnvironmentUserError(f"Writing --dst={dst} failed: no space left on device ({type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[0][:300]}); free space and run again, which "
+                                 "removes what this one left.") from None
     if stale := [os.path.basename(file) for file in earlier if not storage.path(file).exists()]:
       print(f"Removed from --dst={dst} what this conversion does not write: {', '.join(stale)}.", flush=True)
+
+
+def _disk_full(error: BaseException) -> bool:
+  """A full disk, as the OS reports it or as orbax (tensorstore) words it."""
+  return (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error)
 
 
 # What any conversion leaves in its --dst, even one killed part way: --overwrite replaces such a folder's files.
