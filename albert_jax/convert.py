@@ -31,7 +31,8 @@ flags.DEFINE_enum("from", None, SOURCES, "Convert from this format into our pret
 flags.DEFINE_enum("to", None, FORMATS, "Convert our pretrained-weights directory into this format.")
 flags.DEFINE_string("src", None, "Directory to read.")
 flags.DEFINE_string("dst", None, "Directory to write.")
-flags.DEFINE_bool("overwrite", False, "Write into --dst even when it is not empty.")
+flags.DEFINE_bool("overwrite", False, "Replace an earlier conversion in --dst: its files that this one does not "
+                  "write are removed (a --dst holding no model is refused).")
 flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an AlbertModel), dropping any head; for "
                   "heads transformers has no class for, such as SQuAD v2's answer-class head.")
 flags.DEFINE_string("spm_model", None, "--to=hf: the SentencePiece model to export with the weights where --src "
@@ -165,17 +166,17 @@ def _disk_full(error: BaseException) -> bool:
 # What any conversion leaves in its --dst, even one killed part way: --overwrite replaces such a folder's files.
 MODEL_FILES = (interop.CONFIG_FILE, pretrained.CONFIG_FILE, pretrained.PARAMS_DIR)
 # What a conversion that failed (a full disk) or was killed leaves: orbax's temporary folder, a file being written.
-LEFTOVERS = (".orbax-checkpoint-tmp", ".tmp")
+ORBAX_TEMPORARY, WRITING = ".orbax-checkpoint-tmp", ".tmp"
 
 
 def _earlier_files(dst: str, overwrite: bool) -> list[str]:
-  """What is removed from --dst before writing: a failed conversion's leftovers (LEFTOVERS), with or without
-  --overwrite, and with it an earlier conversion's files (tokenizer files of another tool that transformers would
-  read beside the new ones); other folders stay, since neither transformers nor our loader reads any but params/,
-  which is replaced. Refuses a --dst holding more without --overwrite, and one that holds no model, whose files are
-  not a conversion's to remove."""
+  """What is removed from --dst before writing: a failed conversion's leftovers (ORBAX_TEMPORARY, WRITING), with or
+  without --overwrite, and with it an earlier conversion's files (tokenizer files of another tool that transformers
+  would read beside the new ones); other folders stay, since neither transformers nor our loader reads any but
+  params/, which is replaced. Refuses a --dst holding more without --overwrite, and one that holds no model, whose
+  files are not a conversion's to remove."""
   entries = sorted(p for p in storage.path(dst).iterdir() if p.name != writers.LOCK_FILE)
-  leftovers = [p for p in entries if any(mark in p.name for mark in LEFTOVERS)]
+  leftovers = [p for p in entries if ORBAX_TEMPORARY in p.name or p.name.endswith(WRITING)]
   entries = [p for p in entries if p not in leftovers]
   if entries and not overwrite:
     raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
