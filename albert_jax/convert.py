@@ -12,13 +12,14 @@ The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from absl import app, flags
 
 from albert_jax import (checkpointing, console, head_identity, hf_export, interop, pretrained, run_config, storage,
                         tf1)
-from albert_jax.errors import ExistsError, InputError, MissingFileError, one_line_user_errors
+from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
 from data_pipeline import writers
 
@@ -30,7 +31,8 @@ flags.DEFINE_enum("from", None, SOURCES, "Convert from this format into our pret
 flags.DEFINE_enum("to", None, FORMATS, "Convert our pretrained-weights directory into this format.")
 flags.DEFINE_string("src", None, "Directory to read.")
 flags.DEFINE_string("dst", None, "Directory to write.")
-flags.DEFINE_bool("overwrite", False, "Write into --dst even when it is not empty.")
+flags.DEFINE_bool("overwrite", False, "Replace an earlier conversion in --dst: its files that this one does not "
+                  "write are removed (a --dst holding no model is refused).")
 flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an AlbertModel), dropping any head; for "
                   "heads transformers has no class for, such as SQuAD v2's answer-class head.")
 flags.DEFINE_string("spm_model", None, "--to=hf: the SentencePiece model to export with the weights where --src "
@@ -41,28 +43,32 @@ NO_TOKENIZER = "none"
 PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 
-def from_hf(src: str, dst: str) -> None:
+def from_hf(src: str, dst: str, clear=lambda: None) -> None:
   """A fine-tuned head keeps what it was trained for (class names and order, problem type, class) in dst's
-  head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes them back."""
+  head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes them back.
+  `clear`: empties --dst of an earlier conversion's files, once the source has loaded."""
   head = interop.read_head(src)
   model_config, params = interop.load_hf(src)
+  clear()
   pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
   trained = f"; an {head.architecture} head{labels}" if head else ""
   print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}{trained}).", flush=True)
 
 
-def from_tf1(src: str, dst: str) -> None:
+def from_tf1(src: str, dst: str, clear=lambda: None) -> None:
   if storage.is_remote(src):
     raise InputError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
                      "`gcloud storage cp -r` first (--dst may be gs://).")
   model_config, params = tf1.load_tf1(src)
+  clear()
   pretrained.save_pretrained(dst, model_config, params)
   print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
 
 
-def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None) -> None:
-  """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids."""
+def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None, clear=lambda: None) -> None:
+  """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids; then
+  the folder, loaded as transformers loads it, is checked again (`hf_export.check_loaded`)."""
   run, best = src, None if pretrained.is_pretrained_dir(src) else head_identity.read_best(src)
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
     src = head_identity.best_weights(src, best)
@@ -73,11 +79,15 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
   else:
     head = interop.finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
   max_length = model_config.max_position_embeddings
-  checked = tokenizer and hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
+  if tokenizer:
+    hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
+  clear()
   interop.save_hf(model_config, params, dst, head=head)
   said = "no tokenizer (--spm_model=none)"
   if tokenizer:
     hf_export.save_tokenizer(tokenizer, dst, max_length)
+  checked = hf_export.check_loaded(tokenizer, dst, f"remove what else --dst={dst} holds and convert again")
+  if tokenizer:
     said = (f"the tokenizer of {tokenizer.model_path}, do_lower_case={tokenizer.do_lower_case}, checked to give its "
             f"ids through {checked}")
   print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}; {said}).", flush=True)
@@ -131,12 +141,50 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
     raise ExistsError(f"--dst={dst} is a file; pass a directory (it is created if missing).")
   _check_dst_apart(src, dst)
   with writers.WriterLock(os.path.join(dst, writers.LOCK_FILE), f"--dst={dst}", "--dst"):
-    if any(p.name != writers.LOCK_FILE for p in storage.path(dst).iterdir()) and not overwrite:
-      raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
-    if source:
-      {"hf": from_hf, "tf1": from_tf1}[source](src, dst)
-    else:
-      to_hf(src, dst, encoder_only, spm_model)
+    earlier = _earlier_files(dst, overwrite)
+    clear = lambda: [storage.path(p).rmtree() if storage.path(p).is_dir() else storage.remove(p) for p in earlier]
+    try:
+      if source:
+        {"hf": from_hf, "tf1": from_tf1}[source](src, dst, clear)
+      else:
+        to_hf(src, dst, encoder_only, spm_model, clear)
+    except Exception as e:  # noqa: BLE001 - re-raised unless the disk is full
+      if not _disk_full(e):
+        raise
+      raise EnvironmentUserError(f"Writing --dst={dst} failed: no space left on device ({type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[0][:300]}); free space and run again, which "
+                                 "removes what this one left.") from None
+    if stale := [os.path.basename(file) for file in earlier if not storage.path(file).exists()]:
+      print(f"Removed from --dst={dst} what this conversion does not write: {', '.join(stale)}.", flush=True)
+
+
+def _disk_full(error: BaseException) -> bool:
+  """A full disk, as the OS reports it or as orbax (tensorstore) words it."""
+  return (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error)
+
+
+# What any conversion leaves in its --dst, even one killed part way: --overwrite replaces such a folder's files.
+MODEL_FILES = (interop.CONFIG_FILE, pretrained.CONFIG_FILE, pretrained.PARAMS_DIR)
+# What a conversion that failed (a full disk) or was killed leaves: orbax's temporary folder, a file being written.
+ORBAX_TEMPORARY, WRITING = ".orbax-checkpoint-tmp", ".tmp"
+
+
+def _earlier_files(dst: str, overwrite: bool) -> list[str]:
+  """What is removed from --dst before writing: a failed conversion's leftovers (ORBAX_TEMPORARY, WRITING), with or
+  without --overwrite, and with it an earlier conversion's files (tokenizer files of another tool that transformers
+  would read beside the new ones); other folders stay, since neither transformers nor our loader reads any but
+  params/, which is replaced. Refuses a --dst holding more without --overwrite, and one that holds no model, whose
+  files are not a conversion's to remove."""
+  entries = sorted(p for p in storage.path(dst).iterdir() if p.name != writers.LOCK_FILE)
+  leftovers = [p for p in entries if ORBAX_TEMPORARY in p.name or p.name.endswith(WRITING)]
+  entries = [p for p in entries if p not in leftovers]
+  if entries and not overwrite:
+    raise ExistsError(f"--dst={dst} is not empty; choose another directory or pass --overwrite.")
+  if entries and not {p.name for p in entries} & set(MODEL_FILES):
+    names = ", ".join(p.name for p in entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    raise ExistsError(f"--dst={dst} holds {names} but no model ({', '.join(MODEL_FILES)}); --overwrite replaces an "
+                      "earlier conversion, not other files: choose a new or empty directory.")
+  return [os.path.join(dst, p.name) for p in leftovers + [p for p in entries if not p.is_dir()]]
 
 
 def main(argv):

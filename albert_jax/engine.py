@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from albert_jax import checkpointing, compilation_cache, model_config, optim, sharding, trackers
+from albert_jax import checkpointing, compilation_cache, host_memory, model_config, optim, sharding, trackers
 from albert_jax.errors import InputError
 
 
@@ -91,16 +91,6 @@ def _batch_size_checks(t) -> list[tuple[bool, str]]:
   ]
 
 
-def _batch_fits_host(global_batch: int, seq_len: int) -> tuple[bool, str]:
-  """(ok, message) for this host's rows of a global batch, of which the input pipeline holds at least the token
-  ids, mask and token types (int32) in host memory. A length below 1 is refused by the job's own check."""
-  row, memory, hosts = max(seq_len, 1) * 3 * 4, model_config.host_memory(), jax.process_count()
-  needed = global_batch // hosts * row
-  return (needed <= memory, f"train.global_batch_size={global_batch} rows of {seq_len} tokens need "
-                            f"{needed / 2**30:,.1f} GiB of this host's {memory / 2**30:,.1f} GiB of memory for their "
-                            f"token ids, masks and token types alone; at most {memory // row * hosts:,} rows fit")
-
-
 def _refuse(checks: list[tuple[bool, str]]) -> None:
   """One line naming every (ok, message) check that failed and the fix."""
   problems = [message for ok, message in checks if not ok]
@@ -136,7 +126,7 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
   t, c, log = config.train, config.checkpoint, config.log
   checks = [
       *_batch_size_checks(t),
-      _batch_fits_host(t.global_batch_size, config.data.max_seq_length),
+      host_memory.batch_fits(t.global_batch_size, config.data.max_seq_length),
       (t.num_train_steps > 0, f"train.num_train_steps={t.num_train_steps} must be positive"),
       *((t[name] <= model_config.INT32_MAX, f"train.{name}={t[name]} exceeds {model_config.INT32_MAX:,}, the most "
                                             "the int32 step counter holds")
@@ -355,6 +345,9 @@ def setup(config: ml_collections.ConfigDict, job: Job, workdir: str | None = Non
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(init_state, key)
   state_shardings = sharding.logical_shardings(boxed, mesh, rules)
+  abstract_state = _abstract(strip_boxes(boxed), state_shardings)
+  if devices is None:  # this host runs it (not a compile for a TPU slice)
+    host_memory.check_run(config, split, job.example_batch(1), job.tokens_per_example, abstract_state, mesh)
   batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   train_step = jax.jit(make_train_step(job.loss_fn, job.totals_fn, tx, schedule, split.accumulation_steps, mesh),
                        in_shardings=(state_shardings, batch_sharding, replicated),
@@ -364,6 +357,6 @@ def setup(config: ml_collections.ConfigDict, job: Job, workdir: str | None = Non
     c = config.checkpoint
     checkpointer = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), c.every, c.keep, c.async_save)
   return Setup(job=job, mesh=mesh, rules=rules, split=split, tx=tx, schedule=schedule,
-               abstract_state=_abstract(strip_boxes(boxed), state_shardings), state_shardings=state_shardings,
+               abstract_state=abstract_state, state_shardings=state_shardings,
                batch_sharding=batch_sharding, replicated=replicated, train_step=train_step,
                eval_step=jax.jit(make_eval_step(job.loss_fn, job.totals_fn)), checkpointer=checkpointer)

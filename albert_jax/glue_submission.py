@@ -68,7 +68,10 @@ def dev_score(run: str) -> float:
 def assemble(runs: list[str], out: str, allow_partial: bool = False, check_counts: bool = True) -> dict[str, str]:
   """{file name: the run it was taken from}, after copying each chosen file into `out`, which one assembly writes
   at a time (`writers.WriterLock`) and which must hold no other file."""
-  chosen: dict[str, tuple[float, str]] = {}
+  if twice := next((run for i, run in enumerate(runs) if writers.resolved(run) in map(writers.resolved, runs[:i])),
+                   None):
+    raise InputError(f"--runs lists {twice} twice; list each run once.")
+  given: dict[str, list[tuple[float, str]]] = {}  # file name -> (dev score, run) of every run that has it
   for run in runs:
     writers.check_apart("--out", out, "--runs", run, "the submission")
     config_path = os.path.join(run, "config.json")
@@ -79,8 +82,9 @@ def assemble(runs: list[str], out: str, allow_partial: bool = False, check_count
       raise InputError(f"{run} is a {task!r} run, not a GLUE one; leave it out of --runs.")
     score = dev_score(run)
     for name in TEST_ROWS:
-      if storage.path(os.path.join(run, name)).exists() and (name not in chosen or score > chosen[name][0]):
-        chosen[name] = (score, run)  # ties: the run listed first
+      if storage.path(os.path.join(run, name)).exists():
+        given.setdefault(name, []).append((score, run))
+  chosen = {name: _best(name, candidates) for name, candidates in given.items()}
   missing = [name for name in TEST_ROWS if name not in chosen]
   if missing and not allow_partial:
     raise InputError(f"No run has {', '.join(missing)}; the GLUE server needs all {len(TEST_ROWS)} files. Add the "
@@ -93,6 +97,20 @@ def assemble(runs: list[str], out: str, allow_partial: bool = False, check_count
     for name, (_, run) in chosen.items():
       storage.copy_atomic(os.path.join(run, name), os.path.join(out, name))
   return {name: run for name, (_, run) in sorted(chosen.items())}
+
+
+def _best(name: str, candidates: list[tuple[float, str]]) -> tuple[float, str]:
+  """The run with the best dev score of those giving file `name` (equal scores: the one listed first), said on the
+  console with the runs passed over; refused when none of several has a dev score to choose by."""
+  best = max(candidates, key=lambda candidate: candidate[0])  # max keeps the first of equals
+  if len(candidates) > 1:
+    if best[0] == -math.inf:
+      raise InputError(f"{name} is given by {len(candidates)} runs ({', '.join(run for _, run in candidates)}) and "
+                       "none has best/best.json to choose by; leave all but one out of --runs.")
+    others = ", ".join(f"{run} ({'no best/best.json' if score == -math.inf else f'{score:g}'})"
+                       for score, run in candidates if (score, run) != best)
+    print(f"{name}: taking {best[1]} (best dev value {best[0]:g}) over {others}.", flush=True)
+  return best
 
 
 def _check_no_other_files(out: str, names: set[str]) -> None:

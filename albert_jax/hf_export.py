@@ -84,26 +84,56 @@ def our_ids(tokenizer: Tokenizer, first: str, second: str | None) -> tuple[list[
 
 
 def check_tokenizer(tokenizer: Tokenizer, vocab_size: int, max_length: int) -> str:
-  """Refuses a tokenizer that the model has no rows for, or whose export, loaded back as users load it
-  (transformers' AutoTokenizer, or the tokenizers library without transformers), gives other ids than ours on
-  SAMPLES; written to a scratch folder first, so a refusal leaves --dst alone. Returns what loaded it."""
+  """Refuses a tokenizer that the model has no rows for, or whose export, loaded back as users load it, gives other
+  ids than ours (`check_loaded`); written to a scratch folder first, so a refusal leaves --dst alone. Returns what
+  loaded it."""
   if tokenizer.vocab_size != vocab_size:
     raise InputError(f"SentencePiece model {tokenizer.model_path} has {tokenizer.vocab_size} pieces but the model "
                      f"has vocab_size={vocab_size}; pass the model it was trained with (--spm_model).")
   with tempfile.TemporaryDirectory() as scratch:
     save_tokenizer(tokenizer, scratch, max_length)
+    return check_loaded(tokenizer, scratch, "nothing was written", with_model=False)
+
+
+def check_loaded(tokenizer: Tokenizer | None, folder: str, fix: str, with_model: bool = True) -> str:
+  """Loads `folder` as users load it, every file in it read as transformers reads it: AutoTokenizer, and (with_model,
+  torch installed) the class config.json names; without transformers, tokenizer.json by the tokenizers library.
+  Refuses a tokenizer with tokens beyond the run's special ones (an earlier tool's added_tokens.json), other special
+  token ids (a special_tokens_map.json), or other ids than ours on SAMPLES. Returns what loaded the tokenizer."""
+  try:
+    import transformers
+  except ImportError:
+    transformers = None
+  if with_model and transformers and transformers.utils.is_torch_available():
+    config = transformers.AutoConfig.from_pretrained(folder)
+    model_class = getattr(transformers, (config.architectures or ["AutoModel"])[0])
+    bar = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # a bar per load on stderr
     try:
-      import transformers
-      loaded = transformers.AutoTokenizer.from_pretrained(scratch)
-      encode = lambda a, b: (lambda e: (e["input_ids"], e["token_type_ids"]))(loaded(a, b))
-    except ImportError:
-      loaded = tokenizers.Tokenizer.from_file(os.path.join(scratch, TOKENIZER_FILE))
-      encode = lambda a, b: (lambda e: (e.ids, e.type_ids))(loaded.encode(a, b))
-    for first, second in SAMPLES:
-      if (theirs := encode(first, second)) != (ours := our_ids(tokenizer, first, second)):
-        raise InputError(f"The exported tokenizer ({type(loaded).__name__}) gives other ids than "
-                         f"{tokenizer.model_path} for {(first, second)!r}: {theirs[0]} != {ours[0]}; nothing was "
-                         "written.")
+      _, info = model_class.from_pretrained(folder, output_loading_info=True)
+    finally:
+      if bar:
+        transformers.utils.logging.enable_progress_bar()
+    if info["unexpected_keys"] or info["mismatched_keys"]:
+      raise InputError(f"{folder}: transformers' {model_class.__name__} does not take every weight of the export "
+                       f"({sorted(info['unexpected_keys'] or info['mismatched_keys'])[:3]}); {fix}.")
+  if tokenizer is None:
+    return ""
+  if transformers:
+    loaded = transformers.AutoTokenizer.from_pretrained(folder)
+    encode = lambda a, b: (lambda e: (e["input_ids"], e["token_type_ids"]))(loaded(a, b))
+    special = {name: getattr(loaded, name) for name in SPECIAL_TOKENS}
+    if special != SPECIAL_TOKENS or (added := set(loaded.get_added_vocab()) - set(SPECIAL_TOKENS.values())):
+      found = f"added tokens {sorted(added)}" if special == SPECIAL_TOKENS else f"special tokens {special}"
+      raise InputError(f"{folder}: transformers loads the tokenizer with {found}, unlike {tokenizer.model_path}; "
+                       f"{fix}.")
+  else:
+    loaded = tokenizers.Tokenizer.from_file(os.path.join(folder, TOKENIZER_FILE))
+    encode = lambda a, b: (lambda e: (e.ids, e.type_ids))(loaded.encode(a, b))
+  for first, second in SAMPLES:
+    if (theirs := encode(first, second)) != (ours := our_ids(tokenizer, first, second)):
+      raise InputError(f"The exported tokenizer ({type(loaded).__name__}) gives other ids than "
+                       f"{tokenizer.model_path} for {(first, second)!r}: {theirs[0]} != {ours[0]}; {fix}.")
   return type(loaded).__name__
 
 

@@ -204,8 +204,15 @@ def _memory_needed(c: ModelConfig, **sizes: int) -> int:
   restores, warm starts and exports hold in host memory, and one longest sequence's input to every layer
   application, which a training step keeps for its backward pass."""
   s = _sizes(c, sizes)
-  saved = s["num_hidden_layers"] * s["inner_group_num"] * s["max_position_embeddings"] * s["hidden_size"]
-  return parameter_count(c, **sizes) * _bytes(c.param_dtype) + saved * _bytes(c.dtype)
+  return parameter_count(c, **sizes) * _bytes(c.param_dtype) + layer_inputs_bytes(c, s["max_position_embeddings"],
+                                                                                  **sizes)
+
+
+def layer_inputs_bytes(c: ModelConfig, tokens: int, **sizes: int) -> int:
+  """Bytes of one `tokens`-long sequence's input to every layer application, which a training step keeps for its
+  backward pass: a lower bound of its activations."""
+  s = _sizes(c, sizes)
+  return s["num_hidden_layers"] * s["inner_group_num"] * tokens * s["hidden_size"] * _bytes(c.dtype)
 
 
 def _bytes(dtype: str) -> int:

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import resource
 import sys
 import tempfile
 import threading
@@ -79,7 +80,21 @@ class PrepareConfig:
       cli.check_at_least(flag, getattr(self, flag), 1)
     if not 0.0 <= self.eval_fraction < 1.0:
       raise InputError(f"--eval_fraction must be in [0, 1), got {self.eval_fraction}.")
+    self._check_open_files()
     self.source()   # checks --format, --max_document_units and --max_unit_bytes
+
+  def _check_open_files(self) -> None:
+    """Refuses shard counts that would make a worker hold more files open than the process may (each keeps all
+    its shards open while it streams the input): it would fail mid-way with "Too many open files"."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    shards = self.num_shards + self.num_eval_shards
+    held = -(-shards // self.workers) + FILES_BESIDE_SHARDS
+    if limit != resource.RLIM_INFINITY and held > limit:
+      most = max((limit - FILES_BESIDE_SHARDS) * self.workers - self.num_eval_shards, 0)
+      raise InputError(f"--num_shards={self.num_shards} and --num_eval_shards={self.num_eval_shards} over "
+                       f"--workers={self.workers} make a worker hold {held - FILES_BESIDE_SHARDS:,} shard files open "
+                       f"at once, beyond this process's limit of {limit:,} open files (ulimit -n): use at most "
+                       f"--num_shards={most:,} with these workers, more --workers, or raise ulimit -n.")
 
   def source(self) -> Source:
     return Source(self.input, self.format, self.text_field, self.tfds_data_dir, self.max_document_units,
@@ -122,6 +137,8 @@ def _tokenize(doc, source: Source, tokenizer: Tokenizer, config: PrepareConfig, 
       sentences.append(ids)
   return sentences
 
+FILES_BESIDE_SHARDS = 64  # what else a worker may hold open: the input, the tokenizer, Python's own
+
 # A record per chunk, stored uncompressed: the loader reads one random document at a time, and zstd (ArrayRecord's
 # default) costs about half of such a read (~15 us a document, ~4% of the loader's rate at seq 512) to save a
 # third of the disk.
@@ -149,6 +166,7 @@ def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]], reports:
       continue
     st = stats[shard]
     st["non_utf8_lines"] += doc.non_utf8_lines
+    st["units"] += len(doc.units)
     st["documents_cut"] += doc.cut
     st["lines_cut"] += doc.lines_cut
     if doc.unreadable:
@@ -292,9 +310,27 @@ def _prepare(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inpu
       print(f"data_pipeline.prepare: warning: no document went to the {split} split (--eval_fraction="
             f"{config.eval_fraction} of {manifest['totals']['documents']} documents); {_EMPTY_SPLIT[split]}",
             file=sys.stderr, flush=True)
+  for line in _corpus_warnings(manifest["totals"]):
+    print(f"data_pipeline.prepare: warning: {line}", file=sys.stderr, flush=True)
   if not complete:
     storage.write_atomic(manifest_path, json.dumps(manifest, indent=1))
   return manifest
+
+
+def _corpus_warnings(totals: dict) -> list[str]:
+  """What the counts say of a corpus that prepares but would not pretrain as meant."""
+  found = []
+  bad, units = totals.get("non_utf8_lines", 0), totals.get("units", 0)
+  if units and bad * 10 > units:
+    found.append(f"{bad:,} of {units:,} lines hold bytes that are not UTF-8, read as U+FFFD (which tokenizes to "
+                 "<unk>): the corpus is likely in another encoding; convert it (e.g. iconv -f latin1 -t utf-8) and "
+                 "prepare again.")
+  single, documents = totals.get("single_sentence_documents", 0), totals.get("documents", 0)
+  if documents and single * 2 > documents:
+    found.append(f"{single:,} of {documents:,} documents hold one sentence: sentence-order prediction pairs two "
+                 "segments of one document, so it cannot learn from these; keep each document's sentences together "
+                 "(one per line) with a blank line between documents.")
+  return found
 
 
 _EMPTY_SPLIT = {

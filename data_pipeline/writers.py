@@ -118,8 +118,19 @@ class WriterLock:
     if alive:
       since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held["started"]))
       raise InUse(f"{self.name} is in use by a run on host {held['host']} (PID {held['pid']}, started {since}); "
-                  f"wait for it, stop it, or use another {self.flag}.")
+                  f"wait for it, stop it, or use another {self.flag}{self._clock(held)}.")
     self.say(f"Taking over {self.path} from a run that is no longer alive (host {held['host']}, PID {held['pid']}).")
+
+  def _clock(self, held: dict) -> str:
+    """What to say of a heartbeat from the future: the holder's clock runs ahead of this host's, so its lock would
+    look alive until this clock catches up, however long ago the holder died."""
+    ahead = held["heartbeat"] - time.time()
+    if ahead < STALE_SECONDS:
+      return ""
+    span = f"{ahead / 86400:,.0f} days" if ahead >= 86400 else f"{ahead:,.0f} s"
+    return (f"; its heartbeat is {span} ahead of this host's clock: the hosts' clocks disagree, and a dead holder's "
+            f"lock looks alive until this clock catches up; set the clocks right (NTP), or delete {self.path} if no "
+            "run is writing there")
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(HEARTBEAT_SECONDS):

@@ -73,6 +73,23 @@ def pretrain_cli(workdir, *overrides, devices=1, config="experiments/pretrain_ti
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size: str):
+  """A tmpfs of `size` ("3m") mounted at `folder` (needs root, as CI has; elsewhere a skip)."""
+  import pytest
+  folder.mkdir()
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                           text=True)
+  if mounted.returncode:
+    if os.environ.get("CI"):
+      pytest.fail(f"CI must be able to mount a tmpfs: {mounted.stderr}")
+    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr}")
+  try:
+    yield folder
+  finally:
+    subprocess.run(["umount", str(folder)], check=True)
+
+
 def final_params(workdir):
   """(step, parameters) of the newest checkpoint of a pretraining workdir."""
   from albert_jax import checkpointing

@@ -8,10 +8,11 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 
 import pytest
 
-from albert_jax import engine, head_identity, interop, pretrained
+from albert_jax import engine, head_identity, interop, pretrain, pretrained
 from albert_jax import model_config as model_config_lib
 from albert_jax.errors import InputError, UserError
 from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
@@ -194,6 +195,46 @@ def test_training_counters_batches_and_seeds_beyond_their_types_are_refused(smal
   with pytest.raises(InputError) as error:
     engine.check_training_config(config)
   assert message in one_line(error)
+
+
+def test_a_batch_beyond_the_host_is_refused_from_shapes_naming_the_largest_that_fits(small_host, tmp_path):
+  """The step's state, gradients, layer inputs and batch (twice: the loader's and the device batch, both host memory
+  on a CPU backend) counted before anything is allocated; `pretrain_tiny.py:synthetic` passed the 12-bytes-a-token
+  check and was killed by the kernel (issue #48). The largest batch named is the boundary: it passes, the next
+  multiple of the devices does not."""
+  config = pretrain_tiny.get_config("synthetic")
+  config.train.global_batch_size = 16777216
+  job = pretrain.make_job(config, str(tmp_path))
+  example, made = job.example_batch, []
+  job.example_batch = lambda rows: made.append(rows) or example(rows)
+  start = time.perf_counter()
+  with pytest.raises(InputError) as error:
+    engine.setup(config, job)
+  message = one_line(error)
+  assert time.perf_counter() - start < 10 and made == [1]  # shapes from one row: no batch of that size is made
+  # a row: 64 tokens of ids, mask and types and 10 masked positions, ids and weights (int32), one SOP label: 892
+  # bytes, twice; 4 layers' 64x128 float32 inputs: 128 KiB
+  assert message.startswith("train.global_batch_size=16777216 needs at least 2,075.9 GiB of this host's 16.0 GiB of "
+                            "memory (its 16,777,216 rows on this host 27.9 GiB; parameters, optimizer state and "
+                            "gradients on 8 CPU device(s) "), message
+  fits = int(message.split("at most ")[1].split(" rows fit")[0].replace(",", ""))
+  per_row = 2 * 892 + 4 * 64 * 128 * 4
+  assert 16 * GIB // per_row - 400 < fits <= 16 * GIB // per_row and fits % 8 == 0  # less the 46 MB of the state
+  for rows, ok in ((fits, True), (fits + 8, False)):
+    config.train.global_batch_size = rows
+    if ok:
+      engine.setup(config, job)
+    else:
+      with pytest.raises(InputError, match=f"^train.global_batch_size={rows} needs at least"):
+        engine.setup(config, job)
+
+
+def test_an_absurd_batch_is_one_line_in_seconds(tmp_path):
+  start = time.perf_counter()
+  result = pretrain_cli(tmp_path / "run", "--config.train.global_batch_size=16777216", fast_compile=True)
+  assert result.returncode == 1 and time.perf_counter() - start < 60, result.stderr
+  assert result.stderr.startswith("error: train.global_batch_size=16777216 ") and " rows fit" in result.stderr and \
+      result.stderr.count("\n") == 1, result.stderr
 
 
 def test_a_negative_seed_leaves_the_workdir_untouched(shared_data, tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import data_pipeline.prepare as prepare_lib
 from data_pipeline import fingerprints, records
 from albert_jax.errors import InputError
 from data_pipeline.loader import DocumentSource
@@ -147,6 +148,44 @@ def test_resume_after_a_crash_redoes_only_unfinished_shards(shared_data, tmp_pat
   assert {p.name: p.read_bytes() for p in tmp_path.glob("*.array_record")} == reference
   with pytest.raises(ValueError, match="different settings.*seed"):
     prepare(PrepareConfig(**{**config.__dict__, "seed": 1}))
+
+
+def test_shards_beyond_the_open_file_limit_are_refused_before_anything_is_written(shared_data, tmp_path,
+                                                                                  monkeypatch):
+  """Each worker holds all its shards open: 100,000 ended in "Too many open files" part way (issue #48)."""
+  monkeypatch.setattr(prepare_lib.resource, "getrlimit", lambda kind: (1024, 4096))
+  settings = dict(input=str(tmp_path / "in.txt"), spm_model=_spm(shared_data), output_dir=str(tmp_path / "out"))
+  with pytest.raises(InputError) as refused:
+    PrepareConfig(**settings, num_shards=100_000)
+  assert str(refused.value) == ("--num_shards=100000 and --num_eval_shards=1 over --workers=1 make a worker hold "
+                                "100,001 shard files open at once, beyond this process's limit of 1,024 open files "
+                                "(ulimit -n): use at most --num_shards=959 with these workers, more --workers, or "
+                                "raise ulimit -n.")
+  PrepareConfig(**settings, num_shards=959)
+  PrepareConfig(**settings, num_shards=1919, workers=2)
+  with pytest.raises(InputError, match="use at most --num_shards=1,919 with these workers"):
+    PrepareConfig(**settings, num_shards=1920, workers=2)
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_corpus_mostly_not_utf8_or_of_one_sentence_documents_is_warned_of(shared_data, tmp_path, capsys):
+  """Both prepared with only a count, then pretrained on <unk>s, or SOP at chance (issue #48)."""
+  latin = "".join(f"Caf\u00e9 num\u00e9ro {i} est ouvert. Il ferme t\u00f4t.\n" for i in range(8))
+  (tmp_path / "latin1.txt").write_bytes(latin.encode("latin-1") + "A line in UTF-8. And another.\n".encode())
+  prepare(PrepareConfig(input=str(tmp_path / "latin1.txt"), spm_model=_spm(shared_data),
+                        output_dir=str(tmp_path / "a"), num_shards=1, eval_fraction=0))
+  err = capsys.readouterr().err
+  assert ("data_pipeline.prepare: warning: 8 of 9 lines hold bytes that are not UTF-8, read as U+FFFD (which "
+          "tokenizes to <unk>): the corpus is likely in another encoding; convert it (e.g. iconv -f latin1 -t "
+          "utf-8) and prepare again.\n") in err and "one sentence" not in err
+  (tmp_path / "single.txt").write_text("".join(f"Sentence number {i} stands alone.\n\n" for i in range(5))
+                                       + "Two sentences,\none a line.\n\n")
+  prepare(PrepareConfig(input=str(tmp_path / "single.txt"), spm_model=_spm(shared_data),
+                        output_dir=str(tmp_path / "b"), num_shards=1, eval_fraction=0))
+  err = capsys.readouterr().err
+  assert ("data_pipeline.prepare: warning: 5 of 6 documents hold one sentence: sentence-order prediction pairs two "
+          "segments of one document, so it cannot learn from these; keep each document's sentences together (one "
+          "per line) with a blank line between documents.\n") in err and "UTF-8" not in err
 
 
 def test_bad_input_is_counted_or_rejected(shared_data, tmp_path):

@@ -1,6 +1,7 @@
 """`python -m albert_jax.glue_submission`: the GLUE server's file names from finished runs, the best seed per file,
 files checked as the server reads them."""
 import json
+import re
 
 import pytest
 
@@ -34,6 +35,23 @@ def test_best_seed_per_file_and_checks(tmp_path):
   assert sources == {"AX.tsv": mnli, "MNLI-m.tsv": mnli, "MNLI-mm.tsv": mnli, "RTE.tsv": rte_b, "STS-B.tsv": stsb}
   assert (out / "RTE.tsv").read_text().splitlines()[1] == "0\tnot_entailment"
   assert sorted(p.name for p in out.iterdir()) == sorted(sources)
+
+
+def test_a_file_given_by_several_runs_says_which_it_takes_over_which(tmp_path, capsys):
+  """One of two runs of a task was dropped without a word (issue #48)."""
+  rte_a = run_dir(tmp_path / "rte0", 0.61, [("RTE.tsv", ["entailment"])])
+  rte_b = run_dir(tmp_path / "rte1", 0.70, [("RTE.tsv", ["not_entailment"])])
+  rte_c = run_dir(tmp_path / "rte2", None, [("RTE.tsv", ["entailment"])])
+  assert glue_submission.assemble([rte_a, rte_b, rte_c], str(tmp_path / "out"), True, False) == {"RTE.tsv": rte_b}
+  assert capsys.readouterr().out == (f"RTE.tsv: taking {rte_b} (best dev value 0.7) over {rte_a} (0.61), {rte_c} "
+                                     "(no best/best.json).\n")
+  ax_a = run_dir(tmp_path / "ax0", None, [("AX.tsv", ["neutral"])])
+  ax_b = run_dir(tmp_path / "ax1", None, [("AX.tsv", ["neutral"])])
+  with pytest.raises(InputError, match="^" + re.escape(f"AX.tsv is given by 2 runs ({ax_a}, {ax_b}) and none has "
+                                                       "best/best.json to choose by; leave all but one out of --runs.")):
+    glue_submission.assemble([ax_a, ax_b], str(tmp_path / "out2"), True, False)
+  with pytest.raises(InputError, match="^" + re.escape(f"--runs lists {rte_a}/ twice; list each run once.")):
+    glue_submission.assemble([rte_a, rte_b, rte_a + "/"], str(tmp_path / "out3"), True, False)
 
 
 def test_a_wrong_label_or_header_is_refused(tmp_path):

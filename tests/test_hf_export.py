@@ -3,6 +3,7 @@ probabilities, its tokenizer our ids on every text of the shared data, and an ex
 other ids, or that names none, is refused with nothing written."""
 import glob
 import json
+import re
 import shutil
 import sys
 import types
@@ -15,7 +16,7 @@ import tokenizers
 
 from albert_jax import convert, finetune, hf_export, pretrained
 from albert_jax import model as model_lib
-from albert_jax.errors import InputError
+from albert_jax.errors import ExistsError, InputError
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.heads import PooledClassifier
 from data_pipeline import train_spm
@@ -133,6 +134,52 @@ def test_weights_that_name_no_tokenizer_are_refused_unless_told_to_export_them_a
   assert not (tmp_path / "c" / hf_export.TOKENIZER_FILE).exists() and (tmp_path / "c" / "config.json").is_file()
   quietly(convert.convert, None, "hf", str(weights), str(tmp_path / "d"), False, False, spm(shared_data))
   assert (tmp_path / "d" / hf_export.TOKENIZER_FILE).is_file()
+
+
+# Files an earlier tool left in an export folder, which transformers reads beside ours (issue #48): "hello" taken
+# as an added token, and [CLS] and [MASK] swapped.
+STALE = {"added_tokens.json": ({"hello": 30000}, "added tokens ['hello']"),
+         "special_tokens_map.json": ({"cls_token": "[MASK]", "mask_token": "[CLS]"}, "special tokens {'unk_token': "
+                                     "'<unk>', 'pad_token': '<pad>', 'cls_token': '[MASK]'")}
+
+
+def test_overwrite_removes_the_files_an_earlier_tool_left_and_the_folder_loads_with_our_ids(run, tokenizer, tmp_path):
+  transformers = require_module("transformers", extra="hf")
+  dst = tmp_path / "hf"
+  shutil.copytree(run.hf, dst)
+  for name, (content, _) in STALE.items():
+    (dst / name).write_text(json.dumps(content))
+  (dst / "notes").mkdir()  # a folder, which transformers does not read, stays
+  said = quietly(convert.convert, None, "hf", str(run.workdir), str(dst), True)
+  assert (f"Removed from --dst={dst} what this conversion does not write: added_tokens.json, "
+          "special_tokens_map.json.") in said
+  assert sorted(p.name for p in dst.iterdir()) == sorted([p.name for p in run.hf.iterdir()] + ["notes"])
+  theirs = transformers.AutoTokenizer.from_pretrained(str(dst))
+  assert theirs("I said hello")["input_ids"] == hf_export.our_ids(tokenizer, "I said hello", None)[0]
+  assert (theirs.cls_token_id, theirs.mask_token_id) == (tokenizer.cls_id, tokenizer.mask_id) == (2, 4)
+
+
+@pytest.mark.parametrize("name", STALE)
+def test_the_closing_check_loads_every_file_of_the_folder_as_transformers_does(run, tokenizer, tmp_path, name):
+  require_module("transformers", extra="hf")
+  shutil.copytree(run.hf, tmp_path / "hf")
+  assert hf_export.check_loaded(tokenizer, str(tmp_path / "hf"), "fix") == "TokenizersBackend"
+  content, found = STALE[name]
+  (tmp_path / "hf" / name).write_text(json.dumps(content))
+  with pytest.raises(InputError, match="^" + re.escape(f"{tmp_path / 'hf'}: transformers loads the tokenizer with "
+                                                       f"{found}")):
+    hf_export.check_loaded(tokenizer, str(tmp_path / "hf"), "fix")
+
+
+def test_overwrite_of_a_folder_that_holds_no_model_is_refused_and_removes_nothing(run, tmp_path):
+  dst = tmp_path / "mine"
+  dst.mkdir()
+  (dst / "notes.txt").write_text("mine")
+  with pytest.raises(ExistsError, match="^" + re.escape(f"--dst={dst} holds notes.txt but no model (config.json, "
+                                                        "model_config.json, params); --overwrite replaces an earlier "
+                                                        "conversion, not other files")):
+    quietly(convert.convert, None, "hf", str(run.workdir), str(dst), True)
+  assert [p.name for p in dst.iterdir()] == ["notes.txt"]
 
 
 def test_without_transformers_the_export_is_checked_through_the_tokenizers_library(tokenizer, monkeypatch):

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, SMALL_RUN, final_params, pretrain_cli, require_module
+from tests.helpers import REPO, SMALL_RUN, final_params, pretrain_cli, require_module, small_tmpfs
 
 torch = require_module("torch", extra="hf")
 transformers = require_module("transformers", extra="hf")
@@ -223,6 +223,34 @@ def test_a_convert_overwrite_killed_before_its_model_config_leaves_nothing_that_
                          text=True, timeout=120)
   assert rerun.returncode == 0, rerun.stderr
   assert pretrained.load_pretrained(ours)[0] == interop.load_hf(hf_dir)[0]
+
+
+def test_a_failed_conversions_leftovers_are_removed_without_overwrite(tmp_path, hf_dir, capsys):
+  """A full disk left orbax's temporary folder in --dst, which then had to be forced with --overwrite (issue #48)."""
+  ours = tmp_path / "ours"
+  (ours / "params.orbax-checkpoint-tmp-1700000000").mkdir(parents=True)
+  (ours / "params.orbax-checkpoint-tmp-1700000000" / "part").write_bytes(b"\0" * 10)
+  (ours / "model_config.json.tmp").write_text("{")
+  convert.convert("hf", None, str(hf_dir), str(ours))
+  assert sorted(p.name for p in ours.iterdir()) == ["model_config.json", "params"]
+  assert (f"Removed from --dst={ours} what this conversion does not write: model_config.json.tmp, "
+          "params.orbax-checkpoint-tmp-1700000000.") in capsys.readouterr().out
+  assert pretrained.load_pretrained(ours)[0] == interop.load_hf(hf_dir)[0]
+
+
+def test_a_full_disk_is_one_line_and_the_rerun_needs_no_overwrite(tmp_path, hf_dir):
+  """A 40 KiB disk for 90 KB of weights: orbax's 113-line traceback, and a leftover that forced --overwrite (issue
+  #48)."""
+  from albert_jax.errors import EnvironmentUserError
+  with small_tmpfs(tmp_path / "disk", "40k") as disk:
+    with pytest.raises(EnvironmentUserError) as full:
+      convert.convert("hf", None, str(hf_dir), str(disk / "ours"))
+    message = str(full.value)
+    assert message.startswith(f"Writing --dst={disk / 'ours'} failed: no space left on device (") and \
+        message.endswith("); free space and run again, which removes what this one left.") and "\n" not in message
+    subprocess.run(["mount", "-o", "remount,size=2m", str(disk)], check=True)
+    convert.convert("hf", None, str(hf_dir), str(disk / "ours"))
+    assert sorted(p.name for p in (disk / "ours").iterdir()) == ["model_config.json", "params"]
 
 
 def test_convert_cli_exports_a_pretraining_workdir(tmp_path):

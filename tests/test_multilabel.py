@@ -134,6 +134,19 @@ def test_settings_that_cannot_be_multi_label_are_refused(tmp_path):
     task_of(classification, f"multi_label=true,data={tmp_path}").labels
 
 
+def test_a_train_file_that_names_no_class_is_refused_and_a_dev_file_may(tmp_path):
+  """Every target all zeros trained a classifier to predict no class, with nothing said (issue #48)."""
+  write_cells(tmp_path / "train.tsv", ["", " ", ""])
+  write_cells(tmp_path / "dev.tsv", ["", ""])
+  task = task_of(classification, f"multi_label=true,data={tmp_path},labels=a|b")
+  with pytest.raises(InputError) as refused:
+    task.read_examples(str(tmp_path / "train.tsv"), True)
+  assert str(refused.value) == (f"{tmp_path / 'train.tsv'}: no row names a class (column 'label' is empty on all 3 "
+                                "rows); a classifier trained on it learns to predict none: label the rows (classes "
+                                "separated by '|'), or point data.label_column at the column that holds them.")
+  assert [ex.label for ex in task.read_examples(str(tmp_path / "dev.tsv"), True)] == [(0, 0), (0, 0)]
+
+
 def test_heads_for_one_class_per_row_and_for_several_are_not_read_as_each_other():
   single, multi = (task_of(classification, f"labels=a|b{arg}") for arg in ("", ",multi_label=true"))
   with pytest.raises(InputError, match=r"--workdir=RUN holds a head trained for task=multi_label_classification, "

@@ -210,7 +210,9 @@ def test_regression_reads_numbers_scores_and_round_trips(tmp_path):
   task.write_predictions(split, predictions, str(tmp_path / "out.jsonl"))
   np.testing.assert_allclose(task.read_predictions(str(tmp_path / "out.jsonl"), split), predictions)
   assert set(task.score(split, predictions)) == {"pearson", "spearman", "mse"}
-  for bad in ("high", "nan"):  # a nan is refused like a word, not trained and scored as nan
+  # a nan is refused like a word, not trained and scored as nan; float() alone reads "1_000" as 1000 and the
+  # Arabic-Indic digits "١٢" as 12
+  for bad in ("high", "nan", "1_000", "\u0661\u0662", "infinity"):
     with pytest.raises(InputError, match=f"'{bad}' is not a finite number"):
       path.write_text(f"text,score\na,{bad}\n")
       task.gold_split(str(path))

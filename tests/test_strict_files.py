@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from albert_jax.errors import InputError
+from albert_jax.errors import InputError, MissingFileError
 from experiments import classification, glue, multiple_choice, race, token_classification
 from tests.helpers import TINY_RUN, finetune_cli, spm, squad_task, task_of
 
@@ -163,6 +163,88 @@ def test_a_label_spelled_unlike_its_class_is_refused_naming_the_class(tmp_path, 
     read = lambda: task_of(classification, f"data={tmp_path}").labels
   with _refused(f"{path}:{start}"):
     read()
+
+
+# --- labels and ids compared as a person reads them (issue #48) ----------------------------------------------
+
+CAFE, CAFE_DECOMPOSED = "caf\u00e9", "cafe\u0301"  # one word on screen, two strings
+
+
+@pytest.mark.parametrize("name, text, read, start", [
+    # each made a third class in head.json and a 3-way softmax
+    ("train.jsonl", _lines({"text": "a", "label": "pos"}, {"text": "b", "label": "neg"},
+                           {"text": "c", "label": "pos\u200b"}), lambda t, p: task_of(classification, f"data={t}").labels,
+     "3: label 'pos\\u200b' holds the invisible format character U+200B (ZERO WIDTH SPACE), which makes it another "
+     "label than the one it looks like: remove it (did you mean 'pos'?)"),
+    ("train.tsv", "text\tlabel\na\tneg\nb\t\u202eneg\n", lambda t, p: task_of(classification, f"data={t}").labels,
+     "3: label '\\u202eneg' holds the invisible format character U+202E (RIGHT-TO-LEFT OVERRIDE)"),
+    ("train.jsonl", _lines({"text": "a", "label": "x|y\u2066"}), lambda t, p: task_of(classification,
+     f"multi_label=true,data={t}").labels, "1: label 'y\\u2066' holds the invisible format character U+2066 (LEFT-TO-RIGHT ISOLATE)"),
+    ("train.txt", "EU B-ORG\nrejects O\ufeff\n", lambda t, p: task_of(token_classification, f"data={t}").labels,
+     "2: tag 'O\\ufeff' holds the invisible format character U+FEFF (ZERO WIDTH NO-BREAK SPACE)"),
+    ("SST-2/dev.tsv", "sentence\tlabel\ngood\t1\u00ad\n", lambda t, p: task_of(glue, "task=sst-2").read_examples(
+        p, labeled=True), "2: label '1\\xad' holds the invisible format character U+00AD (SOFT HYPHEN)"),
+    ("dev.csv", "key,text,label\nk\u200d,x,pos\n", lambda t, p: task_of(classification, "labels=neg|pos,id=key")
+     .read_examples(p, labeled=True), "2: id 'k\\u200d' holds the invisible format character U+200D"),
+    ("dev.jsonl", _lines({"id": CAFE, "text_a": "x"}, {"id": CAFE_DECOMPOSED, "text_a": "y"}),
+     lambda t, p: task_of(glue, "task=sst-2").read_user_examples(p),
+     f"2: id {CAFE_DECOMPOSED!r} is also the id of line 1 (written {CAFE!r} there, the same text in another Unicode "
+     "form)")])
+def test_invisible_characters_and_unicode_forms_do_not_make_another_label_or_id(tmp_path, name, text, read, start):
+  path = tmp_path / name
+  path.parent.mkdir(exist_ok=True)
+  path.write_bytes(text.encode())
+  with _refused(f"{path}:{start}"):
+    read(tmp_path, str(path))
+
+
+def test_a_label_in_either_unicode_form_is_one_class_and_joiners_inside_a_word_are_kept(tmp_path):
+  persian = "\u0646\u06cc\u0645\u200c\u0641\u0627\u0635\u0644\u0647"  # the joiner shapes the letters beside it
+  (tmp_path / "train.jsonl").write_text(_lines({"text": "a", "label": CAFE}, {"text": "b", "label": "th\u00e9"},
+                                               {"text": "c", "label": CAFE_DECOMPOSED}, {"text": "d", "label": persian}))
+  (tmp_path / "dev.jsonl").write_text(_lines({"text": "a", "label": CAFE_DECOMPOSED}, {"text": "b", "label": CAFE}))
+  task = task_of(classification, f"data={tmp_path}")
+  assert task.labels == (CAFE, "th\u00e9", persian)
+  assert [ex.label for ex in task.read_examples(str(tmp_path / "dev.jsonl"), labeled=True)] == [0, 0]
+  assert task_of(classification, "", labels=(CAFE_DECOMPOSED, "the")).labels == (CAFE, "the")
+  with _refused(f"data.labels=[{CAFE!r}, {CAFE!r}] names {CAFE!r} twice"):
+    task_of(classification, "", labels=(CAFE, CAFE_DECOMPOSED))
+  with _refused("data.labels name 'neg\\u200e' holds the invisible format character U+200E (LEFT-TO-RIGHT MARK)"):
+    task_of(classification, "", labels=("neg\u200e", "pos"))
+
+
+def test_a_split_is_a_name_in_the_data_folder_and_a_missing_one_names_what_is_there(tmp_path):
+  """--split=../../x read a file outside the data folder and wrote its predictions outside the run; a mistyped
+  split, and a missing --input, blamed config.data.path (issue #48)."""
+  for name in ("train.tsv", "dev.tsv", "test.tsv"):
+    (tmp_path / name).write_text("text\tlabel\na\tpos\nb\tneg\n")
+  task = task_of(classification, f"data={tmp_path}")
+  for bad in ("../../x", "sub/test", "..", "", "/etc/passwd"):
+    with _refused(f"--split={bad!r} is not a split name; name one of the task's splits"):
+      task.load_split(bad, None)
+  with pytest.raises(MissingFileError) as missing:
+    task.load_split("tset", None)
+  assert str(missing.value) == (f"split 'tset': {tmp_path / 'tset.tsv'} not found; {tmp_path} holds dev, test, train "
+                                "(a split is named by its file): check the split's name, or --config.data.path.")
+  with pytest.raises(MissingFileError) as missing:
+    task.read_user_file(str(tmp_path / "mine.tsv"), None)
+  assert str(missing.value) == (f"--input={tmp_path / 'mine.tsv'} not found; pass the file of examples to predict "
+                                "(its format: docs/finetuning.md).")
+
+
+def test_a_missing_or_empty_init_checkpoint_is_named_rather_than_the_empty_spm_model(tmp_path):
+  from albert_jax.tasks import make_tokenizer
+  config = classification.get_config("")
+  config.init_checkpoint = str(tmp_path / "albert_base")
+  with pytest.raises(MissingFileError) as missing:
+    make_tokenizer(config)
+  assert str(missing.value) == (f"init_checkpoint={tmp_path / 'albert_base'} not found, so nothing names the "
+                                "SentencePiece model (config.data.spm_model is empty); pass the weights' folder (a "
+                                "convert output or a training workdir), or --config.data.spm_model=PATH.")
+  config.init_checkpoint = ""
+  with _refused("config.data.spm_model is empty and init_checkpoint is empty (weights whose run records their "
+                "SentencePiece model would name it); pass the SentencePiece model"):
+    make_tokenizer(config)
 
 
 # --- JSON that json.loads reads silently or with a traceback ---------------------------------------------------

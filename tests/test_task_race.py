@@ -118,6 +118,9 @@ def test_bad_race_input(tmp_path, tokenizer):
   (folder / "1.txt").write_text(json.dumps(passage))
   with pytest.raises(InputError, match="3 options"):
     task.load_split("dev", tokenizer)
+  with pytest.raises(FileNotFoundError, match=r"split 'test': .*test not found; .* holds dev \(a split is named"):
+    task.load_split("test", tokenizer)
+  (tmp_path / "test").mkdir()
   with pytest.raises(FileNotFoundError, match="neither middle/ nor high/"):
     task.load_split("test", tokenizer)
   user = tmp_path / "mine.jsonl"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from albert_jax.tasks.alignment import align, normalize_with_offsets
-from albert_jax.errors import InputError
+from albert_jax.errors import InputError, MissingFileError
 from albert_jax.tasks.squad import SquadExample, null_odds_path
 from data_pipeline.tokenization import preprocess_text
 from tests.helpers import oracle_logits, squad_task, v2_dataset
@@ -102,6 +102,26 @@ def test_squad_v2_null_answer_end_to_end(squad_json, tokenizer, tmp_path):
                            f"--data={tmp_path / 'dev-v2.0.json'}", f"--predictions={path}"],
                           capture_output=True, text=True, check=True)
   assert json.loads(result.stdout.strip().splitlines()[-1]) == pytest.approx(ours)
+
+
+def test_the_v2_scorer_names_its_missing_null_odds_file_and_refuses_a_nan_threshold(tmp_path, squad_json):
+  """The odds file missing was reported as a missing data file ("check --config.data.path"); a nan threshold
+  compares false with every null odds, so every question was answered."""
+  from albert_jax import evaluate
+  gold = tmp_path / "dev-v2.0.json"
+  gold.write_text(json.dumps(v2_dataset(squad_json, 1)))
+  task = squad_task(2, tmp_path)
+  split = task.gold_split(str(gold))
+  path = tmp_path / "predictions.json"
+  path.write_text(json.dumps({ex.qid: "" for ex in split.examples}))
+  with pytest.raises(MissingFileError) as error:
+    task.read_predictions(str(path), split)
+  assert str(error.value) == (f"{tmp_path / 'predictions.null_odds.json'} not found: SQuAD v2 answers are scored with "
+                              f"their null odds, which --mode=predict writes there beside {path}; keep the two files "
+                              "together.")
+  with pytest.raises(InputError, match=r"^data.null_score_diff_threshold=nan \(evaluate: --null_threshold\) is not "
+                                       "a finite number"):
+    evaluate.evaluate("squad_v2", str(gold), str(path), float("nan"))
 
 
 def test_bad_squad_input(tmp_path, squad_json):

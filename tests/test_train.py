@@ -26,7 +26,7 @@ from albert_jax.model import AlbertForPreTraining
 from albert_jax.model_config import model_config_for, model_config_from
 from experiments import common
 from tests.helpers import (REPO, SMALL_RUN, assert_trees_equal, final_params, logged, prepared_run,
-                           pretrain_cli as cli)
+                           pretrain_cli as cli, small_tmpfs)
 from tests.processes import Launch, communicate_all, free_port, records
 
 
@@ -528,16 +528,8 @@ def test_resuming_with_changed_settings_is_said_recorded_or_refused(reference_ru
 @pytest.fixture
 def small_disk(tmp_path):
   """A 3 MiB tmpfs: room for two checkpoints of the SMALL_RUN model, not three (needs root, as CI has)."""
-  disk = tmp_path / "disk"
-  disk.mkdir()
-  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True,
-                           text=True)
-  if mounted.returncode:
-    if os.environ.get("CI"):
-      pytest.fail(f"CI must be able to mount a tmpfs: {mounted.stderr}")
-    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr}")
-  yield disk
-  subprocess.run(["umount", str(disk)], check=True)
+  with small_tmpfs(tmp_path / "disk", "3m") as disk:
+    yield disk
 
 
 @pytest.mark.slow

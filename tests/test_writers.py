@@ -102,6 +102,24 @@ def test_an_unreadable_lock_file_is_one_line(tmp_path, contents):
   assert (tmp_path / "run.lock").read_bytes() == contents
 
 
+@pytest.mark.parametrize("ahead, said", [(365 * 86400, "365 days"), (600, "600 s"), (0, None)])
+def test_another_hosts_lock_from_the_future_names_the_clocks_and_the_fix(tmp_path, ahead, said):
+  """A heartbeat ahead of this clock looks alive until the clock catches up, however long ago its holder died."""
+  from data_pipeline.writers import WriterLock
+  lock = tmp_path / "run.lock"
+  now = time.time()
+  lock.write_text(json.dumps({"host": "elsewhere", "pid": 7, "started": now, "heartbeat": now + ahead}))
+  with pytest.raises(UserError) as refused:
+    with WriterLock(str(lock), "--out", "--out"):
+      pass
+  message = str(refused.value)
+  assert message.startswith("--out is in use by a run on host elsewhere (PID 7, started ") and "\n" not in message
+  clock = (f"; its heartbeat is {said} ahead of this host's clock: the hosts' clocks disagree, and a dead holder's "
+           f"lock looks alive until this clock catches up; set the clocks right (NTP), or delete {lock} if no run is "
+           "writing there.")
+  assert message.endswith(clock) if said else message.endswith("or use another --out.")
+
+
 def test_every_resume_with_changes_keeps_the_config_it_replaced(tmp_path, monkeypatch, capsys):
   import ml_collections
   from albert_jax import loop

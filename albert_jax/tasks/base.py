@@ -11,7 +11,9 @@ import abc
 import collections
 import dataclasses
 import math
+import os
 import re
+import unicodedata
 from typing import Any
 
 import jax
@@ -25,9 +27,14 @@ from albert_jax.model_config import ModelConfig
 from data_pipeline.tokenization import Tokenizer
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+SPLIT_NAME = re.compile(r"\w[\w.-]*")  # a file (or folder) of the data folder, without a path
 # Control characters and Unicode line breaks: in an id or a class name they would split or shift rows of the
 # prediction files (GLUE's are TSV; str.splitlines() also cuts at \v, \f, \x1c-\x1e, \x85, \u2028, \u2029).
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Zero-width joiners change how the letters of joining scripts (Persian, Indic) and emoji sequences look, so between
+# two such characters they are part of what a person reads; every other format character (Unicode category Cf:
+# zero-width space, bidi controls, byte-order mark, soft hyphen) is invisible.
+JOINERS = "\u200c\u200d"
 
 
 @dataclasses.dataclass
@@ -55,7 +62,14 @@ class DataFileError(InputError):
 
 def make_tokenizer(config) -> Tokenizer:
   if not config.data.spm_model:
-    raise InputError("config.data.spm_model is empty; pass the SentencePiece model the checkpoint was trained "
+    init = config.get("init_checkpoint", "")
+    if init and not storage.path(init).exists():  # the weights would name it: that is what to fix
+      raise MissingFileError(f"init_checkpoint={init} not found, so nothing names the SentencePiece model "
+                             "(config.data.spm_model is empty); pass the weights' folder (a convert output or a "
+                             "training workdir), or --config.data.spm_model=PATH.")
+    named = "" if init else (" and init_checkpoint is empty (weights whose run records their SentencePiece model "
+                             "would name it)")
+    raise InputError(f"config.data.spm_model is empty{named}; pass the SentencePiece model the checkpoint was trained "
                      "with (ALBERT's is spiece.model / 30k-clean.model), e.g. --config.data.spm_model=PATH.")
   # Pretraining configs (`--mode=embed` with one) have no such field: their data is prepared uncased by default.
   return Tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
@@ -99,20 +113,43 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
 
 
 def control_character(text: str, what: str) -> str | None:
-  """The complaint about an id or class name that holds a control character (see CONTROL); None when it is clean."""
-  found = CONTROL.search(text)
-  return found and (f"{what} {text!r} holds the control character {found.group()!r}; ids and class names are "
-                    "written into prediction files, whose rows it would break: remove it.")
+  """The complaint about an id or class name that holds a control character (see CONTROL) or an invisible format
+  character (see JOINERS): one would break the prediction files' rows, the other makes a name that looks like
+  another but is not; None when it is clean."""
+  if found := CONTROL.search(text):
+    return (f"{what} {text!r} holds the control character {found.group()!r}; ids and class names are written into "
+            "prediction files, whose rows it would break: remove it.")
+  invisible = [i for i, ch in enumerate(text) if unicodedata.category(ch) == "Cf" and not _joins(text, i)]
+  if invisible:
+    ch = text[invisible[0]]
+    seen = "".join(c for i, c in enumerate(text) if i not in invisible)
+    return (f"{what} {text!r} holds the invisible format character U+{ord(ch):04X} "
+            f"({unicodedata.name(ch, 'unnamed')}), which makes it another {what} than the one it looks like: remove "
+            f"it (did you mean {seen!r}?)")
+  return None
+
+
+def _joins(text: str, i: int) -> bool:
+  """Whether text[i] is a zero-width joiner between two visible characters (letters, marks, digits, symbols)."""
+  return (text[i] in JOINERS and 0 < i < len(text) - 1
+          and all(unicodedata.category(text[j])[0] in "LMNS" for j in (i - 1, i + 1)))
+
+
+def as_read(text: str) -> str:
+  """An id or class name as a person reads it: NFC, so a decomposed "café" is the composed one."""
+  return unicodedata.normalize("NFC", text)
+
+
+# A number as data files write it: float() also takes "1_000" (Python's digit grouping), "nan" and "infinity".
+NUMBER = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*")
 
 
 def score_label(text: str, path: str, line: int, hint: str) -> float:
-  """A regression label: a finite number, else a DataFileError naming the row (a nan would train and score as nan)."""
-  try:
-    score = float(text)
-  except ValueError:
-    score = math.nan
+  """A regression label: a finite decimal number, else a DataFileError naming the row (a nan would train and score
+  as nan; "1_000" is 1000 to Python alone)."""
+  score = float(text) if NUMBER.fullmatch(text) else math.nan
   if not math.isfinite(score):
-    raise DataFileError(path, line, f"label {text!r} is not a finite number ({hint})")
+    raise DataFileError(path, line, f"label {text!r} is not a finite number in decimal notation ({hint})")
   return score
 
 
@@ -159,16 +196,22 @@ class TaskSettings:
   num_choices: int = 4                    # multiple_choice: options per question (fewer are padded and masked)
 
   def __post_init__(self):
-    """Refuses class names that would be misread: a name given twice makes a phantom class (the labels map to the
-    first, the other output never trains) and a control character breaks the prediction files' rows."""
+    """Refuses class names that would be misread: a name given twice (in either Unicode form) makes a phantom class
+    (the labels map to the first, the other output never trains), a control character breaks the prediction files'
+    rows and an invisible one makes a name unlike the one it looks like. Names are kept in NFC (see as_read)."""
+    for name in self.labels:
+      if problem := control_character(name, "data.labels name"):
+        raise InputError(problem)
+    object.__setattr__(self, "labels", tuple(as_read(name) for name in self.labels))
+    if not math.isfinite(self.null_score_diff_threshold):  # a nan compares false: every question answered
+      raise InputError(f"data.null_score_diff_threshold={self.null_score_diff_threshold} (evaluate: --null_threshold) "
+                       "is not a finite number; give the null odds above which a SQuAD v2 question is answered \"\" "
+                       "(e.g. 0.0).")
     name, count = max(collections.Counter(self.labels).items(), key=lambda item: item[1], default=("", 0))
     if count > 1:
       times = "twice" if count == 2 else f"{count} times"
       raise InputError(f"data.labels={list(self.labels)} names {name!r} {times}; list each class once, in output "
                        "order.")
-    for name in self.labels:
-      if problem := control_character(name, "data.labels name"):
-        raise InputError(problem)
 
   @classmethod
   def from_config(cls, config) -> "TaskSettings":
@@ -217,11 +260,24 @@ class Task(abc.ABC):
     """-> (features, info); features carry labels only when every example has one."""
 
   def load_split(self, split: str, tokenizer: Tokenizer) -> Split:
+    """Split `split` (a name: "../x" would read a file outside the data folder, and its predictions would be written
+    outside the run) of the data folder, featurized."""
+    if not SPLIT_NAME.fullmatch(split) or ".." in split:
+      raise InputError(f"--split={split!r} is not a split name; name one of the task's splits (test, dev, ...) as "
+                       "its file in the data folder is named, without a folder.")
     path = self.split_path(split)
+    folder = os.path.dirname(path)
+    if not storage.path(path).exists() and storage.path(folder).is_dir():
+      names = sorted({entry.name.split(".")[0] for entry in storage.path(folder).iterdir()})
+      raise MissingFileError(f"split {split!r}: {path} not found; {folder} holds {', '.join(names) or 'nothing'} "
+                             "(a split is named by its file): check the split's name, or --config.data.path.")
     return self._featurized(split, path, self.read_examples(path, labeled=not split.startswith("test")), tokenizer)
 
   def read_user_file(self, path: str, tokenizer: Tokenizer) -> Split:
     """A user's own unlabelled file (format per task, see docs/finetuning.md) ready for `predict_step`."""
+    if not storage.path(path).exists():  # read_text would blame config.data.path
+      raise MissingFileError(f"--input={path} not found; pass the file of examples to predict (its format: "
+                             "docs/finetuning.md).")
     return self._featurized("user", path, self.read_user_examples(path), tokenizer)
 
   def gold_split(self, path: str) -> Split:

@@ -249,6 +249,17 @@ class MultiLabelClassificationTask(ClassificationTask):
       raise DataFileError(path, line, f"label {text!r} names class {twice!r} twice; list each class once.")
     return names
 
+  def read_examples(self, path: str, labeled: bool) -> list[GlueExample]:
+    """Refuses a train file whose rows name no class at all (with data.labels given): every target would be all
+    zeros, and the classifier would learn to predict no class, with nothing said."""
+    examples = super().read_examples(path, labeled)
+    if labeled and path == self.split_path("train") and not any(any(ex.label) for ex in examples):
+      raise DataFileError(path, None, f"no row names a class (column {self.settings.label_column!r} is empty on all "
+                                   f"{len(examples)} rows); a classifier trained on it learns to predict none: label "
+                                   f"the rows (classes separated by {SEPARATOR!r}), or point data.label_column at "
+                                   "the column that holds them.")
+    return examples
+
   def _label(self, record: dict, path: str, line: int) -> tuple[int, ...]:
     """Multi-hot over `labels`."""
     hot = [0] * len(self.labels)

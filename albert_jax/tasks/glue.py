@@ -15,7 +15,7 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.errors import InputError
 from albert_jax.tasks.base import DataFileError, Split, TaskSettings, score_label
-from albert_jax.tasks.records import Ids, column, field, near_miss, optional_id, tsv_rows, user_records
+from albert_jax.tasks.records import Ids, check_name, column, field, near_miss, optional_id, tsv_rows, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
 
 _NLI = ("contradiction", "entailment", "neutral")
@@ -150,6 +150,7 @@ class GlueTask(SequenceClassificationTask):
     return examples
 
   def _label(self, text: str, path: str, line: int) -> int | float:
+    text = check_name(text, "label", path, line)
     if self.spec.is_regression:
       return score_label(text, path, line, "STS-B scores are 0-5")
     if text not in self.spec.labels:

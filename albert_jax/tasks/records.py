@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any, Iterator
 
-from albert_jax.tasks.base import DataFileError, control_character, read_text
+from albert_jax.tasks.base import DataFileError, as_read, control_character, read_text
 
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # where json.loads may make a lone surrogate
 
@@ -196,29 +196,31 @@ class Ids:
 
   def __init__(self, path: str, fix: str = "give every example its own id"):
     self.path, self.fix = path, fix
-    self.first: dict[str, tuple[str, int | str, bool]] = {}
+    self.first: dict[str, tuple[str, str, int | str, bool]] = {}  # as read -> (as written, path, line, given)
 
   def add(self, key: str, line: int | str, given: bool = True, path: str | None = None) -> str:
     """`line`: a line number, or where in a file without lines the id is (e.g. "question #3"); `path`: the file,
-    when one Ids spans several."""
+    when one Ids spans several. Two ids that differ only in their Unicode form are one id; each keeps its text."""
     path = path or self.path
-    check_name(key, "id", path, line)
-    if key in self.first:
-      first_path, first_line, first_given = self.first[key]
+    read = check_name(key, "id", path, line)
+    if read in self.first:
+      first_key, first_path, first_line, first_given = self.first[read]
       place = f"line {first_line}" if isinstance(first_line, int) else first_line
       if first_path != path:
         place = f"{first_path}:{first_line}"
+      form = "" if first_key == key else f" (written {first_key!r} there, the same text in another Unicode form)"
       raise DataFileError(path, line, f"id {key!r}{_row_number(given)} is also the id of {place}"
-                                   f"{_row_number(first_given)}; {self.fix}.")
-    self.first[key] = (path, line, given)
+                                   f"{_row_number(first_given)}{form}; {self.fix}.")
+    self.first[read] = (key, path, line, given)
     return key
 
 
 def check_name(text: str, what: str, path: str, line: int | str) -> str:
-  """An id, label or tag read from a file, refused when it holds a control character (base.CONTROL)."""
+  """An id, label or tag read from a file as a person reads it (as_read), refused when it holds a control or an
+  invisible format character (base.control_character)."""
   if problem := control_character(text, what):
     raise DataFileError(path, line, problem)
-  return text
+  return as_read(text)
 
 
 def class_spelling(name: str) -> str | float:

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 from albert_jax import storage
-from albert_jax.errors import InputError
+from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import QUESTION_ANSWERING, HFHead
 from albert_jax.tasks import squad_decode, squad_metrics
 from albert_jax.tasks.alignment import AlignedText, align
@@ -276,6 +276,9 @@ class SquadTask(Task):
     if not self.version_2:
       return SquadPredictions(answers, {})
     odds_path = null_odds_path(path)
+    if not storage.path(odds_path).exists():
+      raise MissingFileError(f"{odds_path} not found: SQuAD v2 answers are scored with their null odds, which "
+                             f"--mode=predict writes there beside {path}; keep the two files together.")
     null_odds = read_id_map(odds_path, "a number (the null odds)",
                             lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
     check_ids(odds_path, null_odds, split)
