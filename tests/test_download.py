@@ -8,11 +8,13 @@ import http.server
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tarfile
 import threading
+import types
 import zipfile
 from pathlib import Path
 
@@ -163,3 +165,100 @@ def test_fetched_layout_is_what_the_tasks_read_and_a_rerun_skips_or_refetches(se
   assert [name for name, _ in server.requests[served:]] == ["RTE.zip"]
   assert "rte: glue/RTE/dev.tsv differs from the recorded sha256; fetching it again" in said
   assert (data / "glue/RTE/dev.tsv").read_bytes() == (shared_data / "glue/RTE/dev.tsv").read_bytes()
+
+
+def test_a_cut_download_resumes_and_a_bad_partial_file_restarts(server, files, tmp_path):
+  race = _table(files, ("race",))
+  server.cut["RACE.tar.gz"] = 3000
+  with pytest.raises(fetch.DownloadError, match=r"RACE.tar.gz ended after 3.0 kB of 7.3 kB; rerun the same command to continue: it resumes"):
+    _lines(tmp_path, race, server.url)
+  part = tmp_path / ".downloads" / "RACE.tar.gz.part"
+  assert part.stat().st_size == 3000 and not (tmp_path / "RACE").exists() and "race" not in download.read_manifest(
+      str(tmp_path))
+  _lines(tmp_path, race, server.url)
+  assert server.requests[-1] == ("RACE.tar.gz", "bytes=3000-")
+  assert (tmp_path / "RACE/dev/high").is_dir() and not part.exists()
+
+  # A partial file whose bytes are wrong: continued, found wrong, fetched again from the start.
+  shutil.rmtree(tmp_path / "RACE")
+  (tmp_path / "downloads.json").unlink()
+  part.write_bytes(b"x" * 100)
+  _lines(tmp_path, race, server.url)
+  assert server.requests[-2:] == [("RACE.tar.gz", "bytes=100-"), ("RACE.tar.gz", None)]
+  assert (tmp_path / "RACE/dev/high").is_dir()
+
+  # A server that ignores Range sends the whole file: the partial one is restarted, not appended to.
+  shutil.rmtree(tmp_path / "RACE")
+  (tmp_path / "downloads.json").unlink()
+  part.write_bytes(files["RACE.tar.gz"][:100])
+  server.ignore_range = True
+  _lines(tmp_path, race, server.url)
+  assert server.requests[-1] == ("RACE.tar.gz", "bytes=100-") and (tmp_path / "RACE/dev/high").is_dir()
+
+
+def _cli_error(*args) -> str:
+  result = subprocess.run([sys.executable, "-m", "data_pipeline.download", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+  last = result.stderr.splitlines()[-1]
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+  assert last.startswith("data_pipeline.download: error: "), result.stderr
+  return last
+
+
+def test_a_wrong_checksum_is_refused_in_one_line_and_leaves_no_file(server, tmp_path):
+  """The fixture's train-v1.1.json is not the canonical one, whose sha256 the code pins."""
+  line = _cli_error("--tasks=squad_v1", f"--output={tmp_path}", f"--mirror={server.url}")
+  sha256 = hashlib.sha256(server.files["train-v1.1.json"]).hexdigest()
+  assert line == (f"data_pipeline.download: error: {server.url}/train-v1.1.json has sha256 {sha256}, expected "
+                  "3527663986b8295af4f7fcdff1ba1ff3f72d07d61a20f487cb238a6ef92fd955: the file was damaged on the way "
+                  "or the source serves another file; rerun to fetch it again, or fetch it from another copy with "
+                  "--mirror=<a folder or URL holding train-v1.1.json>.")
+  assert os.listdir(tmp_path / ".downloads") == [] and not (tmp_path / "squad").exists()
+
+
+def test_404_no_network_and_a_full_disk_name_the_fix(server, files, tmp_path, monkeypatch):
+  line = _cli_error("--tasks=ax", f"--output={tmp_path}", f"--mirror={server.url}/missing")
+  assert line.endswith(f"HTTP 404 (Not Found) for {server.url}/missing/AX.tsv: the file is not at that address; "
+                       "check --mirror, or fetch it by hand into the output folder's .downloads/.")
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    closed = s.getsockname()[1]
+  with pytest.raises(fetch.DownloadError, match=rf"cannot reach 127.0.0.1:{closed} for .*AX.tsv .*check the network"):
+    _lines(tmp_path, _table(files, ("ax",)), f"http://127.0.0.1:{closed}")
+  with pytest.raises(fetch.DownloadError, match=r"no space left on the disk of .* \(this step needs about 1.0 MB\); free some space or pass --output="):
+    monkeypatch.setattr(fetch.shutil, "disk_usage", lambda _: types.SimpleNamespace(free=0))
+    _lines(tmp_path, _table(files, ("rte",)), server.url)
+  with pytest.raises(InputError, match=r"--tasks: unknown 'sst2'; choose from glue, squad, race, cola, sst-2"):
+    download.selected("rte,sst2")
+  assert [d.name for d in download.selected("squad, rte,glue")] == [*download.GROUPS["glue"], "squad_v1", "squad_v2"]
+
+
+def test_a_local_folder_as_mirror(files, tmp_path):
+  mirror = tmp_path / "copy"
+  mirror.mkdir()
+  with pytest.raises(fetch.DownloadError, match=r"copy/AX.tsv cannot be read .*put the file there, or drop --mirror"):
+    _lines(tmp_path / "DATA", _table(files, ("ax",)), str(mirror))
+  (mirror / "AX.tsv").write_bytes(files["AX.tsv"])
+  _lines(tmp_path / "DATA", _table(files, ("ax",)), str(mirror))
+  assert (tmp_path / "DATA/glue/diagnostic/diagnostic.tsv").read_bytes() == files["AX.tsv"]
+
+
+def test_pinned_checksums_are_tensorflow_datasets_ones_and_the_real_files(shared_data):
+  """Every source's sha256 and size as tensorflow_datasets pins them for the same file (QQP-clean.zip is its
+  QQP.zip, AX.tsv and dev_ids.tsv are its copies from GLUE's older host); the real files we have match too."""
+  import tensorflow_datasets
+  root = Path(tensorflow_datasets.__file__).parent
+  pinned = {}
+  for path in [*root.glob("url_checksums/*.txt"), *root.glob("datasets/*/checksums.tsv")]:
+    for line in path.read_text().splitlines():
+      fields = line.split("\t")
+      if len(fields) == 4:
+        pinned[fields[3]] = (fields[2], int(fields[1]))
+  aliases = {"QQP-clean.zip": "QQP.zip", "AX.tsv": "tsvsWithoutLabels_AX.tsv", "dev_ids.tsv": "data_mrpc_dev_ids.tsv"}
+  sources = [s for d in download.DATASETS.values() for s in d.sources]
+  assert len(sources) == 17
+  for s in sources:
+    assert pinned[aliases.get(s.name, s.name)] == (s.sha256, s.size), s.name
+  by_name = {s.name: s.sha256 for s in sources}
+  assert fetch.sha256_of(shared_data / "squad/dev-v1.1.json") == by_name["dev-v1.1.json"]
+  assert fetch.sha256_of(shared_data / "glue/MRPC/dev_ids.tsv") == by_name["dev_ids.tsv"]
