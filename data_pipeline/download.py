@@ -27,7 +27,7 @@ from typing import Callable
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from data_pipeline import cli
+from data_pipeline import cli, writers
 from data_pipeline.fetch import ChecksumError, check_free_space, disk_full, fetch, sha256_of
 
 PROG = "data_pipeline.download"
@@ -244,27 +244,28 @@ def download(datasets: list[Dataset], output: str, mirror: str | None = None,
   if storage.is_remote(output):
     raise InputError(f"--output={output}: download to a local folder, then copy it (gcloud storage cp -r).")
   os.makedirs(output, exist_ok=True)
-  manifest = read_manifest(output)
-  for dataset in datasets:
-    reason = finished(output, manifest.get(dataset.name))
-    if reason is None:
-      say(f"{dataset.name}: done already ({os.path.join(output, dataset.folder)}, "
-          f"{len(manifest[dataset.name]['files'])} files checked)")
-      continue
-    if dataset.name in manifest:
-      say(f"{dataset.name}: {reason}; fetching it again")
-    try:
-      manifest[dataset.name] = fetch_dataset(dataset, output, mirror, say)
-    except OSError as e:
-      if e.errno == errno.ENOSPC:  # while extracting or moving
-        raise disk_full(output, 4 * sum(s.size for s in dataset.sources)) from None
-      raise
-    storage.write_atomic(os.path.join(output, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
-    say(f"{dataset.name}: {os.path.join(output, dataset.folder)} ({len(manifest[dataset.name]['files'])} files)")
+  with writers.WriterLock(os.path.join(output, DOWNLOADS, writers.LOCK_FILE), f"--output={output}", "--output", say):
+    manifest = read_manifest(output)
+    for dataset in datasets:
+      reason = finished(output, manifest.get(dataset.name))
+      if reason is None:
+        say(f"{dataset.name}: done already ({os.path.join(output, dataset.folder)}, "
+            f"{len(manifest[dataset.name]['files'])} files checked)")
+        continue
+      if dataset.name in manifest:
+        say(f"{dataset.name}: {reason}; fetching it again")
+      try:
+        manifest[dataset.name] = fetch_dataset(dataset, output, mirror, say)
+      except OSError as e:
+        if e.errno == errno.ENOSPC:  # while extracting or moving
+          raise disk_full(output, 4 * sum(s.size for s in dataset.sources)) from None
+        raise
+      storage.write_atomic(os.path.join(output, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
+      say(f"{dataset.name}: {os.path.join(output, dataset.folder)} ({len(manifest[dataset.name]['files'])} files)")
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+  parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--tasks", default="glue,squad,race",
                       help=f"comma-separated: {', '.join(GROUPS)} or single data sets ({', '.join(DATASETS)})")

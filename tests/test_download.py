@@ -155,7 +155,7 @@ def test_fetched_layout_is_what_the_tasks_read_and_a_rerun_skips_or_refetches(se
   assert set(manifest) == {"rte", "ax", "mrpc", "squad_v1", "race"}
   assert manifest["rte"]["files"]["glue/RTE/dev.tsv"] == fetch.sha256_of(shared_data / "glue/RTE/dev.tsv")
   assert manifest["rte"]["sources"] == {"RTE.zip": hashlib.sha256(files["RTE.zip"]).hexdigest()}
-  assert os.listdir(data / ".downloads") == []  # no archive, no .part, no staging left
+  assert not (data / ".downloads").exists()  # no archive, no .part, no staging, no lock left
 
   served = len(server.requests)
   said = _lines(data, _table(files), server.url)
@@ -213,7 +213,7 @@ def test_a_wrong_checksum_is_refused_in_one_line_and_leaves_no_file(server, tmp_
                   "3527663986b8295af4f7fcdff1ba1ff3f72d07d61a20f487cb238a6ef92fd955: the file was damaged on the way "
                   "or the source serves another file; rerun to fetch it again, or fetch it from another copy with "
                   "--mirror=<a folder or URL holding train-v1.1.json>.")
-  assert os.listdir(tmp_path / ".downloads") == [] and not (tmp_path / "squad").exists()
+  assert not (tmp_path / ".downloads").exists() and not (tmp_path / "squad").exists()
 
 
 def test_404_no_network_and_a_full_disk_name_the_fix(server, files, tmp_path, monkeypatch):
