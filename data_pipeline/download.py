@@ -28,7 +28,7 @@ from typing import Callable
 from albert_jax import storage
 from albert_jax.errors import InputError
 from data_pipeline import cli, writers
-from data_pipeline.fetch import ChecksumError, check_free_space, disk_full, fetch, sha256_of
+from data_pipeline.fetch import DownloadError, check_free_space, disk_full, fetch, sha256_of
 
 PROG = "data_pipeline.download"
 MANIFEST = "downloads.json"
@@ -203,6 +203,11 @@ def finished(output: str, entry: dict | None) -> str | None:
   return None
 
 
+def unpacked_bytes(dataset: Dataset) -> int:
+  """A bound on the space that unpacking takes: text compresses about 4x in these archives."""
+  return 4 * sum(s.size for s in dataset.sources if s.name.endswith((".zip", ".tar.gz")))
+
+
 def fetch_dataset(dataset: Dataset, output: str, mirror: str | None, say: Callable[[str], None]) -> dict:
   """Fetches, checks and installs one data set; returns its manifest entry."""
   downloads = os.path.join(output, DOWNLOADS)
@@ -218,11 +223,11 @@ def fetch_dataset(dataset: Dataset, output: str, mirror: str | None, say: Callab
   staging = os.path.join(downloads, f"{dataset.name}.staging")
   shutil.rmtree(staging, ignore_errors=True)
   os.makedirs(staging)
-  check_free_space(output, 4 * sum(s.size for s in dataset.sources))  # extracted text: up to ~4x its archive
+  check_free_space(output, unpacked_bytes(dataset))
   dataset.install(paths, staging)
   missing = [name for name in dataset.expected if not os.path.exists(os.path.join(staging, name))]
   if missing:
-    raise ChecksumError(f"{dataset.name}: the fetched files hold no {', '.join(missing)}; the source's layout "
+    raise DownloadError(f"{dataset.name}: the fetched files hold no {', '.join(missing)}; the source's layout "
                         f"changed: report it, or lay out {dataset.folder} by hand (docs/finetuning.md).")
   files = {}
   for root, _, names in os.walk(staging):
@@ -258,7 +263,7 @@ def download(datasets: list[Dataset], output: str, mirror: str | None = None,
         manifest[dataset.name] = fetch_dataset(dataset, output, mirror, say)
       except OSError as e:
         if e.errno == errno.ENOSPC:  # while extracting or moving
-          raise disk_full(output, 4 * sum(s.size for s in dataset.sources)) from None
+          raise disk_full(output, unpacked_bytes(dataset)) from None
         raise
       storage.write_atomic(os.path.join(output, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
       say(f"{dataset.name}: {os.path.join(output, dataset.folder)} ({len(manifest[dataset.name]['files'])} files)")

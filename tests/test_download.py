@@ -7,7 +7,6 @@ import hashlib
 import http.server
 import io
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -228,6 +227,8 @@ def test_404_no_network_and_a_full_disk_name_the_fix(server, files, tmp_path, mo
   with pytest.raises(fetch.DownloadError, match=r"no space left on the disk of .* \(this step needs about 1.0 MB\); free some space or pass --output="):
     monkeypatch.setattr(fetch.shutil, "disk_usage", lambda _: types.SimpleNamespace(free=0))
     _lines(tmp_path, _table(files, ("rte",)), server.url)
+  with pytest.raises(InputError, match=r"--output=gs://b/data: download to a local folder, then copy it"):
+    download.download([], "gs://b/data")
   with pytest.raises(InputError, match=r"--tasks: unknown 'sst2'; choose from glue, squad, race, cola, sst-2"):
     download.selected("rte,sst2")
   assert [d.name for d in download.selected("squad, rte,glue")] == [*download.GROUPS["glue"], "squad_v1", "squad_v2"]
