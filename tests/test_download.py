@@ -133,9 +133,13 @@ def _lines(output, datasets, mirror):
   return said
 
 
-def test_fetched_layout_is_what_the_tasks_read_and_a_rerun_skips_or_refetches(server, files, shared_data, tmp_path):
+def test_fetched_layout_is_what_the_tasks_read_and_a_rerun_skips_or_refetches(server, files, shared_data, tmp_path,
+                                                                               capsys):
   data = tmp_path / "DATA"
-  _lines(data, _table(files), server.url)
+  said = _lines(data, _table(files), server.url)
+  assert said[:2] == [f"rte: fetching {server.url}/RTE.zip", f"rte: {data}/glue/RTE (3 files)"]
+  assert f"race: {data}/RACE (18 files)" in said
+  assert "RTE.zip: 1,023,657 bytes in 0 s" in capsys.readouterr().err  # the progress's last line
   rte = task_of(glue_experiment, f"task=rte,data={data}/glue")
   assert [len(rte.read_examples(rte.split_path(s), s != "test")) for s in ("train", "dev", "test")] == [2490, 277, 277]
   mnli_companion = task_of(glue_experiment, f"task=ax,data={data}/glue")
