@@ -28,7 +28,7 @@ from typing import Callable
 from albert_jax import storage
 from albert_jax.errors import InputError
 from data_pipeline import cli, writers
-from data_pipeline.fetch import DownloadError, check_free_space, disk_full, fetch, sha256_of
+from data_pipeline.fetch import DiskFullError, DownloadError, check_free_space, disk_full, fetch, sha256_of
 
 PROG = "data_pipeline.download"
 MANIFEST = "downloads.json"
@@ -40,6 +40,7 @@ class Source:
   url: str
   sha256: str
   size: int
+  fallbacks: tuple[str, ...] = ()  # other addresses of the same bytes, tried in turn when `url` fails
 
   @property
   def name(self) -> str:
@@ -120,7 +121,8 @@ def _glue(name: str, folder: str, archive: str, sha256: str, size: int, expected
 
 
 # sha256 and sizes as tensorflow_datasets pins them (its url_checksums; tests/test_download.py compares). QQP-clean
-# is GLUE's current name for QQP.zip (the same bytes).
+# is GLUE's current name for QQP.zip (the same bytes). The fallbacks are the older addresses tensorflow_datasets
+# fetches the same bytes from.
 DATASETS: dict[str, Dataset] = {d.name: d for d in (
     _glue("cola", "CoLA", "CoLA.zip", "f212fcd832b8f7b435fb991f101abf89f96b933ab400603bf198960dfc32cbff", 376971),
     _glue("sst-2", "SST-2", "SST-2.zip", "d67e16fb55739c1b32cdce9877596db1c127dc322d93c082281f64057c16deaa", 7439277),
@@ -130,7 +132,9 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
         Source("https://dl.fbaipublicfiles.com/senteval/senteval_data/msr_paraphrase_test.txt",
                "a04e271090879aaba6423d65b94950c089298587d9c084bf9cd7439bd785f784", 441275),
         Source("https://raw.githubusercontent.com/MegEngine/Models/master/official/nlp/bert/glue_data/MRPC/dev_ids.tsv",
-               "971d7767d81b997fd9060ade0ec23c4fc31cbb226a55d1bd4a1bac474eb81dc7", 6222)),
+               "971d7767d81b997fd9060ade0ec23c4fc31cbb226a55d1bd4a1bac474eb81dc7", 6222,
+               ("https://firebasestorage.googleapis.com/v0/b/mtl-sentence-representations.appspot.com/o/data%2F"
+                "mrpc_dev_ids.tsv?alt=media&token=ec5c0836-31d5-48f4-b431-7480817f1adc",))),
             split_mrpc, _STANDARD),
     _glue("sts-b", "STS-B", "STS-B.zip", "e60a6393de5a8b5b9bac5020a1554b54e3691f9d600b775bd131e613ac179c85", 802872),
     _glue("qqp", "QQP", "QQP-clean.zip", "40e7c862c04eb26ee04b67fd900e76c45c6ba8e6d8fab4f8f1f8072a1a3fbae0",
@@ -142,7 +146,8 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
     _glue("wnli", "WNLI", "WNLI.zip", "ae0e8e4d16f4d46d4a0a566ec7ecceccfd3fbfaa4a7a4b4e02848c0f2561ac46", 28999),
     Dataset("ax", "glue/diagnostic", (Source(GLUE_URL + "AX.tsv",
                                              "0e13510b1bb14436ff7e2ee82338f0efb0133ecf2e73507a697dc210db3f05fd",
-                                             222257),), _place_as("diagnostic.tsv"), ("diagnostic.tsv",)),
+                                             222257, ("https://bit.ly/2BOtOJ7",)),),
+            _place_as("diagnostic.tsv"), ("diagnostic.tsv",)),
     *(Dataset(f"squad_v{major}", "squad", tuple(
         Source(f"https://rajpurkar.github.io/SQuAD-explorer/dataset/{split}-v{version}.json", sha256, size)
         for split, sha256, size in files), _place_as(*(f"{s}-v{version}.json" for s, _, _ in files)),
@@ -208,6 +213,21 @@ def unpacked_bytes(dataset: Dataset) -> int:
   return 4 * sum(s.size for s in dataset.sources if s.name.endswith((".zip", ".tar.gz")))
 
 
+def _fetch_source(source: Source, path: str, mirror: str | None, say: Callable[[str], None]) -> None:
+  """From the mirror, else from `source.url` and then each fallback until one gives the right bytes."""
+  urls = [source_url(source, mirror)] if mirror else [source.url, *source.fallbacks]
+  for i, url in enumerate(urls):
+    say(f"fetching {url}")
+    try:
+      return fetch(url, path, source.sha256, source.size)
+    except DiskFullError:
+      raise
+    except DownloadError as e:
+      if i == len(urls) - 1:
+        raise
+      say(f"{e} Trying the next address.")
+
+
 def fetch_dataset(dataset: Dataset, output: str, mirror: str | None, say: Callable[[str], None]) -> dict:
   """Fetches, checks and installs one data set; returns its manifest entry."""
   downloads = os.path.join(output, DOWNLOADS)
@@ -216,9 +236,7 @@ def fetch_dataset(dataset: Dataset, output: str, mirror: str | None, say: Callab
   for source in dataset.sources:
     path = os.path.join(downloads, source.name)
     if not (os.path.exists(path) and sha256_of(path) == source.sha256):
-      url = source_url(source, mirror)
-      say(f"{dataset.name}: fetching {url}")
-      fetch(url, path, source.sha256, source.size)
+      _fetch_source(source, path, mirror, lambda line: say(f"{dataset.name}: {line}"))
     paths.append(path)
   staging = os.path.join(downloads, f"{dataset.name}.staging")
   shutil.rmtree(staging, ignore_errors=True)
@@ -255,7 +273,7 @@ def download(datasets: list[Dataset], output: str, mirror: str | None = None,
       reason = finished(output, manifest.get(dataset.name))
       if reason is None:
         say(f"{dataset.name}: done already ({os.path.join(output, dataset.folder)}, "
-            f"{len(manifest[dataset.name]['files'])} files checked)")
+            f"{_files(manifest[dataset.name])} checked)")
         continue
       if dataset.name in manifest:
         say(f"{dataset.name}: {reason}; fetching it again")
@@ -266,7 +284,12 @@ def download(datasets: list[Dataset], output: str, mirror: str | None = None,
           raise disk_full(output, unpacked_bytes(dataset)) from None
         raise
       storage.write_atomic(os.path.join(output, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
-      say(f"{dataset.name}: {os.path.join(output, dataset.folder)} ({len(manifest[dataset.name]['files'])} files)")
+      say(f"{dataset.name}: {os.path.join(output, dataset.folder)} ({_files(manifest[dataset.name])})")
+
+
+def _files(entry: dict) -> str:
+  count = len(entry["files"])
+  return f"{count} file" + "s" * (count != 1)
 
 
 def main(argv=None) -> None:

@@ -29,6 +29,10 @@ class ChecksumError(DownloadError):
   """A fetched file is not the expected one."""
 
 
+class DiskFullError(DownloadError):
+  """The output's disk has no room for the next step."""
+
+
 def sha256_of(path: str) -> str:
   digest = hashlib.sha256()
   with open(path, "rb") as f:
@@ -37,8 +41,8 @@ def sha256_of(path: str) -> str:
   return digest.hexdigest()
 
 
-def disk_full(where: str, needed: int) -> DownloadError:
-  return DownloadError(f"no space left on the disk of {where} (this step needs about {amount(needed, 'bytes')}); "
+def disk_full(where: str, needed: int) -> DiskFullError:
+  return DiskFullError(f"no space left on the disk of {where} (this step needs about {amount(needed, 'bytes')}); "
                        f"free some space or pass --output=<a folder on a larger disk>, then {RERUN}.")
 
 

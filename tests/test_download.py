@@ -228,6 +228,13 @@ def test_404_no_network_and_a_full_disk_name_the_fix(server, files, tmp_path, mo
     closed = s.getsockname()[1]
   with pytest.raises(fetch.DownloadError, match=rf"cannot reach 127.0.0.1:{closed} for .*AX.tsv .*check the network"):
     _lines(tmp_path, _table(files, ("ax",)), f"http://127.0.0.1:{closed}")
+  ax = _table(files, ("ax",))[0]
+  moved = dataclasses.replace(ax.sources[0], url=f"{server.url}/missing/AX.tsv", fallbacks=(f"{server.url}/AX.tsv",))
+  said = _lines(tmp_path / "moved", [dataclasses.replace(ax, sources=(moved,))], None)
+  assert said[1] == (f"ax: HTTP 404 (Not Found) for {server.url}/missing/AX.tsv: the file is not at that address; "
+                     "check --mirror, or fetch it by hand into the output folder's .downloads/. Trying the next "
+                     "address.")
+  assert said[2:] == [f"ax: fetching {server.url}/AX.tsv", f"ax: {tmp_path}/moved/glue/diagnostic (1 file)"]
   with pytest.raises(fetch.DownloadError, match=r"no space left on the disk of .* \(this step needs about 1.0 MB\); free some space or pass --output="):
     monkeypatch.setattr(fetch.shutil, "disk_usage", lambda _: types.SimpleNamespace(free=0))
     _lines(tmp_path, _table(files, ("rte",)), server.url)
@@ -253,17 +260,18 @@ def test_pinned_checksums_are_tensorflow_datasets_ones_and_the_real_files(shared
   QQP.zip, AX.tsv and dev_ids.tsv are its copies from GLUE's older host); the real files we have match too."""
   import tensorflow_datasets
   root = Path(tensorflow_datasets.__file__).parent
-  pinned = {}
+  pinned, by_url = {}, {}
   for path in [*root.glob("url_checksums/*.txt"), *root.glob("datasets/*/checksums.tsv")]:
     for line in path.read_text().splitlines():
       fields = line.split("\t")
       if len(fields) == 4:
-        pinned[fields[3]] = (fields[2], int(fields[1]))
+        pinned[fields[3]] = by_url[fields[0]] = (fields[2], int(fields[1]))
   aliases = {"QQP-clean.zip": "QQP.zip", "AX.tsv": "tsvsWithoutLabels_AX.tsv", "dev_ids.tsv": "data_mrpc_dev_ids.tsv"}
   sources = [s for d in download.DATASETS.values() for s in d.sources]
   assert len(sources) == 17
   for s in sources:
     assert pinned[aliases.get(s.name, s.name)] == (s.sha256, s.size), s.name
+    assert all(by_url[url] == (s.sha256, s.size) for url in s.fallbacks), s.name
   by_name = {s.name: s.sha256 for s in sources}
   assert fetch.sha256_of(shared_data / "squad/dev-v1.1.json") == by_name["dev-v1.1.json"]
   assert fetch.sha256_of(shared_data / "glue/MRPC/dev_ids.tsv") == by_name["dev_ids.tsv"]
