@@ -4,6 +4,7 @@ is whole and fetches again what changed; a cut download resumes; 404, a wrong ch
 stop with one line naming the fix."""
 import dataclasses
 import hashlib
+import importlib.util
 import http.server
 import io
 import json
@@ -61,7 +62,7 @@ class Server:
 
     self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/mirror"
-    threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
     self.timer = threading.Timer(SERVER_LIFETIME_S, self.httpd.shutdown)
     self.timer.start()
 
@@ -258,8 +259,7 @@ def test_a_local_folder_as_mirror(files, tmp_path):
 def test_pinned_checksums_are_tensorflow_datasets_ones_and_the_real_files(shared_data):
   """Every source's sha256 and size as tensorflow_datasets pins them for the same file (QQP-clean.zip is its
   QQP.zip, AX.tsv and dev_ids.tsv are its copies from GLUE's older host); the real files we have match too."""
-  import tensorflow_datasets
-  root = Path(tensorflow_datasets.__file__).parent
+  root = Path(importlib.util.find_spec("tensorflow_datasets").origin).parent  # a dependency; not imported
   pinned, by_url = {}, {}
   for path in [*root.glob("url_checksums/*.txt"), *root.glob("datasets/*/checksums.tsv")]:
     for line in path.read_text().splitlines():
