@@ -100,7 +100,8 @@ def test_predict_embed_and_seeds_outputs_on_a_run_s_own_files_are_refused_before
   main_lines = [[config, f"--mode={mode}", f"--workdir={workdir}", f"--input={tmp_path / 'texts.tsv'}",
                  f"--output={fine_tuned / target}"]
                 for mode, workdir in (("predict", fine_tuned), ("embed", other)) for target, _ in TARGETS]
-  seeds_lines = [[config, "--seeds=2", f"--workdir={fine_tuned / target.removesuffix('/out')}"] for target, _ in TARGETS]
+  seeds_lines = [[config, "--seeds=2", f"--workdir={fine_tuned / target.removesuffix('/out')}"]
+                 for target, _ in TARGETS]
   script = f"""
 from absl import flags
 from albert_jax import cli, seeds
