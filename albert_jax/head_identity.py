@@ -3,7 +3,7 @@
 Weight shapes cannot tell two heads of the same size apart (MNLI's 3 classes in another order, a regression from a
 multiple-choice scorer), nor a model with another head count or activation. This module decides, from what is
 recorded with the weights:
-- which head they hold: a fine-tuning run's `Task.identity()` (workdir `HEAD_FILE`, best record `BEST_FILE`), or
+- which head they hold: a fine-tuning run's `Task.identity()` (`run.HEAD_FILE`, and the best record `run.BEST_FILE`), or
   a converted transformers head, `HFHead` (kind, class names and order, class count, problem type);
 - whether that head is the one the task being run was trained for (`check_identity`, `head_trained_for`), and
   in which class order the task reads it (`as_recorded`, `task_for_weights`);
@@ -54,7 +54,7 @@ def best_weights(workdir: str, best: dict) -> str:
 
 def recorded_identity(workdir: str, best: dict | None = None) -> dict | None:
   """The head identity recorded with the weights eval/predict use: the best record's, else the workdir's or a
-  converted directory's HEAD_FILE (None for runs older than the record, and for weights without a head)."""
+  converted directory's `run.HEAD_FILE` (None for runs older than the record, and for weights without a head)."""
   if best and "head" in best:
     return best["head"]
   path = storage.path(Run(workdir).head)
