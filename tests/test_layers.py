@@ -2,6 +2,7 @@
 that changes nothing process-wide when imported (the command lines set the process up, `albert_jax.console`)."""
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -172,6 +173,16 @@ def test_every_mode_is_a_method_of_the_job_kinds():
          for kind in (job_kinds.Pretraining, job_kinds.FineTuning)}
   assert has == {job_kinds.Pretraining: ["train", "eval", "embed", "compile", "describe"],
                  job_kinds.FineTuning: ["train", "eval", "predict", "embed", "compile", "describe"]}
+
+
+@pytest.mark.parametrize("pattern, owner", [
+    (r"join\((self\.)?(workdir|run_dir)\b", "albert_jax.run"),  # a path in a run's folder: `run.Run` names it
+    (r"task [!=]= .pretrain.", "albert_jax.job_kinds"),       # the job kind: chosen once, `job_kinds.kind_for`
+])
+def test_one_module_owns_the_run_s_layout_and_the_choice_of_job_kind(pattern, owner):
+  found = [f"{name}:{number}" for name, path in MODULES.items() if name.startswith(("albert_jax", "data_pipeline"))
+           and name != owner for number, line in enumerate(path.read_text().splitlines(), 1) if re.search(pattern, line)]
+  assert not found, f"{pattern} outside {owner}: {found}"
 
 
 def test_importing_the_command_line_imports_no_jax():
