@@ -13,8 +13,9 @@ the rule for which weights a run has.
     seeds.json, seed_<k>/                   `albert_jax.seeds`: the report, and seed k's own run
     tiny_data/                              data.kind=tiny: the bundled corpus built for the run
 
-An output of a tool (predict, embed, seeds, glue_submission, convert) that falls on one of these, in the run it
-names or in any run it lands in, is refused before anything is written (`check_output`).
+An output of a tool (predict, embed, seeds, glue_submission) that falls on one of these, in the run it names or in
+any run it lands in, is refused before anything is written (`check_output`); convert refuses any --dst inside a
+training workdir.
 """
 from __future__ import annotations
 
