@@ -46,9 +46,15 @@ def pretraining_inputs(config) -> dict[str, str]:
 
 
 def fine_tuning_inputs(config, task) -> dict[str, str]:
-  """{what: path} of the files a fine-tuning run reads: its tokenizer, the task's train and dev files."""
-  return {TOKENIZER: tokenizer_of(config), **{f"{name} file": task.split_path(name)
-                                              for name in ("train", *task.eval_splits)}}
+  """{what: path} of the files a fine-tuning run reads: its tokenizer, the task's train and dev files (those it
+  has: a prediction-only task, GLUE AX, has no train split)."""
+  inputs = {TOKENIZER: tokenizer_of(config)}
+  for name in ("train", *task.eval_splits):
+    try:
+      inputs[f"{name} file"] = task.split_path(name)
+    except InputError:
+      continue
+  return inputs
 
 
 def fingerprint(inputs: dict[str, str]) -> dict[str, dict[str, str]]:
