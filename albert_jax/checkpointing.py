@@ -31,6 +31,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from albert_jax import storage
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError, UserError
+from albert_jax.run import Run
 
 
 class SaveError(UserError, RuntimeError):
@@ -364,5 +365,5 @@ def local_restore_target(metadata: Any) -> Any:
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(workdir, "checkpoints")
+  return Run(workdir).checkpoints
 

@@ -12,6 +12,7 @@ import jax
 import ml_collections
 
 from albert_jax import storage
+from albert_jax.run import Run
 
 
 class _HitCounter:
@@ -43,7 +44,7 @@ def use(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   """Turns on JAX's persistent compilation cache (`compilation_cache_dir`, default `workdir/compilation_cache`),
   so that a preempted or restarted job skips recompiling the step. "none" turns it off, and so does a local folder
   that cannot be written (the read-only workdir of predict or embed), with one line saying so."""
-  directory = config.get("compilation_cache_dir", "") or os.path.join(workdir, "compilation_cache")
+  directory = config.get("compilation_cache_dir", "") or Run(workdir).compilation_cache
   if directory == "none":
     return None
   if not storage.is_remote(directory) and not _can_write(directory):

@@ -10,7 +10,6 @@ import math
 from typing import Any
 
 import flax
-import jax
 
 from albert_jax import flops
 from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
@@ -67,19 +66,3 @@ def print_description(model_config: ModelConfig, seq_len: int, num_predictions: 
   print(json.dumps(info), flush=True)
   return info
 
-
-def describe_config(config, workdir=None, args=None) -> None:
-  """`--mode=describe` of an experiment config: the pretraining model, or the fine-tuning task's model."""
-  from albert_jax.model_config import is_pretraining, model_config_from
-  model_config = model_config_from(config)
-  params = num_predictions = None
-  if is_pretraining(config):  # a fine-tuning task checks its own (get_task)
-    from albert_jax.pretrain import prediction_slots
-    model_config.check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
-    num_predictions = prediction_slots(config.data)
-  else:
-    from albert_jax.tasks import get_task
-    task = get_task(config)
-    model = task.build_model(model_config)
-    params = jax.eval_shape(lambda rng: task.init_params(model, rng), jax.random.key(0))
-  print_description(model_config, config.data.max_seq_length, num_predictions, params)

@@ -9,18 +9,15 @@ tokens included (sentence-transformers' mean pooling).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import checkpointing, engine, finetune, pretrain, pretrained, storage
-from albert_jax.head_identity import read_best
+from albert_jax import engine, finetune, pretrained, provenance, storage
 from albert_jax.errors import InputError
-from albert_jax.model import AlbertModel, init_params
-from albert_jax.model_config import is_pretraining, model_config_from
-from albert_jax.tasks import get_task, make_tokenizer
+from albert_jax.model import AlbertModel
+from albert_jax.run import Run
+from albert_jax.tasks import make_tokenizer
 from albert_jax.tasks.base import model_inputs, stack_packed
 from albert_jax.tasks.records import text_lines
 from albert_jax.tasks.sequence import pack_text
@@ -38,42 +35,23 @@ def embed_fn(model: AlbertModel, pooling: str):
   return embed
 
 
-def _weights_path(config, workdir: str) -> tuple[str, str]:
-  """(where the weights are, the flag that named it): the workdir's, else init_checkpoint's."""
-  if read_best(workdir) or storage.path(checkpointing.checkpoint_dir(workdir)).is_dir():
-    return workdir, "--workdir"
-  if config.init_checkpoint:
-    return config.init_checkpoint, "init_checkpoint"
-  raise InputError(f"No weights to embed with: {workdir} has no checkpoints and config.init_checkpoint is empty; "
-                   "pass --workdir of a training run or --config.init_checkpoint=DIR (an albert_jax.convert output).")
-
-
-def _job(config, backbone: AlbertModel) -> engine.Job:
-  """The config's own job: `engine.setup` takes mesh, batch split and shardings from it as training does. A
-  fine-tuning task's job is built around the backbone alone: its head plays no part here, and building it could
-  need the class set of a train file that embedding does not read."""
-  if is_pretraining(config):
-    return pretrain.make_job(config)
-  job = finetune.make_job(config, get_task(config), backbone)
-  return dataclasses.replace(job, init_params=lambda rng: init_params(backbone, rng))
-
-
-def embed(config, workdir: str, args) -> None:
+def embed(config, workdir: str, args, kind) -> None:
+  """`kind`: the config's `job_kinds.JobKind`, which builds the job and finds the encoder in the weights."""
   if not args.input or not args.output:
     raise InputError("--mode=embed needs --input=FILE (one text per line) and --output=PATH.npy.")
   if args.pooling not in POOLINGS:
     raise InputError(f"--pooling={args.pooling!r}; choose one of {POOLINGS}.")
-  path, name = _weights_path(config, workdir)
+  path, name = Run(workdir).weights(config.init_checkpoint)
   config = pretrained.with_recorded_model(config, path)
   tokenizer = make_tokenizer(config)
-  model_config = model_config_from(config)
+  model_config = kind.model_config(config)
   tokenizer.check_vocab(model_config.vocab_size)
   max_len = config.data.max_seq_length
   model_config.check_seq_length(max_len)
   # Only the backbone is used, so a fine-tuning run's head (its task, its classes) does not matter here.
+  provenance.check_reader(path, name, config)
   params, which = pretrained.load_init_params(path, name, model=config.model), f"{name} {path}"
-  if "albert" not in params:
-    raise InputError(f"The weights ({which}) have no backbone 'albert' (found {sorted(params)}).")
+  encoder = kind.backbone_params(params, which)
   texts = [line for _, line in text_lines(args.input)]  # a CR-only file is refused, not embedded as one text
   if texts[-1] == "":  # the newline that ends the last line starts no text
     texts.pop()
@@ -81,9 +59,9 @@ def embed(config, workdir: str, args) -> None:
     raise InputError(f"{args.input} has no lines to embed.")
   features = stack_packed([pack_text(tokenizer, text, None, max_len) for text in texts], (len(texts),))
   backbone = AlbertModel(model_config)
-  s = engine.setup(config, _job(config, backbone))
+  s = engine.setup(config, kind.embedding_job(config, backbone))
   with s.context():
-    outputs = finetune.predict_features(embed_fn(backbone, args.pooling), s.replicate(params["albert"]), features,
+    outputs = finetune.predict_features(embed_fn(backbone, args.pooling), s.replicate(encoder), features,
                                         s, f"embedding {args.input}", finetune.length_buckets(config))
   if jax.process_index() == 0:
     with storage.open_atomic(args.output, "wb") as f:  # the very name given (np.save adds .npy), folders made

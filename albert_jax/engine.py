@@ -54,6 +54,7 @@ class Job:
   flops_per_token: float = 0.0
   evaluate: Callable | None = None   # (step, params, Setup, writer) -> None: scores, writes, keeps the best
   warm_start: Callable | None = None  # params (host) -> (params, fresh paths); raises if the checkpoint misfits
+  inputs: dict = dataclasses.field(default_factory=dict)  # {what: path} of the files that define the run (`provenance`)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,12 +19,13 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from albert_jax import buckets, engine, loop, pretrained, storage
+from albert_jax import buckets, engine, loop, pretrained, provenance, storage
 from albert_jax.errors import InputError
-from albert_jax.head_identity import (BEST_DIR, BEST_FILE, HEAD_FILE, best_weights, check_head_trained_for,
+from albert_jax.head_identity import (best_weights, check_head_trained_for,
                                       check_identity, describe, head_trained_for, read_best, recorded_identity,
                                       task_for_weights, weights_identity)
 from albert_jax.model_config import model_config_from
+from albert_jax.run import Run
 from albert_jax.tasks import Split, get_task, make_tokenizer
 from albert_jax.workdir_lock import WorkdirLock
 from data_pipeline.progress import Progress
@@ -121,14 +122,15 @@ class BestKeeper:
   with another seed or learning rate), and keeping them would report and predict with them."""
 
   def __init__(self, workdir: str, task, model_config, resume_step: int):
-    self.directory = os.path.join(workdir, BEST_DIR)
+    self.run = Run(workdir)
+    self.directory = self.run.best
     self.task, self.model_config = task, model_config
     self.record = read_best(workdir)
     if _on_every_process(self.record is not None and self.record["step"] > resume_step):
       if jax.process_index() == 0:
         print(f"Dropping {self.directory} (step {self.record['step']}): this run continues from step "
               f"{resume_step} and scores the steps after it again.", flush=True)
-        storage.path(os.path.join(self.directory, BEST_FILE)).unlink(missing_ok=True)  # the pointer first
+        storage.path(self.run.best_record).unlink(missing_ok=True)  # the pointer first
         self._remove_steps_except(None)
       self.record = None
 
@@ -143,7 +145,7 @@ class BestKeeper:
     value = metrics[self.task.metric_name]
     if not _on_every_process(self.is_better(value)):
       return
-    step_dir = os.path.join(self.directory, f"step_{step}")
+    step_dir = self.run.best_step(step)
     pretrained.save_pretrained(step_dir, self.model_config, params)  # collective: every process enters it
     # Every process keeps the same record, so the next decision (and its collective save) agrees across hosts.
     self.record = {"step": step, "metric": self.task.metric_name, "value": value, "metrics": metrics,
@@ -154,7 +156,7 @@ class BestKeeper:
       for split_name, (split, split_predictions) in predictions.items():
         self.task.write_predictions(split, split_predictions,
                                     os.path.join(step_dir, self.task.predictions_name(split_name)))
-      storage.write_atomic(os.path.join(self.directory, BEST_FILE), json.dumps(self.record, indent=2))
+      storage.write_atomic(self.run.best_record, json.dumps(self.record, indent=2))
       self._remove_steps_except(os.path.basename(step_dir))
 
   def _remove_steps_except(self, keep: str | None) -> None:
@@ -196,6 +198,7 @@ def _warm_start(config, task, model):
     raise InputError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
+  provenance.check_reader(config.init_checkpoint, "init_checkpoint", config)
   loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
   recorded = weights_identity(config.init_checkpoint)
   if set(loaded) - {"albert"} and not head_trained_for(task, recorded):
@@ -234,7 +237,7 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
                     summarize=lambda sums, steps: {k: v / steps for k, v in sums.items()}, batches=batches,
                     example_batch=task.dummy_batch, tokens_per_example=math.prod(example["input_ids"].shape[1:]),
                     tokens_per_row=lambda batch: math.prod(batch["input_ids"].shape[1:]),
-                    evaluate=evaluate, warm_start=warm_start)
+                    evaluate=evaluate, warm_start=warm_start, inputs=provenance.fine_tuning_inputs(config, task))
 
 
 def _task_and_model(config, trained_in: str | None = None, warm_start: bool = False):
@@ -256,7 +259,7 @@ def predict_split_file(config, workdir, task, model, params, split: Split, outpu
   with s.context():
     outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
                                f"predicting split {split.name}", length_buckets(config, task))
-    path = output or os.path.join(workdir, task.submission_name(split.name))
+    path = output or Run(workdir).predictions(task.submission_name(split.name))
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), path)
   return path
@@ -298,9 +301,10 @@ def train(config, workdir: str, args=None) -> None:
     start = loop.latest_step(workdir) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
       check_identity(task, recorded_identity(workdir), f"Workdir {workdir} (checkpoint step {start})")
+      provenance.check_resume(workdir, provenance.fine_tuning_inputs(config, task), config)
     keeper = BestKeeper(workdir, task, model_config, start)
     if jax.process_index() == 0:
-      storage.write_atomic(os.path.join(workdir, HEAD_FILE), json.dumps(task.identity(), indent=2))
+      storage.write_atomic(Run(workdir).head, json.dumps(task.identity(), indent=2))
 
   def evaluate(step, params, s, writer):
     metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, length_buckets(config, task))
@@ -331,6 +335,7 @@ def _trained_params(config, workdir: str, task, model):
   (a pretraining workdir has none) and their model is config.model's."""
   best = read_best(workdir)
   check_identity(task, recorded_identity(workdir, best), f"--workdir={workdir}")
+  provenance.check_reader(workdir, "--workdir", config)
   task.use_tuning(best_weights(workdir, best) if best else workdir)
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
   params = pretrained.load_init_params(workdir, "--workdir", model=config.model)
@@ -353,7 +358,7 @@ def evaluate(config, workdir: str, args=None) -> None:
                                            length_buckets(config, task))
     if jax.process_index() == 0:
       for name, (split, split_predictions) in predictions.items():
-        task.write_predictions(split, split_predictions, os.path.join(workdir, task.predictions_name(name)))
+        task.write_predictions(split, split_predictions, Run(workdir).predictions(task.predictions_name(name)))
   print(json.dumps({"weights": which, **metrics}), flush=True)
 
 

@@ -17,6 +17,7 @@ import os
 
 from albert_jax import storage
 from albert_jax.errors import ExistsError, InputError, MissingFileError, one_line_user_errors
+from albert_jax.run import Run, check_output
 from albert_jax.tasks import TaskSettings
 from albert_jax.tasks.base import DataFileError
 from albert_jax.tasks.glue import SPECS, GlueTask
@@ -59,7 +60,7 @@ def check_file(path: str, check_count: bool) -> int:
 
 def dev_score(run: str) -> float:
   """The run's best dev value (runs without best.json, e.g. AX-only prediction runs, rank last)."""
-  path = os.path.join(run, "best", "best.json")
+  path = Run(run).best_record
   if not storage.path(path).exists():
     return -math.inf
   return float(json.loads(storage.path(path).read_text())["value"])
@@ -68,13 +69,14 @@ def dev_score(run: str) -> float:
 def assemble(runs: list[str], out: str, allow_partial: bool = False, check_counts: bool = True) -> dict[str, str]:
   """{file name: the run it was taken from}, after copying each chosen file into `out`, which one assembly writes
   at a time (`writers.WriterLock`) and which must hold no other file."""
+  check_output("--out", out)  # a run's own folder (best/, checkpoints/) would be mixed with the submission
   if twice := next((run for i, run in enumerate(runs) if writers.resolved(run) in map(writers.resolved, runs[:i])),
                    None):
     raise InputError(f"--runs lists {twice} twice; list each run once.")
   given: dict[str, list[tuple[float, str]]] = {}  # file name -> (dev score, run) of every run that has it
   for run in runs:
     writers.check_apart("--out", out, "--runs", run, "the submission")
-    config_path = os.path.join(run, "config.json")
+    config_path = Run(run).config
     if not storage.path(config_path).exists():
       raise MissingFileError(f"{config_path} not found; --runs takes fine-tuning workdirs of experiments/glue.py.")
     task = json.loads(storage.path(config_path).read_text()).get("task")

@@ -3,7 +3,7 @@
 Weight shapes cannot tell two heads of the same size apart (MNLI's 3 classes in another order, a regression from a
 multiple-choice scorer), nor a model with another head count or activation. This module decides, from what is
 recorded with the weights:
-- which head they hold: a fine-tuning run's `Task.identity()` (workdir `HEAD_FILE`, best record `BEST_FILE`), or
+- which head they hold: a fine-tuning run's `Task.identity()` (`run.HEAD_FILE`, and the best record `run.BEST_FILE`), or
   a converted transformers head, `HFHead` (kind, class names and order, class count, problem type);
 - whether that head is the one the task being run was trained for (`check_identity`, `head_trained_for`), and
   in which class order the task reads it (`as_recorded`, `task_for_weights`);
@@ -22,11 +22,7 @@ from typing import Any, Callable, Mapping
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-
-BEST_DIR = "best"        # a fine-tuning workdir's best dev checkpoint: best/step_N/ (a pretrained-weights dir)
-BEST_FILE = "best.json"  # ... and the record naming it (finetune.BestKeeper)
-HEAD_FILE = "head.json"  # what the head was trained for: a fine-tuning workdir's `Task.identity()`, a converted
-                         # directory's `HFHead.identity()`
+from albert_jax.run import BEST_DIR, Run
 
 
 # The fields of a best record that the readers use, and their types (finetune.BestKeeper writes them).
@@ -36,7 +32,7 @@ BEST_FIELDS = {"step": int, "metric": str, "value": (int, float), "weights": str
 def read_best(workdir: str) -> dict | None:
   """A fine-tuning workdir's best record (None without one), refused in one line unless it is the JSON object
   that fine-tuning writes (not a file cut short or edited into another shape)."""
-  path = storage.path(workdir) / BEST_DIR / BEST_FILE
+  path = storage.path(Run(workdir).best_record)
   if not path.exists():
     return None
   try:
@@ -52,16 +48,16 @@ def read_best(workdir: str) -> dict | None:
 
 
 def best_weights(workdir: str, best: dict) -> str:
-  """The best record's weights, best/step_N, by name: the recorded path is absolute only if the run's workdir was."""
-  return os.path.join(workdir, BEST_DIR, os.path.basename(os.path.normpath(best["weights"])))
+  """The best record's weights, best/step_N (`Run.best_weights`)."""
+  return Run(workdir).best_weights(best)
 
 
 def recorded_identity(workdir: str, best: dict | None = None) -> dict | None:
   """The head identity recorded with the weights eval/predict use: the best record's, else the workdir's or a
-  converted directory's HEAD_FILE (None for runs older than the record, and for weights without a head)."""
+  converted directory's `run.HEAD_FILE` (None for runs older than the record, and for weights without a head)."""
   if best and "head" in best:
     return best["head"]
-  path = storage.path(workdir) / HEAD_FILE
+  path = storage.path(Run(workdir).head)
   return json.loads(path.read_text()) if path.exists() else None
 
 

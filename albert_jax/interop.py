@@ -26,6 +26,7 @@ from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
 from albert_jax.head_identity import (HF_HEAD_PARAMS, MASKED_LM, QUESTION_ANSWERING, TOKEN_CLASSIFICATION,
                                       HFHead)
 from albert_jax.model_config import ModelConfig
+from albert_jax.run import Run
 from albert_jax.tasks import get_task
 
 CONFIG_FILE = "config.json"
@@ -366,7 +367,7 @@ def finetuned_head(weights_dir: str) -> HFHead | None:
 
 def _run_task(workdir: str):
   """The fine-tuning task of a training workdir's config.json; None when it has none (or is no fine-tuning run)."""
-  config_path = os.path.join(workdir, "config.json")
+  config_path = Run(workdir).config
   if not storage.path(config_path).is_file():
     return None
   config = ml_collections.ConfigDict(pretrained.read_json_object(config_path, "a run's config",

@@ -16,8 +16,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, storage
+from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, provenance, storage
 from albert_jax.errors import InputError, NotFiniteError
+from albert_jax.run import Run
 from albert_jax.workdir_lock import WorkdirLock
 
 # Fields that fix the shapes of the parameters: a workdir's saved run must agree on them to resume.
@@ -49,7 +50,7 @@ def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
   `config.<step>.json`, or `config.<step>.<n>.json` after earlier resumes at that step). Every process must decide
   alike (opening the checkpoints is a barrier), so the new config.json is written later, by
   `write_workdir_config`, once all of them are past this check."""
-  path = storage.path(workdir) / "config.json"
+  path = storage.path(Run(workdir).config)
   latest = latest_step(workdir) if path.exists() else None
   if latest is not None:
     text = path.read_text()
@@ -80,7 +81,7 @@ def _keep_config(workdir: str, step: int, text: str) -> str:
   `config.<step>.json`, `config.<step>.1.json`, ..., since writing over an earlier one would lose its settings
   (unless one of them holds `text` already)."""
   for n in itertools.count():
-    kept = storage.path(workdir) / (f"config.{step}.json" if n == 0 else f"config.{step}.{n}.json")
+    kept = storage.path(Run(workdir).config_history(step, n))
     if not kept.exists():
       storage.write_atomic(os.fspath(kept), text)
       return kept.name
@@ -92,14 +93,13 @@ def latest_step(workdir: str) -> int | None:
   """The step of the workdir's newest checkpoint, None without one (opening the checkpoints is a barrier of all
   processes; a workdir without checkpoints/ is left without it)."""
   directory = checkpointing.checkpoint_dir(workdir)
-  if not storage.path(directory).is_dir():
-    return None
-  return checkpointing.Checkpointer(directory, 1, 1).latest_step()
+  return checkpointing.Checkpointer(directory, 1, 1).latest_step() if storage.path(directory).is_dir() else None
 
 
-def write_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+def write_workdir_config(workdir: str, config: ml_collections.ConfigDict, made_of: dict | None = None) -> None:
   if jax.process_index() == 0:
-    storage.write_atomic(os.fspath(storage.path(workdir) / "config.json"), config.to_json_best_effort(indent=2))
+    storage.write_atomic(Run(workdir).config, config.to_json_best_effort(indent=2))
+    provenance.record(workdir, made_of or {})  # what it is made from (`provenance`), with the config
 
 
 class _StopSignals:
@@ -299,7 +299,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
         print(f"Nothing to train: {workdir} holds step {first_step} and train.num_train_steps={total_steps}; "
               "raise --config.train.num_train_steps to train further.", flush=True)
       return {}
-    write_workdir_config(workdir, config)
+    write_workdir_config(workdir, config, provenance.fingerprint(job.inputs))
     train_step = _StepPerShape(s)
     writer = metrics_lib.MetricWriter(workdir, total_steps, config)
     signals = _StopSignals()
@@ -307,7 +307,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
     try:
       for step in range(first_step, total_steps):
         if step == config.log.profile_start:
-          profile = storage.Mirror(os.path.join(workdir, "profile"))  # the profiler writes local files only
+          profile = storage.Mirror(Run(workdir).profile)  # the profiler writes local files only
           jax.profiler.start_trace(profile.local)
         batch = next(train_iter)
         state, step_metrics = train_step(state, batch, rng)

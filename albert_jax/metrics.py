@@ -16,6 +16,7 @@ import jax
 import ml_collections
 
 from albert_jax import storage, trackers
+from albert_jax.run import METRICS_FILE
 
 
 class MetricWriter:
@@ -26,7 +27,7 @@ class MetricWriter:
     self.total_steps = total_steps
     self.start_time = time.time()
     if self.enabled:
-      self._files = storage.Mirror(workdir, resume=("metrics.jsonl",))
+      self._files = storage.Mirror(workdir, resume=(METRICS_FILE,))
       self._trackers = trackers.open_trackers(self._files.local, workdir, config.log)
       for tracker in self._trackers:
         tracker.hparams(config)

@@ -291,10 +291,3 @@ def model_config_from(config) -> ModelConfig:
   """The ModelConfig of an experiment config's `model` section."""
   return ModelConfig.from_mapping(config.model.to_dict())
 
-
-PRETRAINING_TASK = "pretrain"  # an experiment config's `task` for pretraining; any other names a fine-tuning task
-
-
-def is_pretraining(config) -> bool:
-  """Whether an experiment config pretrains (MLM + SOP) rather than fine-tunes a task: the one test of it."""
-  return config.task == PRETRAINING_TASK

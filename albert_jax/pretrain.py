@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import checkpointing, engine, flops, loop, pretrained, storage
+from albert_jax import checkpointing, engine, flops, loop, pretrained, provenance, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
@@ -197,7 +197,8 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
       example_batch=lambda rows: synthetic_batch(config.data, rows, config.model.vocab_size, 0),
       tokens_per_example=seq_len,
       flops_per_token=flops.train_flops_per_token(model_config, seq_len, prediction_slots(config.data)),
-      evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer))
+      evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
+      inputs=provenance.pretraining_inputs(config))
 
 
 def _log_evaluation(step: int, metrics: dict[str, float], writer) -> None:
@@ -232,7 +233,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[st
   A warm start's weights are loaded and checked first: refused, they leave the workdir as it was."""
   check_data(config)
   job = make_job(config, workdir)
-  if config.init_checkpoint and loop.latest_step(workdir) is None:  # a resume goes on from its own weights
+  if loop.latest_step(workdir) is not None:
+    provenance.check_resume(workdir, job.inputs, config)
+  elif config.init_checkpoint:  # a warm start; a resume goes on from its own weights
+    provenance.check_reader(config.init_checkpoint, "init_checkpoint", config)
     loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
     job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
   last = loop.fit(config, workdir, job)
@@ -267,6 +271,7 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, also printed as one JSON line."""
   pretrained.check_same_function(workdir, config.model, "--workdir")
+  provenance.check_reader(workdir, "--workdir", config, provenance.pretraining_inputs(config))
   if loop.latest_step(workdir) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(checkpointing.checkpoint_dir(workdir))}; train "
                            "first (--mode=train).")

@@ -30,15 +30,13 @@ from jax.experimental import multihost_utils
 from albert_jax import checkpointing, storage
 from albert_jax.checkpointing import local_restore_target
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.head_identity import (BEST_DIR, HEAD_FILE, SHAPELESS_FIELDS, best_weights, check_shapeless_fields,
-                                      read_best)
+from albert_jax.head_identity import SHAPELESS_FIELDS, best_weights, check_shapeless_fields, read_best
 from albert_jax.model_config import ModelConfig
+from albert_jax.run import BEST_DIR, CONFIG_FILE as RUN_CONFIG_FILE, HEAD_FILE, Run
 from data_pipeline import records, tiny
 
 CONFIG_FILE = "model_config.json"
-RUN_CONFIG_FILE = "config.json"  # a training workdir's resolved config (loop.write_workdir_config)
 PARAMS_DIR = "params"
-TINY_DATA_DIR = "tiny_data"  # where a local workdir of data.kind=tiny builds the bundled dataset
 _CONVERT_AGAIN = "convert the weights again (python -m albert_jax.convert)"
 RESTORE_RUN_CONFIG = "restore it from a copy, or from the config.<step>.json that a resume kept there"
 
@@ -93,7 +91,7 @@ def recorded_model(path: str) -> tuple[dict[str, Any] | None, str]:
   directory (or of a fine-tuning run's best/step_N), config.json of a training workdir; (None, "") without one."""
   if storage.path(os.path.join(path, CONFIG_FILE)).is_file():
     return read_json_object(os.path.join(path, CONFIG_FILE), "a model config", _CONVERT_AGAIN), CONFIG_FILE
-  if storage.path(os.path.join(path, RUN_CONFIG_FILE)).is_file():
+  if storage.path(Run(path).config).is_file():
     return _run_config(path).get("model"), RUN_CONFIG_FILE
   return None, ""
 
@@ -103,13 +101,13 @@ def run_workdir(path: str) -> str | None:
   the one whose config.json says how they were trained; None for other weights (a converted directory)."""
   parent = os.path.dirname(os.path.dirname(path.rstrip("/")))
   for workdir in (path, parent) if os.path.basename(os.path.dirname(path.rstrip("/"))) == BEST_DIR else (path,):
-    if storage.path(os.path.join(workdir, RUN_CONFIG_FILE)).is_file():
+    if storage.path(Run(workdir).config).is_file():
       return workdir
   return None
 
 
 def _run_config(workdir: str) -> dict[str, Any]:
-  return read_json_object(os.path.join(workdir, RUN_CONFIG_FILE), "a run's config", RESTORE_RUN_CONFIG)
+  return read_json_object(Run(workdir).config, "a run's config", RESTORE_RUN_CONFIG)
 
 
 def tiny_data_dir(data_path: str, workdir: str) -> str:
@@ -117,7 +115,7 @@ def tiny_data_dir(data_path: str, workdir: str) -> str:
   workdir) the loader's local cache, since ArrayRecord reads local files only."""
   if data_path:
     return data_path
-  return tiny.DEFAULT_DIR if storage.is_remote(workdir) else os.path.join(workdir, TINY_DATA_DIR)
+  return tiny.DEFAULT_DIR if storage.is_remote(workdir) else Run(workdir).tiny_data
 
 
 def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:

@@ -11,21 +11,20 @@ so a resume sees no change that was not asked for.
 from __future__ import annotations
 
 import json
-import os
 
 import ml_collections
 
 from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model_config import optional_field_types
+from albert_jax.run import Run
 
-CONFIG_FILE = "config.json"
 PASS_CONFIG = ("pass --config=FILE, the experiment file the run was trained with (and its --config.<field> "
                "overrides)")
 
 
 def config_path(workdir: str) -> str:
-  return os.path.join(workdir, CONFIG_FILE)
+  return Run(workdir).config
 
 
 def exists(workdir: str) -> bool:

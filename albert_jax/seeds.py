@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 from absl import app, flags
 
-from albert_jax import main, runner, storage
+from albert_jax import cli, job_kinds, main, runner, storage
 from albert_jax.errors import InputError, one_line_user_errors
 from albert_jax.head_identity import best_weights, check_identity, read_best, recorded_identity, task_for_weights
-from albert_jax.model_config import is_pretraining
+from albert_jax.run import SEEDS_FILE as REPORT_FILE, Run, check_output
 from albert_jax.tasks.classification import MultiLabelClassificationTask
 
 FLAGS = flags.FLAGS
@@ -33,25 +33,18 @@ flags.DEFINE_integer("first_seed", 0, "The first seed; the others follow it.")
 flags.DEFINE_integer("rerun_collapsed", 0, "Train a collapsed seed k again as k + 1000, k + 2000, ... at most this "
                      "many times.")
 
-REPORT_FILE = "seeds.json"
 RERUN_STRIDE = 1000        # a collapsed seed k is trained again as k + RERUN_STRIDE * attempt
 REGRESSION_SPREAD = 1e-3   # a regression whose predictions' std is below this fraction of the gold scores' collapsed
 MAX_SEED = 2**32 - 1       # engine.check_training_config's bound
 
 
 def seed_workdir(workdir: str, seed: int) -> str:
-  return os.path.join(workdir, f"seed_{seed}")
+  return Run(workdir).seed(seed).workdir
 
 
 def check_recipe(config, seeds: int, first_seed: int, rerun_collapsed: int) -> None:
   """Refuses, before anything is trained, a config that keeps no best dev checkpoint and counts out of range."""
-  if is_pretraining(config):
-    raise InputError("--config is a pretraining config; albert_jax.seeds repeats a fine-tuning recipe "
-                     "(experiments/glue.py, squad_v1.py, race.py, classification.py, ...).")
-  if config.train.num_train_steps == 0 or not config.train.eval_every:
-    raise InputError(f"train.num_train_steps={config.train.num_train_steps}, train.eval_every="
-                     f"{config.train.eval_every}: this run keeps no best dev checkpoint to compare seeds by; "
-                     "train (num_train_steps > 0) and score dev (eval_every > 0).")
+  job_kinds.kind_for(config).check_seeds_recipe()
   if seeds < 1 or first_seed < 0 or rerun_collapsed < 0:
     raise InputError(f"--seeds={seeds}, --first_seed={first_seed}, --rerun_collapsed={rerun_collapsed}: pass "
                      "--seeds of at least 1 and the other two of at least 0.")
@@ -169,7 +162,7 @@ def finished_seeds(config, workdir: str) -> set[int]:
 
 
 def _recorded_seeds(workdir: str) -> set[int]:
-  path = storage.path(workdir) / REPORT_FILE
+  path = storage.path(Run(workdir).seeds_report)
   if not path.exists():
     return set()
   try:
@@ -196,7 +189,7 @@ def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_colla
     for attempt in range(rerun_collapsed + 1):
       seed = slot + RERUN_STRIDE * attempt
       if seed in done:
-        say(f"seed {seed}: finished (recorded in {os.path.join(workdir, REPORT_FILE)}), skipped")
+        say(f"seed {seed}: finished (recorded in {Run(workdir).seeds_report}), skipped")
       else:
         say(f"seed {seed}: training in {seed_workdir(workdir, seed)}")
         train_seed(config, workdir, seed)
@@ -209,7 +202,7 @@ def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_colla
       runs.append(run)
       result = report(config, workdir, slots, runs)
       if is_process_0():
-        storage.write_atomic(os.path.join(workdir, REPORT_FILE), json.dumps(result, indent=2))
+        storage.write_atomic(Run(workdir).seeds_report, json.dumps(result, indent=2))
       if last_try:
         break
   say(table(result))
@@ -241,21 +234,22 @@ def check_command_line(argv: list[str]) -> None:
   if "config.seed" in FLAGS and FLAGS["config.seed"].present:
     raise InputError("--config.seed is set by this command (seed k for DIR/seed_<k>); drop it and choose the "
                      "seeds with --first_seed and --seeds.")
-  main.check_command_line(argv, "train")
+  cli.check_command_line(argv, "train")
+  check_output("--workdir", FLAGS.workdir)  # seed k's run goes in it: not inside another run's own files
 
 
-def cli(argv: list[str]) -> None:
+def cli_main(argv: list[str]) -> None:
   from albert_jax import compilation_cache, console
   console.install()
   with one_line_user_errors():
     check_command_line(argv)
     config, workdir = FLAGS.config, FLAGS.workdir
     check_recipe(config, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
-    main.check_workdir(workdir, "train")
-    main._initialize_distributed()  # once for every seed: jax.distributed.initialize may run once per process
+    cli.check_workdir(workdir, "train")
+    main.initialize_distributed()  # once for every seed: jax.distributed.initialize may run once per process
     compilation_cache.use(config, workdir)  # one cache for every seed's run
     run_seeds(config, workdir, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
 
 
 if __name__ == "__main__":
-  app.run(cli, flags_parser=main.parse_flags)
+  app.run(cli_main, flags_parser=cli.parse_flags)

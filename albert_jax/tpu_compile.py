@@ -18,7 +18,6 @@ import ml_collections
 
 from albert_jax import compile_stats, engine, step_bound, topology
 from albert_jax.errors import InputError
-from albert_jax.model_config import is_pretraining, model_config_from
 from albert_jax.topology import GiB
 
 EXIT_DOES_NOT_FIT = 3
@@ -52,19 +51,14 @@ class Result:
 ON_THE_SLICE = {"flat_matmuls": False, "scan_unroll": 1}
 
 
-def job_for(config: ml_collections.ConfigDict) -> engine.Job:
-  """The job `--mode=train` would build on the slice, without reading any data."""
+def job_for(config: ml_collections.ConfigDict, kind) -> engine.Job:
+  """The job `--mode=train` would build on the slice, without reading any data; `kind`: the config's
+  `job_kinds.JobKind`, which builds it."""
   undecided = {name: value for name, value in ON_THE_SLICE.items() if config.model[name] is None}
   if undecided:
     config = ml_collections.ConfigDict(config.to_dict())
     config.model.update(undecided)
-  if is_pretraining(config):
-    from albert_jax import pretrain
-    return pretrain.make_job(config)
-  from albert_jax import finetune
-  from albert_jax.tasks import get_task
-  task = get_task(config)
-  return finetune.make_job(config, task, task.build_model(model_config_from(config)))
+  return kind.make_job(config)
 
 
 def with_settings(config: ml_collections.ConfigDict, micro_batch: int, remat_policy: str,
@@ -77,11 +71,11 @@ def with_settings(config: ml_collections.ConfigDict, micro_batch: int, remat_pol
   return changed
 
 
-def compile_for(config: ml_collections.ConfigDict, devices: list, keep_compiled: bool = False) -> Result:
+def compile_for(config: ml_collections.ConfigDict, devices: list, kind, keep_compiled: bool = False) -> Result:
   """Compiles `config`'s train step for `devices` (a slice's, from `topology.tpu_devices`; any compile-only
   devices, such as bench.gpu_compile's H100)."""
   processes = len({d.process_index for d in devices})
-  s = engine.setup(config, job_for(config), devices=devices, process_count=processes, process_index=0)
+  s = engine.setup(config, job_for(config, kind), devices=devices, process_count=processes, process_index=0)
   settings = dict(micro_batch=s.split.micro_batch, accumulation_steps=s.split.accumulation_steps,
                   remat_policy=config.model.remat_policy, dtype=config.model.dtype,
                   scan_unroll=config.model.scan_unroll or ON_THE_SLICE["scan_unroll"])
@@ -105,21 +99,21 @@ def compile_for(config: ml_collections.ConfigDict, devices: list, keep_compiled:
                 compiled=compiled if keep_compiled else None, **settings)
 
 
-def time_bound(config: ml_collections.ConfigDict, result: Result, topo: topology.TpuTopology,
-               devices: list) -> step_bound.StepBound | None:
+def time_bound(config: ml_collections.ConfigDict, result: Result, topo: topology.TpuTopology, devices: list,
+               kind) -> step_bound.StepBound | None:
   """The lower bound on the step time and hours of `result`, compiled from `config` (`step_bound`): where its layers
   run in a loop, from one more compile of the same setting with every layer unrolled. None where that does not fit."""
   if not result.fits:
     return None
-  model = model_config_from(config)
+  model = kind.model_config(config)
   if step_bound.layers_in_a_loop(model, result.scan_unroll):
     unrolled = with_settings(config, result.micro_batch, result.remat_policy, model.num_hidden_layers)
-    ideal = compile_for(unrolled, devices).optimal_seconds
+    ideal = compile_for(unrolled, devices, kind).optimal_seconds
   else:
     ideal = result.optimal_seconds
   if ideal is None:
     return None
-  job = job_for(config)
+  job = job_for(config, kind)
   tokens = config.train.global_batch_size * job.tokens_per_example
   ici, dcn = step_bound.collective_seconds(result.collectives.totals(), topo)
   return step_bound.StepBound(
@@ -128,8 +122,9 @@ def time_bound(config: ml_collections.ConfigDict, result: Result, topo: topology
       peak_flops_per_device=topo.peak_bf16_flops_per_device, train_steps=int(config.train.num_train_steps))
 
 
-def _report_time_bound(config, result: Result, topo: topology.TpuTopology, devices: list) -> dict[str, Any] | None:
-  bound = time_bound(config, result, topo, devices)
+def _report_time_bound(config, result: Result, topo: topology.TpuTopology, devices: list,
+                       kind) -> dict[str, Any] | None:
+  bound = time_bound(config, result, topo, devices, kind)
   if bound is None:
     print("No step-time bound: the step with every layer unrolled does not fit the device.", flush=True)
     return None
@@ -138,15 +133,14 @@ def _report_time_bound(config, result: Result, topo: topology.TpuTopology, devic
   return bound.to_dict()
 
 
-def shorter_bucket_compiles(config: ml_collections.ConfigDict, devices: list) -> list[dict[str, Any]]:
+def shorter_bucket_compiles(config: ml_collections.ConfigDict, devices: list, kind) -> list[dict[str, Any]]:
   """The train steps a fine-tuning run compiles besides the longest one (`compile_for`), one per shorter length
   bucket (`data.length_buckets`): each one's length, bytes per device and compile seconds."""
-  if is_pretraining(config):
+  lengths = kind.bucket_lengths(config)
+  if len(lengths) < 2:
     return []
-  from albert_jax import buckets, finetune
-  from albert_jax.tasks import get_task
-  lengths = finetune.length_buckets(config, get_task(config))
-  job = job_for(config)
+  from albert_jax import buckets
+  job = job_for(config, kind)
   s = engine.setup(config, job, devices=devices, process_count=len({d.process_index for d in devices}),
                    process_index=0)
   compiles = []
@@ -161,23 +155,24 @@ def shorter_bucket_compiles(config: ml_collections.ConfigDict, devices: list) ->
   return compiles
 
 
-def micro_batch_candidates(config: ml_collections.ConfigDict, devices: list) -> list[int]:
+def micro_batch_candidates(config: ml_collections.ConfigDict, devices: list, kind) -> list[int]:
   """Micro batches that divide the per-device share of the global batch, largest first."""
-  s = engine.setup(config, job_for(config), devices=devices, process_count=len({d.process_index for d in devices}),
-                   process_index=0)
+  s = engine.setup(config, job_for(config, kind), devices=devices,
+                   process_count=len({d.process_index for d in devices}), process_index=0)
   per_device = s.split.global_batch // s.split.data_parallel
   return [m for m in range(per_device, 0, -1) if per_device % m == 0]
 
 
-def search(config: ml_collections.ConfigDict, devices: list, hbm_bytes: int) -> tuple[Result | None, list[Result]]:
+def search(config: ml_collections.ConfigDict, devices: list, hbm_bytes: int,
+           kind) -> tuple[Result | None, list[Result]]:
   """The fastest setting that fits with HEADROOM: per remat policy (least recompute first), micro batches from the
   largest down until one fits. Returns (best or None, every candidate tried)."""
   budget = (1 - HEADROOM) * hbm_bytes
   tried = []
-  micro_batches = micro_batch_candidates(config, devices)
+  micro_batches = micro_batch_candidates(config, devices, kind)
   for policy in REMAT_BY_RECOMPUTE:
     for micro in micro_batches:
-      result = compile_for(with_settings(config, micro, policy), devices)
+      result = compile_for(with_settings(config, micro, policy), devices, kind)
       tried.append(result)
       print(f"  remat {policy:<34} micro batch {micro:>5}: {_verdict(result, hbm_bytes)}", flush=True)
       if result.fits and result.required_bytes <= budget:
@@ -259,21 +254,20 @@ def _nothing_fits(config: ml_collections.ConfigDict, topo: topology.TpuTopology,
   return f"No setting fits {topo.name}, not even micro batch 1 with remat full: {advice}."
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
+def run(config: ml_collections.ConfigDict, args, kind) -> None:
   """`--mode=compile --topology=NAME [--num_slices=N] [--fit]`: prints the report, then one JSON line; exits 3
-  when the step does not fit."""
-  del workdir
+  when the step does not fit. `kind`: the config's `job_kinds.JobKind`."""
   if not args.topology:
     raise InputError("--mode=compile needs --topology, a Cloud TPU name (v3-256, v4-128, v5litepod-64, v5p-256, "
                      "v6e-64) or a JAX topology string (v3:8x16).")
   engine.check_training_config(config)  # what --mode=train refuses at start-up, refused before the compiler runs
-  job_for(config)  # the job's own checks (sequence length, masking), also before the compiler runs
+  job_for(config, kind)  # the job's own checks (sequence length, masking), also before the compiler runs
   topo = topology.parse(args.topology)
   devices = topology.tpu_devices(topo, args.num_slices)
   if args.fit:
     print(f"Searching remat policy x micro batch for {topo.name} x {args.num_slices} slice(s) "
           f"({HEADROOM:.0%} HBM headroom kept):", flush=True)
-    best, tried = search(config, devices, topo.hbm_bytes_per_device)
+    best, tried = search(config, devices, topo.hbm_bytes_per_device, kind)
     if best is None:
       print(json.dumps({**summary(tried[-1], topo, args.num_slices, devices), "fits": False,
                         "candidates": len(tried)}), flush=True)
@@ -286,11 +280,11 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, args) -> None:
                       "overrides": best.overrides()}), flush=True)
     return
   print(f"Compiling the train step for {topo.name} ({len(devices)} devices)...", flush=True)
-  result = compile_for(config, devices)
+  result = compile_for(config, devices, kind)
   print_report(result, topo, args.num_slices, devices)
   report = summary(result, topo, args.num_slices, devices)
-  report["time_bound"] = _report_time_bound(config, result, topo, devices) if report["fits"] else None
-  shorter = shorter_bucket_compiles(config, devices) if report["fits"] else []
+  report["time_bound"] = _report_time_bound(config, result, topo, devices, kind) if report["fits"] else None
+  shorter = shorter_bucket_compiles(config, devices, kind) if report["fits"] else []
   for bucket in shorter:
     print(f"length bucket {bucket['length']}: {bucket['peak_bytes_per_device'] / GiB:.2f} GiB per device, compiled "
           f"in {bucket['compile_seconds']:.1f} s", flush=True)

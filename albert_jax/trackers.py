@@ -21,6 +21,7 @@ from flax import traverse_util
 
 from albert_jax import storage
 from albert_jax.errors import EnvironmentUserError
+from albert_jax.run import Run
 
 
 class Tracker(Protocol):
@@ -52,7 +53,7 @@ class JsonlTracker:
   workdir's config.json."""
 
   def __init__(self, directory: str):
-    self._file = open(os.path.join(directory, "metrics.jsonl"), "a", buffering=1)
+    self._file = open(Run(directory).metrics, "a", buffering=1)
 
   def hparams(self, config: ml_collections.ConfigDict) -> None:
     del config
@@ -84,7 +85,7 @@ class TensorBoardTracker:
   the first one found fix the columns)."""
 
   def __init__(self, directory: str):
-    self._writer = _tensorboardx().SummaryWriter(os.path.join(directory, "tensorboard"))
+    self._writer = _tensorboardx().SummaryWriter(Run(directory).tensorboard)
 
   def hparams(self, config: ml_collections.ConfigDict) -> None:
     _, session_start, _ = _tensorboardx().summary.hparams(hparam_values(config), {})
@@ -101,7 +102,6 @@ class TensorBoardTracker:
     self._writer.close()
 
 
-WANDB_ID_FILE = "wandb_run_id.txt"
 
 
 def wandb_run_id(workdir: str) -> str:
@@ -109,14 +109,14 @@ def wandb_run_id(workdir: str) -> str:
   later start continues that W&B run, and a new run in a path used before (a deleted workdir, the same local path
   on another machine) starts its own. A run that logged before ids were kept (a metrics.jsonl, no id file) keeps
   the one it had, a hash of the workdir's path."""
-  path = storage.path(workdir) / WANDB_ID_FILE
+  path = storage.path(Run(workdir).wandb_id)
   if path.exists():
     return path.read_text().strip()
-  if (storage.path(workdir) / "metrics.jsonl").exists():
+  if storage.path(Run(workdir).metrics).exists():
     run_id = hashlib.sha256(storage.absolute(workdir).encode()).hexdigest()[:16]
   else:
     run_id = secrets.token_hex(8)
-  storage.write_atomic(os.path.join(workdir, WANDB_ID_FILE), run_id)
+  storage.write_atomic(Run(workdir).wandb_id, run_id)
   return run_id
 
 

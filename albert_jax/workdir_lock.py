@@ -6,20 +6,19 @@ holder named, a dead holder never blocking); here a second run is refused on eve
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from data_pipeline.writers import LOCK_FILE, InUse, WriterLock
+from albert_jax.run import Run
+from data_pipeline.writers import InUse, WriterLock
 
 
 class WorkdirLock(WriterLock):
   """`with WorkdirLock(workdir, owner=process 0):` around a training run."""
 
   def __init__(self, workdir: str, owner: bool = True):
-    super().__init__(os.path.join(workdir, LOCK_FILE), f"Workdir {workdir}", "--workdir")
+    super().__init__(Run(workdir).lock, f"Workdir {workdir}", "--workdir")
     self.owner = owner
 
   def __enter__(self) -> "WorkdirLock":

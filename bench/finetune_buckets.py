@@ -35,7 +35,7 @@ RECIPE = ["--config.allow_random_init=True", "--config.model.max_position_embedd
 
 
 def glue_config(task: str, args: argparse.Namespace, buckets_spec: str):
-  from albert_jax.main import experiment_config
+  from albert_jax.cli import experiment_config
   config = experiment_config(["bench", f"--config=experiments/glue.py:task={task},size=tiny,data={args.glue},"
                                        f"spm={args.spm}", *RECIPE,
                               f"--config.data.length_buckets={buckets_spec}"])

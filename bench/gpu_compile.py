@@ -25,7 +25,7 @@ import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host runs on its CPU; the plugin is loaded to compile only
 
-from albert_jax import tpu_compile  # noqa: E402
+from albert_jax import job_kinds, tpu_compile  # noqa: E402
 from bench import common, train_step  # noqa: E402
 
 MODULE = "bench.gpu_compile"
@@ -84,7 +84,7 @@ def kernel_counts(hlo: str) -> dict[str, int]:
 
 
 def compile_row(name: str, config, devices: list) -> dict:
-  result = tpu_compile.compile_for(config, devices, keep_compiled=True)
+  result = tpu_compile.compile_for(config, devices, job_kinds.kind_for(config), keep_compiled=True)
   row = {"name": name, "config": common.describe(config),
          "attention": config.model.attention_implementation, "fits": result.fits,
          "required_gib": result.required_bytes / GiB, "compile_s": result.compile_seconds}

@@ -330,8 +330,8 @@ def launch(study: Study, run: Pretraining | Finetuning) -> dict[str, Any]:
 
 def experiment_config(study: Study, run: Pretraining, *overrides: str):
   """The run's config, parsed as `albert_jax.main` parses its command line."""
-  from albert_jax import main
-  return main.experiment_config(["albert_jax.main", *study.argv(run), *overrides])
+  from albert_jax import cli
+  return cli.experiment_config(["albert_jax.main", *study.argv(run), *overrides])
 
 
 def score(study: Study, run: Pretraining, sentence_task: str) -> dict[str, float]:
@@ -340,7 +340,7 @@ def score(study: Study, run: Pretraining, sentence_task: str) -> dict[str, float
   from albert_jax import compilation_cache, runner
   config = experiment_config(study, run, f"--config.data.sentence_task={sentence_task}")
   compilation_cache.use(config, study.workdir(run.name))
-  return runner.resolve("eval", config)(config, study.workdir(run.name), runner.RunArgs())
+  return runner.run(config, study.workdir(run.name), "eval")
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import os
 
 import jax
 
-from albert_jax import topology, tpu_compile
+from albert_jax import job_kinds, topology, tpu_compile
 from bench import common
 
 GiB = topology.GiB
@@ -58,8 +58,9 @@ def measure(name: str, results_dir: str) -> dict:
   topo = topology.parse(slice_name)
   devices = topology.tpu_devices(topo, slices)
   config = row_config(module, overrides)
-  result = tpu_compile.compile_for(config, devices)
-  bound = tpu_compile.time_bound(config, result, topo, devices)
+  kind = job_kinds.kind_for(config)
+  result = tpu_compile.compile_for(config, devices, kind)
+  bound = tpu_compile.time_bound(config, result, topo, devices, kind)
   file, _, arg = module.partition(":")
   record = {"row": name, "experiment": f"experiments/{file}.py" + (f":{arg}" if arg else ""), "overrides": overrides,
             **tpu_compile.summary(result, topo, slices, devices), "time_bound": bound and bound.to_dict()}
@@ -77,7 +78,8 @@ def remat_cost(name: str, results_dir: str) -> dict:
   policies = []
   for policy in tpu_compile.REMAT_BY_RECOMPUTE:
     print(f"  {name}: remat {policy}...", flush=True)
-    result = tpu_compile.compile_for(tpu_compile.with_settings(config, config.train.micro_batch_size, policy), devices)
+    result = tpu_compile.compile_for(tpu_compile.with_settings(config, config.train.micro_batch_size, policy), devices,
+                                      job_kinds.kind_for(config))
     policies.append({"remat_policy": policy, "fits": result.fits, "peak_bytes_per_device": result.required_bytes,
                      "matmul_flops_per_step": result.matmul_flops, "micro_batch": result.micro_batch,
                      "compile_seconds": round(result.compile_seconds, 2)})

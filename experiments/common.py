@@ -82,6 +82,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.init_checkpoint = ""          # warm start (params only) from a run or `albert_jax.convert` output
   c.compilation_cache_dir = ""    # persistent XLA cache; "" = workdir/compilation_cache, "none" = off
   c.resume_with_changes = False   # resume although seed, batch size, optimizer or data settings changed
+  c.accept_changed_inputs = False  # read a run with a tokenizer or data whose bytes differ from what it recorded
 
   c.data = ml_collections.ConfigDict()
   c.data.kind = "prepared"        # "prepared" (data_pipeline.prepare output) | "synthetic" (benchmarks, smoke)

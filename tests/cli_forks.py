@@ -32,7 +32,7 @@ def run_each(command_lines: list[list[str]], env: dict[str, str]) -> list[subpro
 def _drive(folder: str, command_lines: list[list[str]]) -> None:
   from absl import app
 
-  from albert_jax import main
+  from albert_jax import cli, main
   for module in ("engine", "pretrain", "finetune", "tpu_compile"):  # what the runs import
     importlib.import_module(f"albert_jax.{module}")
   for i, args in enumerate(command_lines):
@@ -43,7 +43,7 @@ def _drive(folder: str, command_lines: list[list[str]]) -> None:
       for fd, name in ((1, "out"), (2, "err")):
         os.dup2(os.open(os.path.join(folder, f"{i}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
       sys.argv = [main.__file__, *args]
-      app.run(main.main, flags_parser=main.parse_flags)
+      app.run(main.main, flags_parser=cli.parse_flags)
     _, status = os.waitpid(child, 0)
     Path(folder, f"{i}.status").write_text(str(os.waitstatus_to_exitcode(status)))
 

@@ -136,7 +136,7 @@ def test_too_few_rows_for_a_batch_is_refused():
 
 def rte_config(root, spm_model, *overrides):
   """A tiny RTE run at sequence length 128 in buckets 32 and 64 (RTE pairs average about 70 tokens)."""
-  from albert_jax.main import experiment_config
+  from albert_jax.cli import experiment_config
   return experiment_config(["test", f"--config=experiments/glue.py:task=rte,size=tiny,data={root},spm={spm_model}",
                             *TINY_RUN, "--config.data.max_seq_length=128", "--config.data.length_buckets=32,64",
                             *overrides])

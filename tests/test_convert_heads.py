@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import compilation_cache, convert, embed, finetune, main, pretrain, pretrained
+from albert_jax import cli, compilation_cache, convert, embed, finetune, job_kinds, pretrain, pretrained
 from albert_jax import model as model_lib
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.heads import PooledClassifier
@@ -298,11 +298,11 @@ def test_embed_refuses_an_init_checkpoint_or_workdir_with_another_head_count(sha
   args = types.SimpleNamespace(input=str(tmp_path / "texts.txt"), output=str(tmp_path / "out.npy"), pooling="mean")
   config.init_checkpoint = saved_with_heads(tmp_path / "init", model_config_from(config), 8)
   with pytest.raises(ValueError, match=refused("init_checkpoint", config.init_checkpoint)):
-    embed.embed(config, str(tmp_path / "new"), args)
+    embed.embed(config, str(tmp_path / "new"), args, job_kinds.kind_for(config))
   workdir = saved_with_heads(tmp_path / "run", model_config_from(config), 8)
   (tmp_path / "run" / "checkpoints").mkdir()  # what makes embed take the workdir's weights
   with pytest.raises(ValueError, match=refused("--workdir", workdir)):
-    embed.embed(config, workdir, args)
+    embed.embed(config, workdir, args, job_kinds.kind_for(config))
   assert not (tmp_path / "out.npy").exists()
 
 
@@ -345,11 +345,11 @@ def test_predict_and_embed_with_an_output_accept_a_read_only_workdir(tmp_path, m
   writable = os.access
   monkeypatch.setattr(os, "access", lambda p, mode: writable(p, mode) and not str(p).startswith(str(workdir)))
   for mode in ("predict", "embed"):
-    main.check_workdir(str(workdir), mode, output=str(tmp_path / "out"))
+    cli.check_workdir(str(workdir), mode, output=str(tmp_path / "out"))
   with pytest.raises(PermissionError, match=r"run is not writable; .*\(or pass --output: predict then writes"):
-    main.check_workdir(str(workdir), "predict")
+    cli.check_workdir(str(workdir), "predict")
   with pytest.raises(PermissionError, match="run is not writable; pass a writable directory.$"):
-    main.check_workdir(str(workdir), "eval", output=str(tmp_path / "out"))  # eval writes its dev predictions there
+    cli.check_workdir(str(workdir), "eval", output=str(tmp_path / "out"))  # eval writes its dev predictions there
   config = pretrain_tiny.get_config("synthetic")
   assert compilation_cache.use(config, str(workdir)) is None
   assert capsys.readouterr().out == (f"Compilation cache off: {workdir}/compilation_cache cannot be written; pass "

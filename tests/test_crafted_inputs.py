@@ -17,6 +17,7 @@ from albert_jax import model_config as model_config_lib
 from albert_jax.errors import InputError, UserError
 from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
 from albert_jax.model_config import model_config_for
+from albert_jax.run import BEST_DIR, BEST_FILE
 from experiments import pretrain_tiny
 from tests.helpers import REPO, SMALL_RUN, TINY_RUN, finetune_cli, glue_data, pretrain_cli, require_module, spm
 
@@ -122,7 +123,7 @@ def test_a_garbled_model_config_json_of_converted_weights_is_refused(tmp_path, t
                                   json.dumps({"step": "30", "metric": "accuracy", "value": 0.8, "weights": "x"})],
                          ids=["cut-short", "a-list", "no-weights", "step-a-string"])
 def test_a_garbled_best_record_names_the_file_and_the_fix(tmp_path, text):
-  best = tmp_path / head_identity.BEST_DIR / head_identity.BEST_FILE
+  best = tmp_path / BEST_DIR / BEST_FILE
   best.parent.mkdir()
   best.write_text(text)
   with pytest.raises(InputError) as error:

@@ -10,7 +10,7 @@ import sys
 import ml_collections
 import pytest
 
-from albert_jax.main import experiment_config
+from albert_jax.cli import experiment_config
 from albert_jax.model_config import model_config_from
 from tests.helpers import logged, pretrain_cli as cli
 

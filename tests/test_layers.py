@@ -2,6 +2,7 @@
 that changes nothing process-wide when imported (the command lines set the process up, `albert_jax.console`)."""
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ PACKAGES = ("albert_jax", "data_pipeline", "experiments", "bench")
 LAYERS = {
     "errors and storage": ("albert_jax.errors", "albert_jax.storage"),
     "data": ("data_pipeline",),
+    "the run's folder": ("albert_jax.run", "albert_jax.provenance"),
     "model and engine": ("albert_jax.ops", "albert_jax.model_config", "albert_jax.model", "albert_jax.flops",
                          "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology", "albert_jax.compile_stats",
                          "albert_jax.step_bound", "albert_jax.host_memory", "albert_jax.checkpointing",
@@ -26,7 +28,8 @@ LAYERS = {
     "process set-up": ("albert_jax.console",),
     "jobs": ("albert_jax.pretrain", "albert_jax.finetune", "albert_jax.embed", "albert_jax.describe",
              "albert_jax.evaluate", "albert_jax.glue_submission", "albert_jax.convert", "albert_jax.tpu_compile"),
-    "command line": ("albert_jax.runner", "albert_jax.main", "albert_jax.seeds"),
+    "job kinds": ("albert_jax.job_kinds",),
+    "command line": ("albert_jax.runner", "albert_jax.cli", "albert_jax.main", "albert_jax.seeds"),
     "experiments": ("experiments",),
     "benchmarks": ("bench",),
 }
@@ -163,7 +166,28 @@ print("ok")
   assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
-def test_every_mode_names_a_function_that_exists():
-  from albert_jax import runner
-  functions = [f for mode in runner.MODES.values() for f in (mode.pretrain, mode.finetune) if f is not None]
-  assert len(functions) == 11 and all(callable(f.load()) for f in functions)
+def test_every_mode_is_a_method_of_the_job_kinds():
+  """The modes table holds JobKind methods; a kind has the modes whose methods it overrides."""
+  from albert_jax import job_kinds, runner
+  assert all(getattr(job_kinds.JobKind, mode.method.__name__) is mode.method for mode in runner.MODES.values())
+  has = {kind: [name for name, mode in runner.MODES.items() if kind(None).has(mode.method)]
+         for kind in (job_kinds.Pretraining, job_kinds.FineTuning)}
+  assert has == {job_kinds.Pretraining: ["train", "eval", "embed", "compile", "describe"],
+                 job_kinds.FineTuning: ["train", "eval", "predict", "embed", "compile", "describe"]}
+
+
+@pytest.mark.parametrize("pattern, owner", [
+    (r"join\((self\.)?(workdir|run_dir)\b", "albert_jax.run"),  # a path in a run's folder: `run.Run` names it
+    (r"task [!=]= .pretrain.", "albert_jax.job_kinds"),       # the job kind: chosen once, `job_kinds.kind_for`
+])
+def test_one_module_owns_the_run_s_layout_and_the_choice_of_job_kind(pattern, owner):
+  found = [f"{name}:{number}" for name, path in MODULES.items() if name.startswith(("albert_jax", "data_pipeline"))
+           and name != owner for number, line in enumerate(path.read_text().splitlines(), 1) if re.search(pattern, line)]
+  assert not found, f"{pattern} outside {owner}: {found}"
+
+
+def test_importing_the_command_line_imports_no_jax():
+  """The job kinds import their job modules (jax, flax, orbax: seconds) only when a mode runs: `--help` is fast."""
+  script = "import sys; import albert_jax.main; print('jax' in sys.modules)"
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.stdout.strip() == "False", result.stderr[-3000:]

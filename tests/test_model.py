@@ -403,13 +403,13 @@ def test_describe_cli_prints_exact_counts_last(size):
 def test_uncapped_predictions_count_the_mlm_head_at_the_masking_budget(capsys):
   """max_predictions_per_seq=0 (no cap) gives the MLM head round(0.15 * 128) = 19 rows per sequence, not all 128:
   `--mode=describe`, the run's MFU and the synthetic batches agree on them."""
-  from albert_jax import describe, pretrain
-  from albert_jax.main import experiment_config
+  from albert_jax import job_kinds, pretrain
+  from albert_jax.cli import experiment_config
   config = experiment_config(["prog", "--config=experiments/pretrain_base.py", "--config.data.max_seq_length=128",
                               "--config.data.max_predictions_per_seq=0"])
   c, s, m = model_config_for("base"), 128, 19
   expected = 72 * 12 * 768 ** 2 + 12 * 12 * s * 768 + 6 * 128 * 768 + m / s * 6 * (768 * 128 + 128 * 30000)
-  describe.describe_config(config)
+  job_kinds.kind_for(config).describe()
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train_flops_per_token"] == pytest.approx(
       expected)
   assert pretrain.make_job(config).flops_per_token == pytest.approx(expected)

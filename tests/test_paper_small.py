@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from albert_jax import main as albert_main
+from albert_jax import cli
 from albert_jax.loop import SHAPE_FIELDS
 from bench import paper_small
 from tests.helpers import REPO
@@ -155,7 +155,7 @@ def test_every_fine_tuning_run_loads_the_model_its_pretraining_run_trains(tmp_pa
   row, and each fine-tuning run's model has the shape of the run it starts from."""
   scale = paper_small.SCALES["cpu"]
   study = paper_small.Study(scale, str(tmp_path), "/glue", "shared")
-  parse = lambda run: albert_main.experiment_config(["albert_jax.main", *study.argv(run)])
+  parse = lambda run: cli.experiment_config(["albert_jax.main", *study.argv(run)])
   models = {}
   for run in paper_small.pretraining_runs(scale):
     config = parse(run)

@@ -22,13 +22,13 @@ def libtpu():
 def test_the_slice_gets_flat_matmuls_only_when_asked(monkeypatch, setting, compiled_with):
   """flat_matmuls=None means "on for CPU", read from the backend at trace time: on this CPU host compiling for a
   TPU, the job must be built with it off (it costs TPU memory), and an explicit setting must pass through."""
-  from albert_jax import pretrain, tpu_compile
+  from albert_jax import job_kinds, pretrain, tpu_compile
   from experiments import pretrain_tiny
   seen = []
-  monkeypatch.setattr(pretrain, "make_job", lambda config: seen.append(config.model.flat_matmuls))
+  monkeypatch.setattr(pretrain, "make_job", lambda config, workdir=None: seen.append(config.model.flat_matmuls))
   config = pretrain_tiny.get_config("synthetic")
   config.model.flat_matmuls = setting
-  tpu_compile.job_for(config)
+  tpu_compile.job_for(config, job_kinds.kind_for(config))
   assert seen == [compiled_with] and config.model.flat_matmuls is setting
 
 

@@ -15,6 +15,7 @@ from flax import traverse_util
 from tensorboardX.proto import event_pb2, plugin_hparams_pb2
 
 from albert_jax import errors, trackers
+from albert_jax.run import WANDB_ID_FILE
 from tests.helpers import REPO, SMALL_RUN, pretrain_cli as cli, require_module
 
 PROJECT = "--config.log.wandb_project=albert-test"
@@ -37,7 +38,7 @@ def test_a_new_run_in_a_path_used_before_gets_its_own_wandb_run(tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
   first = trackers.wandb_run_id(str(workdir))
-  assert trackers.wandb_run_id(str(workdir)) == first == (workdir / trackers.WANDB_ID_FILE).read_text()
+  assert trackers.wandb_run_id(str(workdir)) == first == (workdir / WANDB_ID_FILE).read_text()
   shutil.rmtree(workdir)
   workdir.mkdir()
   second = trackers.wandb_run_id(str(workdir))

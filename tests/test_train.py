@@ -342,7 +342,9 @@ def test_the_bundled_corpus_with_another_vocabulary_is_refused_before_anything_i
 
 @pytest.mark.shared_data
 def test_resuming_on_data_prepared_again_in_the_same_folder_is_refused(shared_data, shared_cache, tmp_path):
-  """The saved loader position belongs to one preparation: it is not applied to whatever the folder holds now."""
+  """The run recorded its preparation's manifest (`provenance`): a resume on whatever the folder holds now is
+  refused before anything is compiled; with the flag the saved loader position, which belongs to one preparation,
+  is not applied to it."""
   data = tmp_path / "prepared"
   run = [*prepared_run(data), "--config.train.eval_every=0", "--config.checkpoint.every=2",
          "--config.train.num_train_steps=3", f"--config.compilation_cache_dir={shared_cache}"]
@@ -354,8 +356,10 @@ def test_resuming_on_data_prepared_again_in_the_same_folder_is_refused(shared_da
   prepare_book(shared_data, data, 120_000)  # other inputs, same folder
   refused = cli(tmp_path / "run", *run, config="experiments/pretrain_tiny.py")
   assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
-  assert refused.stderr.strip().splitlines()[-1].startswith(
-      f"error: The data at {data} is not the preparation this run's checkpoint was reading")
+  assert re.fullmatch(rf"error: Workdir {tmp_path / 'run'} was made from other inputs: the prepared data "
+                      rf"\({data}/manifest.json: sha256 \w{{12}} then, \w{{12}} now\) changed. Restore them, or pass "
+                      r"--config.resume_with_changes=True to go on with these.",
+                      refused.stderr.strip().splitlines()[-1])
   allowed = cli(tmp_path / "run", *run, "--config.resume_with_changes=True", config="experiments/pretrain_tiny.py")
   assert allowed.returncode == 0, allowed.stderr
   assert f"The data at {data} changed since the checkpoint; reading it from its start" in allowed.stdout

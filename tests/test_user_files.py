@@ -11,6 +11,7 @@ import pytest
 
 from albert_jax import finetune, glue_submission
 from albert_jax.errors import InputError
+from albert_jax.run import HEAD_FILE
 from albert_jax.tasks.classification import label_order
 from experiments import classification, glue, multiple_choice, token_classification
 from tests.helpers import REPO, TINY_RUN, finetune_cli as cli, spm, task_of as _task
@@ -228,7 +229,7 @@ def test_embed_with_a_classification_config_needs_no_train_file(shared_data, tmp
   with "train.tsv not found ... set --config.data.labels"."""
   import flax.linen as nn
   import jax
-  from albert_jax import embed, pretrained
+  from albert_jax import embed, job_kinds, pretrained
   from albert_jax.model import AlbertModel, init_params
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import make_tokenizer
@@ -243,7 +244,8 @@ def test_embed_with_a_classification_config_needs_no_train_file(shared_data, tmp
   texts = ["a wonderful film", "", "the city at night"]
   (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
   embed.embed(config, str(tmp_path / "run"), types.SimpleNamespace(input=str(tmp_path / "texts.txt"),
-                                                                   output=str(tmp_path / "out.npy"), pooling="mean"))
+                                                                   output=str(tmp_path / "out.npy"), pooling="mean"),
+              job_kinds.kind_for(config))
   tokenizer = make_tokenizer(config)
   features = stack_packed([pack_text(tokenizer, text, None, 32) for text in texts], (3,))
   expected = embed.embed_fn(AlbertModel(model_config), "mean")(backbone, features)["embedding"]
@@ -287,7 +289,7 @@ def test_eval_and_predict_choose_the_metric_of_the_recorded_tag_set(shared_data,
   the same metric as training (and the recorded order), so its scores mean what they meant."""
   run = tmp_path / "run"
   run.mkdir()
-  (run / finetune.HEAD_FILE).write_text(json.dumps({"task": "token_classification", "task_name": "",
+  (run / HEAD_FILE).write_text(json.dumps({"task": "token_classification", "task_name": "",
                                                     "labels": ["NN", "DT"]}))
   config = token_classification.get_config(f"size=tiny,data={tmp_path / 'gone'},spm={spm(shared_data)}")
   config.data.max_seq_length = 32

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from albert_jax import convert, finetune, loop, run_config, runner
-from albert_jax.main import experiment_config
+from albert_jax.cli import experiment_config
 from tests.helpers import REPO, quietly, spm, write_split
 
 DEVICES = 8  # as in this process (tests/conftest.py): a command line's outputs and the references here compute alike

@@ -1,0 +1,210 @@
+"""The kinds of job a config runs, one class each: `Pretraining` (config.task "pretrain") and `FineTuning` (a task
+name of `albert_jax.tasks`). A kind implements the modes of `albert_jax.main` as methods (`train`, `evaluate`,
+`predict`, `embed`, `compile`, `describe`); a mode it does not override is refused in one line naming the modes it
+has (`runner.run`). The kind is chosen once, from `config.task`, by `kind_for`; another kind registers its task with
+`@register("name")`, usually subclassing `Pretraining` and overriding its job (`make_job`) and where its weights
+keep the encoder (`backbone_params`).
+
+This module imports no jax: each method imports its job module (jax, flax, orbax: seconds) when it runs, so `--help`
+and flag parsing stay fast and nothing touches a device before `jax.distributed.initialize`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import ml_collections
+
+from albert_jax.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class RunArgs:
+  """The command-line values that only some modes read."""
+  input: str | None = None
+  output: str | None = None
+  topology: str | None = None
+  num_slices: int = 1
+  fit: bool = False
+  pooling: str = "mean"
+  split: str | None = None
+
+
+class JobKind:
+  """One kind of job for one experiment config. The mode methods here are the ones no kind has until it overrides
+  them; `runner.run` refuses such a mode before calling it."""
+  label = "any"  # how a message names the kind's configs: "pretraining configs"
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = config
+
+  def train(self, workdir: str, args: RunArgs) -> Any:
+    raise NotImplementedError
+
+  def evaluate(self, workdir: str, args: RunArgs) -> Any:
+    raise NotImplementedError
+
+  def predict(self, workdir: str, args: RunArgs) -> Any:
+    raise NotImplementedError
+
+  def embed(self, workdir: str, args: RunArgs) -> None:
+    raise NotImplementedError
+
+  def compile(self, workdir: str | None, args: RunArgs) -> None:
+    raise NotImplementedError
+
+  def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
+    raise NotImplementedError
+
+  def has(self, mode: Callable) -> bool:
+    """Whether this kind implements the mode method `mode` (a method of JobKind)."""
+    return getattr(type(self), mode.__name__) is not mode
+
+  def eval_reads_only(self) -> bool:
+    """Whether `--mode=eval` only reads the workdir (it writes no predictions there)."""
+    return False
+
+  def check_seeds_recipe(self) -> None:
+    """Refuses a config that `albert_jax.seeds` cannot repeat: one keeping no best dev checkpoint to compare by."""
+    raise InputError(f"--config is a {self.label} config; albert_jax.seeds repeats a fine-tuning recipe "
+                     "(experiments/glue.py, squad_v1.py, race.py, classification.py, ...).")
+
+  # What the jobs of a kind build, for modes that share them (embed, compile, describe).
+  def model_config(self, config: ml_collections.ConfigDict):
+    """The encoder's ModelConfig."""
+    from albert_jax.model_config import model_config_from
+    return model_config_from(config)
+
+  def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    """The `engine.Job` that `--mode=train` runs for `config` (a variant of self.config: compile changes the remat
+    policy and micro batch); `workdir` None: one that reads no data until its batches are asked for."""
+    raise NotImplementedError
+
+  def embedding_job(self, config: ml_collections.ConfigDict, backbone):
+    """The job `engine.setup` takes the mesh, batch split and shardings from when embedding with `backbone`."""
+    return self.make_job(config)
+
+  def backbone_params(self, params: dict, which: str) -> Any:
+    """The encoder's parameters within a checkpoint's `params`, which `which` names in a message."""
+    if "albert" not in params:
+      raise InputError(f"The weights ({which}) have no backbone 'albert' (found {sorted(params)}).")
+    return params["albert"]
+
+  def bucket_lengths(self, config: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """The sequence lengths a train step is compiled for, longest last; () for a single length."""
+    return ()
+
+
+KINDS: dict[str, type[JobKind]] = {}
+
+
+def register(task: str) -> Callable[[type[JobKind]], type[JobKind]]:
+  """Class decorator: configs whose `task` is `task` run as this kind."""
+  def add(kind: type[JobKind]) -> type[JobKind]:
+    KINDS[task] = kind
+    return kind
+  return add
+
+
+@register("pretrain")
+class Pretraining(JobKind):
+  """MLM plus a sentence task over prepared (or synthetic) data: `albert_jax.pretrain`."""
+  label = "pretraining"
+
+  def train(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
+    from albert_jax import pretrain
+    return pretrain.train(self.config, workdir, args)
+
+  def evaluate(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
+    from albert_jax import pretrain
+    return pretrain.evaluate_checkpoint(self.config, workdir, args)
+
+  def embed(self, workdir: str, args: RunArgs) -> None:
+    from albert_jax import embed
+    embed.embed(self.config, workdir, args, self)
+
+  def compile(self, workdir: str | None, args: RunArgs) -> None:
+    from albert_jax import tpu_compile
+    tpu_compile.run(self.config, args, self)
+
+  def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
+    from albert_jax import describe, pretrain
+    model_config = self.model_config(self.config)
+    model_config.check_seq_length(self.config.data.max_seq_length, self.config.data.max_predictions_per_seq)
+    describe.print_description(model_config, self.config.data.max_seq_length,
+                               pretrain.prediction_slots(self.config.data))
+
+  def eval_reads_only(self) -> bool:
+    return True
+
+  def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    from albert_jax import pretrain
+    return pretrain.make_job(config, workdir)
+
+
+class FineTuning(JobKind):
+  """A task's head on the encoder (GLUE, SQuAD, RACE, your own data): `albert_jax.finetune`."""
+  label = "fine-tuning"
+
+  def train(self, workdir: str, args: RunArgs | None = None) -> None:
+    from albert_jax import finetune
+    finetune.train(self.config, workdir, args)
+
+  def evaluate(self, workdir: str, args: RunArgs | None = None) -> None:
+    from albert_jax import finetune
+    finetune.evaluate(self.config, workdir, args)
+
+  def predict(self, workdir: str, args: RunArgs) -> None:
+    from albert_jax import finetune
+    finetune.predict(self.config, workdir, args)
+
+  def embed(self, workdir: str, args: RunArgs) -> None:
+    from albert_jax import embed
+    embed.embed(self.config, workdir, args, self)
+
+  def compile(self, workdir: str | None, args: RunArgs) -> None:
+    from albert_jax import tpu_compile
+    tpu_compile.run(self.config, args, self)
+
+  def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
+    """The task's model (the same encoder, the task's head): the counts of the parameters it trains."""
+    import jax
+    from albert_jax import describe
+    from albert_jax.tasks import get_task
+    model_config = self.model_config(self.config)
+    task = get_task(self.config)
+    model = task.build_model(model_config)
+    params = jax.eval_shape(lambda rng: task.init_params(model, rng), jax.random.key(0))
+    describe.print_description(model_config, self.config.data.max_seq_length, None, params)
+
+  def check_seeds_recipe(self) -> None:
+    config = self.config
+    if config.train.num_train_steps == 0 or not config.train.eval_every:
+      raise InputError(f"train.num_train_steps={config.train.num_train_steps}, train.eval_every="
+                       f"{config.train.eval_every}: this run keeps no best dev checkpoint to compare seeds by; "
+                       "train (num_train_steps > 0) and score dev (eval_every > 0).")
+
+  def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    from albert_jax import finetune
+    from albert_jax.tasks import get_task
+    task = get_task(config)
+    return finetune.make_job(config, task, task.build_model(self.model_config(config)))
+
+  def embedding_job(self, config: ml_collections.ConfigDict, backbone):
+    """The task's job around the backbone alone: its head plays no part in embedding, and building it could need
+    the class set of a train file that embedding does not read."""
+    from albert_jax import finetune
+    from albert_jax.model import init_params
+    from albert_jax.tasks import get_task
+    job = finetune.make_job(config, get_task(config), backbone)
+    return dataclasses.replace(job, init_params=lambda rng: init_params(backbone, rng))
+
+  def bucket_lengths(self, config: ml_collections.ConfigDict) -> tuple[int, ...]:
+    from albert_jax import finetune
+    from albert_jax.tasks import get_task
+    return finetune.length_buckets(config, get_task(config))
+
+
+def kind_for(config: ml_collections.ConfigDict) -> JobKind:
+  """The kind of job `config` runs: the one registered for its task, else fine-tuning of the task it names."""
+  return KINDS.get(config.task, FineTuning)(config)

@@ -1,0 +1,117 @@
+"""What a run is made from, recorded in its folder (`Run.provenance`) and checked by whoever reads the run.
+
+The inputs that define a run, each by the sha256 of its whole file: the tokenizer (SentencePiece model), the prepared
+data (its manifest.json, which names every shard and the preparation's settings) and a fine-tuning task's data files
+(train and dev). A copy with the same bytes and a new mtime is the same input. A resume compares what it reads now
+with what the run recorded (`resume_with_changes` accepts a change); a reader of the run's weights (a warm start from
+it, eval, predict, embed) compares the tokenizer it would use, and pretraining's eval also the prepared data
+(`accept_changed_inputs` accepts a change). A run recorded before fingerprints were kept is read as it is.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from albert_jax import storage
+from albert_jax.errors import InputError
+from albert_jax.run import BEST_DIR, Run
+from data_pipeline import fingerprints, records
+
+TOKENIZER, PREPARED_DATA = "tokenizer", "prepared data"
+
+
+def tokenizer_of(config) -> str:
+  """The SentencePiece model a config tokenizes with: data.spm_model, else its prepared data's; "" for none."""
+  data = config.data
+  if data.get("spm_model"):
+    return data.spm_model
+  manifest = _manifest(config)
+  if not manifest:
+    return ""
+  model = json.loads(storage.path(manifest).read_text()).get("tokenizer", {}).get("model", "")
+  return os.path.join(data.path, model) if model else ""
+
+
+def _manifest(config) -> str:
+  data = config.data
+  if data.get("kind") != "prepared" or not data.get("path"):
+    return ""
+  manifest = os.path.join(data.path, records.MANIFEST)
+  return manifest if storage.path(manifest).is_file() else ""
+
+
+def pretraining_inputs(config) -> dict[str, str]:
+  """{what: path} of the files a pretraining run reads: its tokenizer and its prepared data's manifest."""
+  return {TOKENIZER: tokenizer_of(config), PREPARED_DATA: _manifest(config)}
+
+
+def fine_tuning_inputs(config, task) -> dict[str, str]:
+  """{what: path} of the files a fine-tuning run reads: its tokenizer, the task's train and dev files (those it
+  has: a prediction-only task, GLUE AX, has no train split)."""
+  inputs = {TOKENIZER: tokenizer_of(config)}
+  for name in ("train", *task.eval_splits):
+    try:
+      inputs[f"{name} file"] = task.split_path(name)
+    except InputError:
+      continue
+  return inputs
+
+
+def fingerprint(inputs: dict[str, str]) -> dict[str, dict[str, str]]:
+  """{what: {"path", "sha256"}} of each input that is a file."""
+  return {what: {"path": storage.absolute(path), "sha256": fingerprints.sha256(path)}
+          for what, path in inputs.items() if path and storage.path(path).is_file()}
+
+
+def recorded(path: str) -> dict[str, dict[str, str]]:
+  """The fingerprints the run at `path` (a workdir) recorded; {} for a run that kept none."""
+  file = storage.path(Run(path).provenance)
+  return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def record(workdir: str, made_of: dict[str, dict[str, str]]) -> None:
+  """Writes the run's fingerprints (process 0 of the run calls it, with its config.json)."""
+  storage.write_atomic(Run(workdir).provenance, json.dumps(made_of, indent=2))
+
+
+def changes(before: dict[str, dict[str, str]], now: dict[str, dict[str, str]]) -> list[str]:
+  """What differs between two sets of fingerprints, for each input both have."""
+  return [f"the {what} ({now[what]['path']}: sha256 {before[what]['sha256'][:12]} then, {now[what]['sha256'][:12]} "
+          "now)" for what in before if what in now and before[what]["sha256"] != now[what]["sha256"]]
+
+
+def check(who: str, before: dict, now: dict, config, flag: str) -> None:
+  """Refuses in one line inputs that are not the ones `who` (the run, by the flag that named it) was made from,
+  unless config.<flag> accepts them: then it says so."""
+  changed = changes(before, now)
+  if not changed:
+    return
+  if not config.get(flag, False):
+    raise InputError(f"{who} was made from other inputs: {'; '.join(changed)} changed. Restore them, or pass "
+                     f"--config.{flag}=True to go on with these.")
+  print(f"{who} was made from other inputs: {'; '.join(changed)} changed; going on with these "
+        f"({flag}=True).", flush=True)
+
+
+def check_resume(workdir: str, inputs: dict[str, str], config) -> None:
+  """A resume reads what the run was made from: refused otherwise, `resume_with_changes` accepting the change."""
+  check(f"Workdir {workdir}", recorded(workdir), fingerprint(inputs), config, "resume_with_changes")
+
+
+def _run_of(path: str) -> str | None:
+  """The run that recorded the weights at `path`: `path` itself, or WORKDIR of WORKDIR/best/step_N."""
+  path = path.rstrip("/")
+  for candidate in (path, *((os.path.dirname(os.path.dirname(path)),)
+                            if os.path.basename(os.path.dirname(path)) == BEST_DIR else ())):
+    if storage.path(Run(candidate).provenance).is_file():
+      return candidate
+  return None
+
+
+def check_reader(path: str, name: str, config, inputs: dict[str, str] | None = None) -> None:
+  """The weights at `path` read with the tokenizer `config` uses now (and the other `inputs` given): refused when
+  their run recorded other bytes for them, `accept_changed_inputs` accepting the change."""
+  workdir = _run_of(path)
+  if workdir is not None:  # else converted weights, or a run that recorded nothing
+    now = fingerprint(inputs or {TOKENIZER: tokenizer_of(config)})
+    check(f"{name}={path}", recorded(workdir), now, config, "accept_changed_inputs")
