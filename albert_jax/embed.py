@@ -19,7 +19,7 @@ from albert_jax import checkpointing, engine, finetune, pretrain, pretrained, st
 from albert_jax.head_identity import read_best
 from albert_jax.errors import InputError
 from albert_jax.model import AlbertModel, init_params
-from albert_jax.model_config import is_pretraining, model_config_from
+from albert_jax.model_config import is_electra, is_pretraining, model_config_from
 from albert_jax.tasks import get_task, make_tokenizer
 from albert_jax.tasks.base import model_inputs, stack_packed
 from albert_jax.tasks.records import text_lines
@@ -52,7 +52,7 @@ def _job(config, backbone: AlbertModel) -> engine.Job:
   """The config's own job: `engine.setup` takes mesh, batch split and shardings from it as training does. A
   fine-tuning task's job is built around the backbone alone: its head plays no part here, and building it could
   need the class set of a train file that embedding does not read."""
-  if is_pretraining(config):
+  if is_pretraining(config) or is_electra(config):  # an ELECTRA run embeds with its discriminator
     return pretrain.make_job(config)
   job = finetune.make_job(config, get_task(config), backbone)
   return dataclasses.replace(job, init_params=lambda rng: init_params(backbone, rng))

@@ -291,3 +291,11 @@ PRETRAINING_TASK = "pretrain"  # an experiment config's `task` for pretraining; 
 def is_pretraining(config) -> bool:
   """Whether an experiment config pretrains (MLM + SOP) rather than fine-tunes a task: the one test of it."""
   return config.task == PRETRAINING_TASK
+
+
+ELECTRA_TASK = "electra"  # an experiment config's `task` for ELECTRA's replaced-token detection (albert_jax.electra)
+
+
+def is_electra(config) -> bool:
+  """Whether an experiment config pretrains ELECTRA's generator and discriminator."""
+  return config.get("task") == ELECTRA_TASK

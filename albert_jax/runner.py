@@ -10,7 +10,7 @@ import types
 from typing import Any, Callable
 
 from albert_jax.errors import InputError
-from albert_jax.model_config import is_pretraining
+from albert_jax.model_config import is_electra, is_pretraining
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,7 @@ class _JobModule:
 
 # The job modules the table names functions of: `jobs.finetune.train` is albert_jax.finetune.train.
 jobs = types.SimpleNamespace(**{name: _JobModule(f"albert_jax.{name}")
-                                for name in ("pretrain", "finetune", "embed", "tpu_compile", "describe")})
+                                for name in ("pretrain", "finetune", "embed", "tpu_compile", "describe", "electra")})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,14 @@ MODES: dict[str, Mode] = {
 }
 
 
+# ELECTRA's replaced-token detection (config.task="electra"): the modes that apply to it, run by albert_jax.electra
+# where the objective matters and by the shared functions elsewhere.
+ELECTRA_MODES: dict[str, JobFunction] = {
+    "train": jobs.electra.train, "eval": jobs.electra.evaluate_checkpoint, "embed": jobs.embed.embed,
+    "compile": jobs.tpu_compile.run, "describe": jobs.electra.describe_config,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class RunArgs:
   """The command-line values that only some modes read."""
@@ -92,6 +100,11 @@ def modes_help() -> str:
 
 def resolve(mode_name: str, config) -> JobFunction:
   """The function that runs `mode_name` for this config, or an InputError naming the modes that apply."""
+  if is_electra(config):
+    if mode_name not in ELECTRA_MODES:
+      raise InputError(f"--mode={mode_name} does not apply to ELECTRA pretraining configs; use one of: "
+                       f"{', '.join(ELECTRA_MODES)}.")
+    return ELECTRA_MODES[mode_name]
   mode = MODES[mode_name]
   kind = "pretrain" if is_pretraining(config) else "finetune"
   function = getattr(mode, kind)

@@ -18,7 +18,7 @@ import ml_collections
 
 from albert_jax import compile_stats, engine, topology
 from albert_jax.errors import InputError
-from albert_jax.model_config import is_pretraining, model_config_from
+from albert_jax.model_config import is_electra, is_pretraining, model_config_from
 from albert_jax.topology import GiB
 
 EXIT_DOES_NOT_FIT = 3
@@ -60,6 +60,9 @@ def job_for(config: ml_collections.ConfigDict) -> engine.Job:
   if is_pretraining(config):
     from albert_jax import pretrain
     return pretrain.make_job(config)
+  if is_electra(config):
+    from albert_jax import electra
+    return electra.make_job(config)
   from albert_jax import finetune
   from albert_jax.tasks import get_task
   task = get_task(config)
@@ -103,7 +106,7 @@ def compile_for(config: ml_collections.ConfigDict, devices: list, keep_compiled:
 def shorter_bucket_compiles(config: ml_collections.ConfigDict, devices: list) -> list[dict[str, Any]]:
   """The train steps a fine-tuning run compiles besides the longest one (`compile_for`), one per shorter length
   bucket (`data.length_buckets`): each one's length, bytes per device and compile seconds."""
-  if is_pretraining(config):
+  if is_pretraining(config) or is_electra(config):
     return []
   from albert_jax import buckets, finetune
   from albert_jax.tasks import get_task
