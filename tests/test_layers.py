@@ -15,7 +15,7 @@ PACKAGES = ("albert_jax", "data_pipeline", "experiments", "bench")
 LAYERS = {
     "errors and storage": ("albert_jax.errors", "albert_jax.storage"),
     "data": ("data_pipeline",),
-    "model and engine": ("albert_jax.ops", "albert_jax.model_config", "albert_jax.model", "albert_jax.flops",
+    "model and engine": ("albert_jax.ops", "albert_jax.model_config", "albert_jax.model", "albert_jax.electra_model", "albert_jax.flops",
                          "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology", "albert_jax.compile_stats",
                          "albert_jax.checkpointing", "albert_jax.compilation_cache", "albert_jax.workdir_lock",
                          "albert_jax.trackers", "albert_jax.metrics", "albert_jax.engine", "albert_jax.loop",
@@ -23,7 +23,7 @@ LAYERS = {
     "tasks and weights": ("albert_jax.tasks", "albert_jax.buckets", "albert_jax.head_identity", "albert_jax.pretrained",
                           "albert_jax.interop", "albert_jax.tf1", "albert_jax.hf_export"),
     "process set-up": ("albert_jax.console",),
-    "jobs": ("albert_jax.pretrain", "albert_jax.finetune", "albert_jax.embed", "albert_jax.describe",
+    "jobs": ("albert_jax.pretrain", "albert_jax.electra", "albert_jax.finetune", "albert_jax.embed", "albert_jax.describe",
              "albert_jax.evaluate", "albert_jax.glue_submission", "albert_jax.convert", "albert_jax.tpu_compile"),
     "command line": ("albert_jax.runner", "albert_jax.main", "albert_jax.seeds"),
     "experiments": ("experiments",),
