@@ -8,6 +8,7 @@ L_MLM + `electra.discriminator_weight` · L_disc (the paper: 50), each normalise
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -79,7 +80,8 @@ def electra_objective(mlm_logits: jax.Array, disc_logits: jax.Array, labels: jax
 
 def summarize_electra(discriminator_weight: float, sums: dict[str, float]) -> dict[str, float]:
   """Sums over steps or batches -> the generator's MLM loss and accuracy, the discriminator's loss, accuracy,
-  precision and recall on replaced tokens, the replaced share of the tokens, and the weighted total."""
+  precision and recall on replaced tokens, the replaced share of the tokens, its chance loss, and the weighted
+  total."""
   tokens = max(sums["disc_tokens"], 1.0)
   out = {**pretrain.mlm_metrics(sums),
          "disc_loss": sums["disc_loss_sum"] / tokens,
@@ -87,6 +89,9 @@ def summarize_electra(discriminator_weight: float, sums: dict[str, float]) -> di
          "disc_precision": sums["disc_true_positives"] / max(sums["disc_predicted_replaced"], 1.0),
          "disc_recall": sums["disc_true_positives"] / max(sums["disc_replaced"], 1.0),
          "replaced_share": sums["disc_replaced"] / tokens}
+  share = min(max(out["replaced_share"], 1e-7), 1 - 1e-7)
+  # Chance: the loss of a discriminator that knows only the replaced share; learning is disc_loss below it.
+  out["disc_chance_loss"] = -(share * math.log(share) + (1 - share) * math.log(1 - share))
   out["loss"] = out["mlm_loss"] + discriminator_weight * out["disc_loss"]
   return out
 

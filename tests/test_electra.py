@@ -55,6 +55,7 @@ def test_objective_on_a_hand_made_batch_weights_the_discriminator_by_50():
   # Predicted replaced (logit > 0, non-pad): row 0 positions 1 and 4, row 1 position 2; truly replaced: (0,4), (1,1).
   assert metrics["disc_precision"] == pytest.approx(1 / 3) and metrics["disc_recall"] == pytest.approx(1 / 2)
   assert metrics["disc_accuracy"] == pytest.approx(7 / 10) and metrics["replaced_share"] == pytest.approx(2 / 10)
+  assert metrics["disc_chance_loss"] == pytest.approx(-(0.2 * np.log(0.2) + 0.8 * np.log(0.8)))
   np.testing.assert_allclose(metrics["loss"], mlm + 50 * disc, rtol=1e-5)
   loss_1, _ = electra.electra_objective(mlm_logits, disc_logits, labels, BATCH, totals, 1.0)
   np.testing.assert_allclose(loss - loss_1, 49 * disc, rtol=1e-5)
@@ -63,7 +64,7 @@ def test_objective_on_a_hand_made_batch_weights_the_discriminator_by_50():
 @pytest.fixture(scope="module")
 def tiny_pair():
   model = ElectraForPreTraining(TINY_MODEL.replace(vocab_size=60, sharing="none", num_hidden_layers=2), 0.25)
-  params = model.init(jax.random.key(0), **dummy_inputs(1, 6))["params"]
+  params = jax.jit(lambda rng: model.init(rng, **dummy_inputs(1, 6))["params"])(jax.random.key(0))
   return model, flax.linen.unbox(params)
 
 
