@@ -64,7 +64,7 @@ def print_description(model_config: ModelConfig, seq_len: int, num_predictions: 
   for path, leaf in flax.traverse_util.flatten_dict(params, sep="/").items():
     print(f"{path:<72}{str(tuple(leaf.shape)):>18}{math.prod(leaf.shape):>14,}")
   for key in ("params_embeddings", "params_embedding_projection", "params_layers", "params_pooler",
-              "params_backbone", "params_heads", *(k for k, v in added.items() if isinstance(v, int)), "params_total"):
+              "params_backbone", "params_heads", *(k for k in added if k.startswith("params_")), "params_total"):
     print(f"{key:<40}{info[key]:>16,}")
   print(f"{'train_flops_per_token':<40}{info['train_flops_per_token']:>16,.0f}  (seq {seq_len}, {counted}; "
         "every layer application counted)")
