@@ -50,7 +50,8 @@ def get_config(arg=None):
 
 
 def _tiny(c):
-  """pretrain_tiny.py's model, data and run length, without layer sharing, trained with AdamW."""
+  """pretrain_tiny.py's model, data and optimizer (LAMB at 1e-2: on this corpus its discriminator leaves chance
+  sooner than AdamW's at 2e-3 or 5e-3), without layer sharing, for 300 steps."""
   c.model.vocab_size = 4000               # the tiny corpus's SentencePiece model (data_pipeline.tiny)
   c.model.hidden_size = 128
   c.model.intermediate_size = 512
@@ -63,7 +64,8 @@ def _tiny(c):
   c.train.global_batch_size = 64
   c.train.num_train_steps = 300
   c.train.warmup_steps = 30
-  c.train.learning_rate = 2e-3
+  c.train.optimizer = "lamb"
+  c.train.learning_rate = 1e-2
   c.train.eval_every = 150
   c.train.eval_batches = 8
   c.checkpoint.every = 150
