@@ -195,3 +195,13 @@ def test_fine_tuning_loads_the_discriminator_and_drops_the_generator(electra_run
   merged, fresh = pretrained.merge_init_params(target, loaded)
   assert sorted({path.split("/")[0] for path in fresh}) == ["predictions", "sop_classifier"]
   assert_trees_equal(merged["albert"], saved["albert"])
+
+
+def test_the_cli_runs_electra_modes_by_its_functions_and_refuses_predict():
+  from albert_jax import runner
+  config = pretrain_electra.get_config("size=tiny")
+  assert runner.resolve("train", config) == runner.JobFunction("albert_jax.electra", "train")
+  assert runner.resolve("eval", config) == runner.JobFunction("albert_jax.electra", "evaluate_checkpoint")
+  assert runner.resolve("compile", config) == runner.JobFunction("albert_jax.tpu_compile", "run")
+  with pytest.raises(InputError, match="--mode=predict does not apply to ELECTRA pretraining configs"):
+    runner.resolve("predict", config)
