@@ -162,7 +162,6 @@ def electra_run(tmp_path_factory):
   return root / "run", flags
 
 
-@pytest.mark.slow
 def test_run_logs_the_discriminator_metrics_and_resumes_exactly(electra_run, tmp_path):
   workdir, flags = electra_run
   row = json.loads(open(workdir / "metrics.jsonl").readline())
@@ -180,7 +179,6 @@ def test_run_logs_the_discriminator_metrics_and_resumes_exactly(electra_run, tmp
   assert logged(workdir, "disc_loss")[4] == logged(stopped, "disc_loss")[4]
 
 
-@pytest.mark.slow
 def test_fine_tuning_loads_the_discriminator_and_drops_the_generator(electra_run, capsys):
   workdir, _ = electra_run
   loaded = pretrained.load_init_params(str(workdir))
