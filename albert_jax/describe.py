@@ -46,10 +46,14 @@ def describe(model_config: ModelConfig, seq_len: int, num_predictions: int | Non
 
 
 def print_description(model_config: ModelConfig, seq_len: int, num_predictions: int | None,
-                      params: Any = None) -> dict:
+                      params: Any = None, objective: tuple[str, dict] | None = None) -> dict:
+  """`objective`: (what its FLOPs count, its counts added to or replacing `describe`'s) for another pretraining
+  objective's `params` (ELECTRA's pair)."""
   info = describe(model_config, seq_len, num_predictions, params)
   counted = (f"{num_predictions} predictions" if params is None
              else "the encoder's: the task head is not counted")
+  counted, added = objective or (counted, {})
+  info.update(added)
   c = model_config
   params = _params(model_config, params)
   print(f"ALBERT encoder: L={c.num_hidden_layers} H={c.hidden_size} E={c.embedding_size} heads="
@@ -59,7 +63,7 @@ def print_description(model_config: ModelConfig, seq_len: int, num_predictions: 
   for path, leaf in flax.traverse_util.flatten_dict(params, sep="/").items():
     print(f"{path:<72}{str(tuple(leaf.shape)):>18}{math.prod(leaf.shape):>14,}")
   for key in ("params_embeddings", "params_embedding_projection", "params_layers", "params_pooler",
-              "params_backbone", "params_heads", "params_total"):
+              "params_backbone", "params_heads", *(k for k in added if k.startswith("params_")), "params_total"):
     print(f"{key:<40}{info[key]:>16,}")
   print(f"{'train_flops_per_token':<40}{info['train_flops_per_token']:>16,.0f}  (seq {seq_len}, {counted}; "
         "every layer application counted)")

@@ -1,5 +1,5 @@
-"""The kinds of job a config runs, one class each: `Pretraining` (config.task "pretrain") and `FineTuning` (a task
-name of `albert_jax.tasks`). A kind implements the modes of `albert_jax.main` as methods (`train`, `evaluate`,
+"""The kinds of job a config runs, one class each: `Pretraining` (config.task "pretrain"), `Electra` ("electra")
+and `FineTuning` (a task name of `albert_jax.tasks`). A kind implements the modes of `albert_jax.main` as methods (`train`, `evaluate`,
 `predict`, `embed`, `compile`, `describe`); a mode it does not override is refused in one line naming the modes it
 has (`runner.run`). The kind is chosen once, from `config.task`, by `kind_for`; another kind registers its task with
 `@register("name")`, usually subclassing `Pretraining` and overriding its job (`make_job`) and where its weights
@@ -140,6 +140,29 @@ class Pretraining(JobKind):
   def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     from albert_jax import pretrain
     return pretrain.make_job(config, workdir)
+
+
+@register("electra")
+class Electra(Pretraining):
+  """ELECTRA's replaced-token detection over pretraining's data: a generator and a discriminator sharing the
+  embeddings (`albert_jax.electra`). Fine-tuning and embedding take the discriminator, kept as the backbone `albert`."""
+  label = "ELECTRA pretraining"
+
+  def train(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
+    from albert_jax import electra
+    return electra.train(self.config, workdir, args)
+
+  def evaluate(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
+    from albert_jax import electra
+    return electra.evaluate_checkpoint(self.config, workdir, args)
+
+  def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
+    from albert_jax import electra
+    electra.describe_config(self.config)
+
+  def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    from albert_jax import electra
+    return electra.make_job(config, workdir)
 
 
 class FineTuning(JobKind):

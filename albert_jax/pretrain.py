@@ -30,19 +30,22 @@ def pretraining_totals(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
           "examples": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
 
 
+def mlm_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """The MLM head's sums over the masked positions of `batch`: Σ w·nll, Σ w and Σ w·correct."""
+  ids, weights = batch["masked_lm_ids"], batch["masked_lm_weights"].astype(jnp.float32)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
+  # "The label's logit is the largest" instead of argmax: the max is shared with the softmax, where a separate
+  # argmax over V=30000 cost 3% of a small model's CPU step (ties, measure zero, count as correct).
+  correct = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0] >= logits.max(-1)
+  return {"mlm_loss_sum": (nll * weights).sum(), "mlm_weight": weights.sum(), "mlm_correct": (correct * weights).sum()}
+
+
 def pretraining_loss(model, sentence_task: str, params: Any, batch: dict[str, jax.Array],
                      rng: jax.Array, totals: dict[str, jax.Array], deterministic: bool = False):
   """MLM loss Σ(w·nll)/(Σw + 1e-5) plus the SOP/NSP cross-entropy (1:1, as the original). Returns (loss, sums)."""
   out = model.apply({"params": params}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                     batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": rng})
-  ids, weights = batch["masked_lm_ids"], batch["masked_lm_weights"].astype(jnp.float32)
-  logits = out["mlm_logits"]
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
-  # "The label's logit is the largest" instead of argmax: the max is shared with the softmax, where a separate
-  # argmax over V=30000 cost 3% of a small model's CPU step (ties, measure zero, count as correct).
-  correct = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0] >= logits.max(-1)
-  sums = {"mlm_loss_sum": (nll * weights).sum(), "mlm_weight": weights.sum(),
-          "mlm_correct": (correct * weights).sum()}
+  sums = mlm_sums(out["mlm_logits"], batch)
   loss = sums["mlm_loss_sum"] / totals["mlm_weight"]
   if sentence_task != "none":
     labels = batch["sentence_order_label"].reshape(-1)
@@ -54,11 +57,16 @@ def pretraining_loss(model, sentence_task: str, params: Any, batch: dict[str, ja
   return loss, sums
 
 
+def mlm_metrics(sums: dict[str, float]) -> dict[str, float]:
+  """`mlm_sums` added over steps or batches -> the MLM loss and accuracy."""
+  return {"mlm_loss": sums["mlm_loss_sum"] / max(sums["mlm_weight"], 1e-5),
+          "mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_weight"], 1e-5)}
+
+
 def summarize_pretraining(sentence_task: str, sums: dict[str, float]) -> dict[str, float]:
   """Sums over steps or batches -> the reported losses and accuracies; the sentence-level metrics are named after
   the task that produced them (`sop_*` or `nsp_*`)."""
-  out = {"mlm_loss": sums["mlm_loss_sum"] / max(sums["mlm_weight"], 1e-5),
-         "mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_weight"], 1e-5)}
+  out = mlm_metrics(sums)
   sentence_loss = 0.0
   if "examples" in sums:
     sentence_loss = sums["sentence_loss_sum"] / sums["examples"]
@@ -179,26 +187,39 @@ class PreparedDataPosition:
           "(resume_with_changes).", flush=True)
 
 
+def checked_model_config(config: ml_collections.ConfigDict):
+  """The model of a pretraining `config`, with its sequence length and masking and sentence settings checked: refused
+  by name before any work."""
+  model_config = model_config_from(config)
+  model_config.check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
+  ExampleConfig.from_config(config.data)
+  return model_config
+
+
+def data_fields(config: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:
+  """The `engine.Job` fields that every pretraining objective takes from the masked batches of `data.kind`: the
+  batches, their example, their length, the held-out evaluation and the inputs a run records (provenance)."""
+  return dict(batches=lambda split_name, split: pretraining_batches(config, split_name, split, workdir),
+              example_batch=lambda rows: synthetic_batch(config.data, rows, config.model.vocab_size, 0),
+              tokens_per_example=config.data.max_seq_length,
+              evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
+              inputs=provenance.pretraining_inputs(config))
+
+
 def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> engine.Job:
   """Pretraining of `config` as an engine job (data read from `workdir` only when batches are asked for)."""
-  model_config = model_config_from(config)
+  model_config = checked_model_config(config)
   seq_len = config.data.max_seq_length
-  model_config.check_seq_length(seq_len, config.data.max_predictions_per_seq)
-  ExampleConfig.from_config(config.data)  # the masking and sentence settings, refused by name before any work
   model = AlbertForPreTraining(model_config)
   sentence_task = config.data.sentence_task
   loss_fn = lambda params, batch, rng, totals, deterministic=False: pretraining_loss(
       model, sentence_task, params, batch, rng, totals, deterministic)
-  batches = lambda split_name, split: pretraining_batches(config, split_name, split, workdir)
   return engine.Job(
       init_params=lambda rng: model.init(rng, **dummy_inputs(1, seq_len))["params"],
       loss_fn=loss_fn, totals_fn=pretraining_totals,
-      summarize=lambda sums, steps: summarize_pretraining(sentence_task, sums), batches=batches,
-      example_batch=lambda rows: synthetic_batch(config.data, rows, config.model.vocab_size, 0),
-      tokens_per_example=seq_len,
+      summarize=lambda sums, steps: summarize_pretraining(sentence_task, sums),
       flops_per_token=flops.train_flops_per_token(model_config, seq_len, prediction_slots(config.data)),
-      evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
-      inputs=provenance.pretraining_inputs(config))
+      **data_fields(config, workdir))
 
 
 def _log_evaluation(step: int, metrics: dict[str, float], writer) -> None:
@@ -228,11 +249,12 @@ def check_data(config: ml_collections.ConfigDict) -> None:
                      "held-out evaluation.")
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
+def train(config: ml_collections.ConfigDict, workdir: str, args=None, job_for=make_job) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the workdir's latest checkpoint. Returns the last logged metrics.
-  A warm start's weights are loaded and checked first: refused, they leave the workdir as it was."""
+  A warm start's weights are loaded and checked first: refused, they leave the workdir as it was. `job_for`:
+  (config, workdir) -> the objective's job (ELECTRA's: `electra.make_job`)."""
   check_data(config)
-  job = make_job(config, workdir)
+  job = job_for(config, workdir)
   if loop.latest_step(workdir) is not None:
     provenance.check_resume(workdir, job.inputs, config)
   elif config.init_checkpoint:  # a warm start; a resume goes on from its own weights
@@ -268,14 +290,15 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
   return metrics
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None, job_for=make_job
+                        ) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, also printed as one JSON line."""
   pretrained.check_same_function(workdir, config.model, "--workdir")
   provenance.check_reader(workdir, "--workdir", config, provenance.pretraining_inputs(config))
   if loop.latest_step(workdir) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(checkpointing.checkpoint_dir(workdir))}; train "
                            "first (--mode=train).")
-  s = engine.setup(config, make_job(config, workdir), workdir)
+  s = engine.setup(config, job_for(config, workdir), workdir)
   step, params = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
   with s.context():
     params = s.replicate(params)

@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from albert_jax import checkpointing, storage
+from albert_jax import checkpointing, electra_model, storage
 from albert_jax.checkpointing import local_restore_target
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import SHAPELESS_FIELDS, best_weights, check_shapeless_fields, read_best
@@ -225,7 +225,12 @@ def load_init_params(path: str, name: str = "init_checkpoint", model: Mapping[st
   first by `check_same_function` (every caller that builds the model from the current config passes it)."""
   if model is not None:
     check_same_function(path, model, name)
-  return jax.device_get(_load_init_params(path, name))
+  params = jax.device_get(_load_init_params(path, name))
+  if electra_model.is_electra_params(params):
+    _say(f"{name}={path} is an ELECTRA run: its discriminator (with the shared embeddings) is the backbone; the "
+         "generator and the replaced-token head are dropped")
+    return electra_model.discriminator_only(params)
+  return params
 
 
 def _load_init_params(path: str, name: str) -> Any:

@@ -5,9 +5,9 @@ import pathlib
 
 import pytest
 
-from albert_jax import describe, flops
+from albert_jax import flops, job_kinds
 from albert_jax.errors import InputError
-from albert_jax.main import experiment_config
+from albert_jax.cli import experiment_config
 from albert_jax.model_config import model_config_for
 from experiments import pretrain_roberta
 from tests.helpers import logged, pretrain_cli
@@ -76,7 +76,7 @@ COUNTS = {"base": (109_081_344, 109_081_344 + 768 * 768 + 768 + 2 * 768 + 30000 
 @pytest.mark.parametrize("size", sorted(COUNTS))
 def test_describe_counts_base_and_large_exactly(size, capsys):
   config = roberta(size)
-  describe.describe_config(config)
+  job_kinds.kind_for(config).describe()
   info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert (info["params_backbone"], info["params_total"]) == COUNTS[size]
   assert info["max_predictions_per_seq"] == 77                      # round(0.15 * 512): no cap

@@ -1,0 +1,98 @@
+"""ELECTRA's generator and discriminator (Clark et al., ICLR 2020) built from the project's encoder.
+
+Both towers are `model.Encoder`s over ONE embedding block (word, position and token-type tables, one array each, as
+the released code shares them); the generator is narrower (hidden size, FFN and heads times `generator_fraction`),
+with as many layers, and its MLM head is tied to the shared word embeddings. The discriminator with the shared
+embeddings is exactly an `AlbertModel` (`albert/`), so fine-tuning loads it as any backbone.
+
+Parameter tree (names chosen to map one to one onto transformers' ElectraForPreTraining / ElectraForMaskedLM):
+  albert/embeddings/...                          shared: electra.embeddings of both Hugging Face models
+  albert/encoder/...                             the discriminator (embedding_hidden_mapping_in where E != H)
+  albert/pooler                                  AlbertModel's; the replaced-token objective leaves it untrained
+  discriminator_predictions/{dense,dense_prediction}    H -> H, activation, H -> 1 per position
+  generator/...                                  the generator's encoder (its own E -> H_g projection where E != H_g)
+  generator_predictions/{dense,LayerNorm,bias}   the generator's MLM head, decoder tied to the word embeddings
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from albert_jax.errors import InputError
+from albert_jax.model import AlbertModel, Encoder, MaskedLMHead, activation, dense, gather_positions
+from albert_jax.model_config import ModelConfig
+
+Array = jax.Array
+GENERATOR = "generator"  # the generator's top-level names all start with it (`discriminator_only`)
+
+
+def generator_config(c: ModelConfig, fraction: float) -> ModelConfig:
+  """The discriminator's config `c` with hidden size, FFN size and heads times `fraction` (the paper's generator
+  multiplier), each at least 1; layers, E, vocabulary and everything else as `c`'s."""
+  if not 0 < fraction <= 1:
+    raise InputError(f"electra.generator_fraction={fraction} must be in (0, 1]: the generator's width as a share "
+                     "of the discriminator's (the paper: 1/4 for small and large, 1/3 for base).")
+  scaled = lambda n: max(1, round(n * fraction))
+  hidden, heads = scaled(c.hidden_size), scaled(c.num_attention_heads)
+  if hidden % heads:
+    raise InputError(f"electra.generator_fraction={fraction} gives the generator hidden size {hidden} and {heads} "
+                     "heads, which do not divide it; choose a fraction that keeps H / heads whole (1/4, 1/3, 1/2).")
+  return c.replace(hidden_size=hidden, intermediate_size=scaled(c.intermediate_size), num_attention_heads=heads)
+
+
+class DiscriminatorHead(nn.Module):
+  """dense H -> H, activation, dense H -> 1: one replaced-token logit per position (float32)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    c = self.config
+    x = activation(c.hidden_act)(dense(c, c.hidden_size, ("embed", "mlp"), "dense")(x))
+    return dense(c, 1, ("mlp", None), "dense_prediction")(x)[..., 0].astype(jnp.float32)
+
+
+class ElectraForPreTraining(nn.Module):
+  """The generator (MLM on the masked positions) and the discriminator (replaced or not, every position)."""
+  config: ModelConfig          # the discriminator's
+  generator_fraction: float = 0.25
+
+  def setup(self):
+    gen = generator_config(self.config, self.generator_fraction)
+    self.albert = AlbertModel(self.config)
+    self.discriminator_predictions = DiscriminatorHead(self.config)
+    self.generator = Encoder(gen)
+    self.generator_predictions = MaskedLMHead(gen)
+
+  def generator_logits(self, input_ids: Array, attention_mask: Array, token_type_ids: Array,
+                       masked_lm_positions: Array, deterministic: bool = True) -> Array:
+    """[B, M, V] float32 logits of the generator at the masked positions of the (masked) input."""
+    x = self.albert.embeddings(input_ids, token_type_ids, deterministic)
+    x = self.generator(x, attention_mask[:, None, None, :].astype(bool), deterministic)
+    return self.generator_predictions(gather_positions(x, masked_lm_positions), self.albert.attend)
+
+  def discriminator_logits(self, input_ids: Array, attention_mask: Array, token_type_ids: Array,
+                           deterministic: bool = True) -> Array:
+    """[B, S] float32 logits that each token of the (corrupted) input was replaced."""
+    sequence, _ = self.albert(input_ids, attention_mask, token_type_ids, deterministic)
+    return self.discriminator_predictions(sequence)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None, token_type_ids: Array | None = None,
+               masked_lm_positions: Array | None = None, deterministic: bool = True) -> dict[str, Array]:
+    """Both towers on the same input (initialisation and shapes; the loss feeds the discriminator the samples)."""
+    attention_mask = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
+    token_type_ids = jnp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+    positions = jnp.zeros((input_ids.shape[0], 1), jnp.int32) if masked_lm_positions is None else masked_lm_positions
+    return {"mlm_logits": self.generator_logits(input_ids, attention_mask, token_type_ids, positions, deterministic),
+            "disc_logits": self.discriminator_logits(input_ids, attention_mask, token_type_ids, deterministic)}
+
+
+def discriminator_only(params: Any) -> Any:
+  """The parameters a fine-tuning run takes from an ELECTRA run: the discriminator with the shared embeddings."""
+  return {"albert": params["albert"]}
+
+
+def is_electra_params(params: Any) -> bool:
+  return isinstance(params, dict) and GENERATOR in params and "albert" in params
