@@ -39,22 +39,25 @@ class JobKind:
     self.config = config
 
   def train(self, workdir: str, args: RunArgs) -> Any:
-    raise NotImplementedError
+    self._lacks("train")
 
   def evaluate(self, workdir: str, args: RunArgs) -> Any:
-    raise NotImplementedError
+    self._lacks("eval")
 
   def predict(self, workdir: str, args: RunArgs) -> Any:
-    raise NotImplementedError
+    self._lacks("predict")
 
   def embed(self, workdir: str, args: RunArgs) -> None:
-    raise NotImplementedError
+    self._lacks("embed")
 
   def compile(self, workdir: str | None, args: RunArgs) -> None:
-    raise NotImplementedError
+    self._lacks("compile")
 
   def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
-    raise NotImplementedError
+    self._lacks("describe")
+
+  def _lacks(self, mode_name: str) -> None:
+    raise InputError(f"--mode={mode_name} does not apply to {self.label} configs.")
 
   def has(self, mode: Callable) -> bool:
     """Whether this kind implements the mode method `mode` (a method of JobKind)."""
@@ -78,7 +81,7 @@ class JobKind:
   def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     """The `engine.Job` that `--mode=train` runs for `config` (a variant of self.config: compile changes the remat
     policy and micro batch); `workdir` None: one that reads no data until its batches are asked for."""
-    raise NotImplementedError
+    raise TypeError(f"{type(self).__name__} builds no engine.Job: a kind of job overrides make_job.")
 
   def embedding_job(self, config: ml_collections.ConfigDict, backbone):
     """The job `engine.setup` takes the mesh, batch split and shardings from when embedding with `backbone`."""
