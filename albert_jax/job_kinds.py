@@ -109,8 +109,21 @@ def register(task: str) -> Callable[[type[JobKind]], type[JobKind]]:
   return add
 
 
+class EncoderJob(JobKind):
+  """The modes every kind that trains the encoder shares: embedding with its weights' encoder, and compiling its
+  train step for a TPU slice; both build what they need through the kind (`make_job`, `backbone_params`)."""
+
+  def embed(self, workdir: str, args: RunArgs) -> None:
+    from albert_jax import embed
+    embed.embed(self.config, workdir, args, self)
+
+  def compile(self, workdir: str | None, args: RunArgs) -> None:
+    from albert_jax import tpu_compile
+    tpu_compile.run(self.config, args, self)
+
+
 @register("pretrain")
-class Pretraining(JobKind):
+class Pretraining(EncoderJob):
   """MLM plus a sentence task over prepared (or synthetic) data: `albert_jax.pretrain`."""
   label = "pretraining"
 
@@ -121,14 +134,6 @@ class Pretraining(JobKind):
   def evaluate(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
     from albert_jax import pretrain
     return pretrain.evaluate_checkpoint(self.config, workdir, args)
-
-  def embed(self, workdir: str, args: RunArgs) -> None:
-    from albert_jax import embed
-    embed.embed(self.config, workdir, args, self)
-
-  def compile(self, workdir: str | None, args: RunArgs) -> None:
-    from albert_jax import tpu_compile
-    tpu_compile.run(self.config, args, self)
 
   def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
     from albert_jax import describe, pretrain
@@ -168,7 +173,7 @@ class Electra(Pretraining):
     return electra.make_job(config, workdir)
 
 
-class FineTuning(JobKind):
+class FineTuning(EncoderJob):
   """A task's head on the encoder (GLUE, SQuAD, RACE, your own data): `albert_jax.finetune`."""
   label = "fine-tuning"
 
@@ -183,14 +188,6 @@ class FineTuning(JobKind):
   def predict(self, workdir: str, args: RunArgs) -> None:
     from albert_jax import finetune
     finetune.predict(self.config, workdir, args)
-
-  def embed(self, workdir: str, args: RunArgs) -> None:
-    from albert_jax import embed
-    embed.embed(self.config, workdir, args, self)
-
-  def compile(self, workdir: str | None, args: RunArgs) -> None:
-    from albert_jax import tpu_compile
-    tpu_compile.run(self.config, args, self)
 
   def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
     """The task's model (the same encoder, the task's head): the counts of the parameters it trains."""
