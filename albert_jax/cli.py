@@ -14,7 +14,8 @@ from ml_collections import config_flags
 
 from albert_jax import run_config, runner
 from albert_jax.run import check_output
-from albert_jax.errors import InputError, MissingFileError, NotADirectoryUserError, NotWritableError, UserError
+from albert_jax.errors import (EnvironmentUserError, InputError, MissingFileError, NotADirectoryUserError,
+                               NotWritableError, UserError)
 from data_pipeline import writers
 
 FLAGS = flags.FLAGS
@@ -152,6 +153,16 @@ def _config_file_error(argv: list[str]) -> str | None:
   return f"error: --config={spec}: {path} {found}; pass an experiment file, e.g. experiments/pretrain_tiny.py."
 
 
+def _not_a_config_dict(argv: list[str]) -> str | None:
+  """The message for an experiment whose get_config() returns something other than a ConfigDict (a dict has no
+  attribute access, no overrides and no locking), else None."""
+  if isinstance(FLAGS.config, ml_collections.ConfigDict):
+    return None
+  return (f"error: --config={_config_spec(argv)}: get_config() returned a {type(FLAGS.config).__name__}; return an "
+          "ml_collections.ConfigDict, as experiments/pretrain_tiny.py does (ml_collections.ConfigDict(d) wraps a "
+          "dict).")
+
+
 HELP_FLAGS = ("-?", "--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull")
 
 
@@ -171,8 +182,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     message = _config_file_error(argv)
     if message is None:
       remaining = FLAGS(argv)
-      _say_run_config(_config_spec(argv))
-      return remaining
+      message = _not_a_config_dict(argv)
+      if message is None:
+        _say_run_config(_config_spec(argv))
+        return remaining
   except UserError as e:  # a run's config.json that cannot be read, or a gs:// workdir's bucket
     message = f"error: {e}"
   except flags.Error as e:
@@ -185,8 +198,26 @@ def parse_flags(argv: list[str]) -> list[str]:
                else f"FATAL Flags parsing error: {_unknown_field(argv) or e}")
   except KeyError as e:
     message = f"FATAL Flags parsing error: {_unknown_field(argv) or e}"
+  except SyntaxError as e:  # the experiment file, or a module it imports, does not parse
+    message = (f"error: --config={_config_spec(argv)}: {e.filename}, line {e.lineno}: {e.msg}; fix that line of the "
+               "experiment file.")
   print(message, file=sys.stderr)
   sys.exit(1)
+
+
+def check_backend() -> None:
+  """A JAX_PLATFORMS naming a backend this host cannot start (gpu or tpu on a CPU host, a misspelt name) is one
+  line naming the variable and the fix, not jax's traceback from the first call that needs a device."""
+  import jax
+  try:
+    jax.devices()
+  except RuntimeError as e:
+    if "Unable to initialize backend" not in str(e):
+      raise
+    reason = str(e).split(" (set JAX_PLATFORMS", 1)[0].rstrip(".")
+    raise EnvironmentUserError(f"JAX_PLATFORMS={jax.config.jax_platforms}: {reason}. Unset JAX_PLATFORMS to use "
+                               "the devices this host has, or name one of them (cpu on a host without "
+                               "accelerators).") from None
 
 
 # Modes that only read the workdir when --output names where their result goes: a read-only workdir serves them

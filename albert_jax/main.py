@@ -64,6 +64,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) 
   if runner.MODES[mode_name].needs_workdir:
     cli.check_workdir(workdir, mode_name, FLAGS.output, eval_reads_only=kind.eval_reads_only())
     initialize_distributed()
+    cli.check_backend()
     from albert_jax import compilation_cache
     compilation_cache.use(config, workdir)
   if mode_name == "compile" and not os.environ.get("JAX_PLATFORMS"):

@@ -157,3 +157,19 @@ def test_wandb_without_an_account_is_one_line_naming_offline_mode(tmp_path, monk
   assert message.startswith("Weights & Biases could not start the run of log.wandb_project=albert-test: ")
   assert message.endswith("(WANDB_MODE=offline logs without an account; `wandb sync` uploads later).")
   assert "wandb login" in message and "\n" not in message
+
+
+def test_a_bad_wandb_mode_or_tag_stops_before_anything_is_written(tmp_path):
+  """Both were pydantic tracebacks from inside wandb.init, after the workdir was made."""
+  require_module("wandb", "wandb")
+  workdir = tmp_path / "run"
+  bogus = cli(workdir, *SMALL_RUN, PROJECT, extra_env={"WANDB_MODE": "bogus", **wandb_dirs(tmp_path)})
+  assert bogus.returncode == 1 and bogus.stderr.strip().splitlines() == [
+      "error: WANDB_MODE=bogus: Weights & Biases refuses it: Input should be 'online', 'offline', 'shared', "
+      "'disabled', 'dryrun' or 'run'."], bogus.stderr
+  assert not workdir.exists()
+  log = ml_collections.ConfigDict({"wandb_project": "albert-test", "wandb_tags": "tiny, " + "t" * 300})
+  with pytest.raises(errors.InputError, match=r"^log\.wandb_tags: Weights & Biases refuses it: Tag 't{20}\.\.\.t{20}' "
+                                              r"is 300 characters\. Tags must be between 1 and 64 characters\.$"):
+    trackers.check_trackers(log)
+  trackers.check_trackers(ml_collections.ConfigDict({"wandb_project": "albert-test", "wandb_tags": "t" * 64}))
