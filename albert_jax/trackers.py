@@ -179,6 +179,8 @@ def _check_wandb_setting(settings: Callable[[], object], name: Callable[[str], s
 
 
 def open_trackers(directory: str, workdir: str, log: ml_collections.ConfigDict) -> list[Tracker]:
-  """The trackers of a run: `metrics.jsonl` and TensorBoard in `directory`, W&B where `log.wandb_project` says."""
+  """The trackers of a run: `metrics.jsonl` and TensorBoard in `directory` (never through a symlink there), W&B
+  where `log.wandb_project` says."""
+  Run(directory).check_no_symlinks()
   wandb_run = [WandbTracker(workdir, log)] if log.get("wandb_project") else []  # first: refused, it leaves no file open
   return [JsonlTracker(directory), TensorBoardTracker(directory), *wandb_run]
