@@ -123,6 +123,17 @@ def test_embed_with_an_override_on_the_run_config_changes_that_field_alone(finet
 
 
 @pytest.mark.slow
+def test_a_copied_workdir_reports_and_reads_its_own_best_weights(finetuned, tmp_path, capsys):
+  """best.json records the path its run had; a copy said, and would have predicted with, the original's weights."""
+  copy = tmp_path / "copy"
+  shutil.copytree(finetuned.workdir, copy)
+  finetune.train(experiment_config(finetuned.argv), str(copy))  # nothing left to train: reports the best
+  said = capsys.readouterr().out
+  assert f"done: best checkpoint {copy}/best/step_2 (accuracy " in said
+  assert str(finetuned.workdir) not in said
+  assert json.loads((copy / "best" / "best.json").read_text())["weights"] == f"{finetuned.workdir}/best/step_2"
+
+
 def test_a_resume_with_only_the_workdir_sees_only_the_changes_asked_for(finetuned, tmp_path):
   """The config read back writes the JSON it was read from: the resume checks see no change; an override is the
   one change said, and the previous config is kept."""
