@@ -222,7 +222,7 @@ def check_backend() -> None:
 
 # Modes that only read the workdir when --output names where their result goes: a read-only workdir serves them
 # (fine-tuning's eval writes the dev predictions into it, predict --split without --output its benchmark file).
-READ_ONLY_WITH_OUTPUT = ("predict", "embed")
+READ_ONLY_WITH_OUTPUT = ("eval", "predict", "embed")
 
 
 def check_workdir(workdir: str, mode_name: str, output: str | None = None, eval_reads_only: bool = False) -> None:
@@ -230,6 +230,9 @@ def check_workdir(workdir: str, mode_name: str, output: str | None = None, eval_
   leaves no folder behind). `eval_reads_only`: the config's kind writes nothing with --mode=eval
   (`JobKind.eval_reads_only`)."""
   from albert_jax import storage  # fsspec: imported when a workdir is checked, not for --help
+  if output and mode_name == "eval" and eval_reads_only:
+    raise InputError("--output does nothing with --mode=eval of this config: its eval writes no predictions. "
+                     "Drop it.")
   if storage.is_remote(workdir):
     return  # a bucket is checked by the storage layer on first use
   storage.path(workdir)  # refuses a gs:// URL whose '//' was collapsed, before a lock makes a local `gs:` folder
@@ -245,12 +248,13 @@ def check_workdir(workdir: str, mode_name: str, output: str | None = None, eval_
     raise NotADirectoryUserError(f"--workdir={workdir} cannot be created: {existing} is a file; pass a directory path.")
   reads_only = (output and mode_name in READ_ONLY_WITH_OUTPUT) or (eval_reads_only and mode_name == "eval")
   if not os.access(existing, os.W_OK | os.X_OK) and not reads_only:
-    hint = " (or pass --output: predict then writes nothing there)" if mode_name == "predict" else ""
+    hint = (f" (or pass --output: {mode_name} then writes nothing there)" if mode_name in ("eval", "predict")
+            else "")
     raise NotWritableError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory{hint}.")
 
 
 # The flags that only some modes read: given to another mode they would be ignored without a word.
-MODE_FLAGS = {"input": ("predict", "embed"), "output": ("predict", "embed"), "split": ("predict",),
+MODE_FLAGS = {"input": ("predict", "embed"), "output": ("eval", "predict", "embed"), "split": ("predict",),
               "pooling": ("embed",), "topology": ("compile",), "num_slices": ("compile",), "fit": ("compile",)}
 
 

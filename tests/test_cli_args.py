@@ -135,7 +135,7 @@ def test_a_backend_this_host_lacks_is_one_line_and_writes_nothing(tmp_path, plat
     (["--mode=train", "--workdir={w}", "--fit"], "--fit does nothing with --mode=train; it is read by "
                                                  "--mode=compile. Drop it, or choose that mode."),
     (["--mode=train", "--workdir={w}", "--output=preds.tsv"], "--output does nothing with --mode=train; it is read "
-                                                              "by --mode=predict and --mode=embed."),
+                                                              "by --mode=eval and --mode=predict and --mode=embed."),
     (["--mode=eval", "--workdir={w}", "--split=test"], "--split does nothing with --mode=eval; it is read by "
                                                        "--mode=predict."),
     (["--mode=predict", "--workdir={w}", "--pooling=mean"], "--pooling does nothing with --mode=predict"),

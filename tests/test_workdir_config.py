@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from albert_jax import convert, finetune, loop, run_config, runner
+from albert_jax import convert, finetune, job_kinds, loop, run_config, runner
 from albert_jax.cli import experiment_config
 from tests.helpers import REPO, quietly, spm, write_split
 
@@ -103,6 +103,17 @@ def test_eval_with_only_the_workdir_gives_the_full_command_lines_scores(finetune
   assert result.stdout.splitlines()[-1] == full.splitlines()[-1]
   assert json.loads(full.splitlines()[-1])["weights"] == "best checkpoint (step 2)"
   assert (finetuned.workdir / "dev_predictions.jsonl").read_text() == mine and len(mine.splitlines()) == 8
+
+
+def test_eval_with_an_output_writes_nothing_into_the_workdir(finetuned, tmp_path):
+  """A read-only run can be scored (cli.check_workdir accepts it with --output: tests/test_convert_heads.py)."""
+  before = {p: p.stat().st_mtime_ns for p in finetuned.workdir.rglob("*")}
+  said = quietly(runner.run, experiment_config(finetuned.argv), str(finetuned.workdir), "eval",
+                 job_kinds.RunArgs(output=str(tmp_path / "scores")))
+  assert json.loads(said.splitlines()[-1])["weights"] == "best checkpoint (step 2)"
+  assert {p: p.stat().st_mtime_ns for p in finetuned.workdir.rglob("*")} == before
+  assert os.listdir(tmp_path / "scores") == ["dev_predictions.jsonl"]
+  assert len((tmp_path / "scores" / "dev_predictions.jsonl").read_text().splitlines()) == 8
 
 
 @pytest.mark.slow
