@@ -256,8 +256,10 @@ class Checkpointer:
       self.failed = True
       ORBAX_ERRORS.drop()  # their tracebacks say at length what the line below says
       reason = str(e).strip().splitlines()[0][:1000] if str(e).strip() else type(e).__name__
+      last_good = self.last_good()
+      rerun = "it" if self.latest_step() is not None else "its first step"
       raise SaveError(f"Saving a checkpoint failed ({type(e).__name__}: {reason}). The last good checkpoint is "
-                      f"{self.last_good()}; free space (or fix the storage) and rerun: the run resumes from it."
+                      f"{last_good}; free space (or fix the storage) and rerun: the run resumes from {rerun}."
                       ) from None
 
   def last_good(self) -> str:

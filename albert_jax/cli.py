@@ -14,7 +14,8 @@ from ml_collections import config_flags
 
 from albert_jax import run_config, runner
 from albert_jax.run import check_output
-from albert_jax.errors import InputError, MissingFileError, NotADirectoryUserError, NotWritableError, UserError
+from albert_jax.errors import (EnvironmentUserError, InputError, MissingFileError, NotADirectoryUserError,
+                               NotWritableError, UserError)
 from data_pipeline import writers
 
 FLAGS = flags.FLAGS
@@ -152,6 +153,16 @@ def _config_file_error(argv: list[str]) -> str | None:
   return f"error: --config={spec}: {path} {found}; pass an experiment file, e.g. experiments/pretrain_tiny.py."
 
 
+def _not_a_config_dict(argv: list[str]) -> str | None:
+  """The message for an experiment whose get_config() returns something other than a ConfigDict (a dict has no
+  attribute access, no overrides and no locking), else None."""
+  if isinstance(FLAGS.config, ml_collections.ConfigDict):
+    return None
+  return (f"error: --config={_config_spec(argv)}: get_config() returned a {type(FLAGS.config).__name__}; return an "
+          "ml_collections.ConfigDict, as experiments/pretrain_tiny.py does (ml_collections.ConfigDict(d) wraps a "
+          "dict).")
+
+
 HELP_FLAGS = ("-?", "--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull")
 
 
@@ -171,8 +182,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     message = _config_file_error(argv)
     if message is None:
       remaining = FLAGS(argv)
-      _say_run_config(_config_spec(argv))
-      return remaining
+      message = _not_a_config_dict(argv)
+      if message is None:
+        _say_run_config(_config_spec(argv))
+        return remaining
   except UserError as e:  # a run's config.json that cannot be read, or a gs:// workdir's bucket
     message = f"error: {e}"
   except flags.Error as e:
@@ -185,13 +198,31 @@ def parse_flags(argv: list[str]) -> list[str]:
                else f"FATAL Flags parsing error: {_unknown_field(argv) or e}")
   except KeyError as e:
     message = f"FATAL Flags parsing error: {_unknown_field(argv) or e}"
+  except SyntaxError as e:  # the experiment file, or a module it imports, does not parse
+    message = (f"error: --config={_config_spec(argv)}: {e.filename}, line {e.lineno}: {e.msg}; fix that line of the "
+               "experiment file.")
   print(message, file=sys.stderr)
   sys.exit(1)
 
 
+def check_backend() -> None:
+  """A JAX_PLATFORMS naming a backend this host cannot start (gpu or tpu on a CPU host, a misspelt name) is one
+  line naming the variable and the fix, not jax's traceback from the first call that needs a device."""
+  import jax
+  try:
+    jax.devices()
+  except RuntimeError as e:
+    if "Unable to initialize backend" not in str(e):
+      raise
+    reason = str(e).split(" (set JAX_PLATFORMS", 1)[0].rstrip(".")
+    raise EnvironmentUserError(f"JAX_PLATFORMS={jax.config.jax_platforms}: {reason}. Unset JAX_PLATFORMS to use "
+                               "the devices this host has, or name one of them (cpu on a host without "
+                               "accelerators).") from None
+
+
 # Modes that only read the workdir when --output names where their result goes: a read-only workdir serves them
 # (fine-tuning's eval writes the dev predictions into it, predict --split without --output its benchmark file).
-READ_ONLY_WITH_OUTPUT = ("predict", "embed")
+READ_ONLY_WITH_OUTPUT = ("eval", "predict", "embed")
 
 
 def check_workdir(workdir: str, mode_name: str, output: str | None = None, eval_reads_only: bool = False) -> None:
@@ -199,6 +230,9 @@ def check_workdir(workdir: str, mode_name: str, output: str | None = None, eval_
   leaves no folder behind). `eval_reads_only`: the config's kind writes nothing with --mode=eval
   (`JobKind.eval_reads_only`)."""
   from albert_jax import storage  # fsspec: imported when a workdir is checked, not for --help
+  if output and mode_name == "eval" and eval_reads_only:
+    raise InputError("--output does nothing with --mode=eval of this config: its eval writes no predictions. "
+                     "Drop it.")
   if storage.is_remote(workdir):
     return  # a bucket is checked by the storage layer on first use
   storage.path(workdir)  # refuses a gs:// URL whose '//' was collapsed, before a lock makes a local `gs:` folder
@@ -214,12 +248,13 @@ def check_workdir(workdir: str, mode_name: str, output: str | None = None, eval_
     raise NotADirectoryUserError(f"--workdir={workdir} cannot be created: {existing} is a file; pass a directory path.")
   reads_only = (output and mode_name in READ_ONLY_WITH_OUTPUT) or (eval_reads_only and mode_name == "eval")
   if not os.access(existing, os.W_OK | os.X_OK) and not reads_only:
-    hint = " (or pass --output: predict then writes nothing there)" if mode_name == "predict" else ""
+    hint = (f" (or pass --output: {mode_name} then writes nothing there)" if mode_name in ("eval", "predict")
+            else "")
     raise NotWritableError(f"--workdir={workdir}: {existing} is not writable; pass a writable directory{hint}.")
 
 
 # The flags that only some modes read: given to another mode they would be ignored without a word.
-MODE_FLAGS = {"input": ("predict", "embed"), "output": ("predict", "embed"), "split": ("predict",),
+MODE_FLAGS = {"input": ("predict", "embed"), "output": ("eval", "predict", "embed"), "split": ("predict",),
               "pooling": ("embed",), "topology": ("compile",), "num_slices": ("compile",), "fit": ("compile",)}
 
 

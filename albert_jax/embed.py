@@ -9,12 +9,14 @@ tokens included (sentence-transformers' mean pooling).
 """
 from __future__ import annotations
 
+import io
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from albert_jax import engine, finetune, pretrained, provenance, storage
-from albert_jax.errors import InputError
+from albert_jax.errors import EnvironmentUserError, InputError
 from albert_jax.model import AlbertModel
 from albert_jax.run import Run
 from albert_jax.tasks import make_tokenizer
@@ -33,6 +35,19 @@ def embed_fn(model: AlbertModel, pooling: str):
     mask = batch["attention_mask"][..., None].astype(jnp.float32)
     return {"embedding": (sequence.astype(jnp.float32) * mask).sum(1) / jnp.maximum(mask.sum(1), 1.0)}
   return embed
+
+
+def _write_npy(output: str, array: np.ndarray) -> None:
+  """`array` as a .npy file at the very name given (np.save adds .npy), folders made, or nothing there. Saved to
+  memory first: numpy's own write to a file reports a full disk as a bare "N requested and M written"."""
+  buffer = io.BytesIO()
+  np.save(buffer, array)
+  try:
+    with storage.open_atomic(output, "wb") as f:
+      f.write(buffer.getbuffer())
+  except OSError as e:
+    raise EnvironmentUserError(f"Writing --output={output} failed ({e.strerror or e}); free space, or pass an "
+                               "--output elsewhere, and rerun.") from None
 
 
 def embed(config, workdir: str, args, kind) -> None:
@@ -64,7 +79,6 @@ def embed(config, workdir: str, args, kind) -> None:
     outputs = finetune.predict_features(embed_fn(backbone, args.pooling), s.replicate(encoder), features,
                                         s, f"embedding {args.input}", finetune.length_buckets(config))
   if jax.process_index() == 0:
-    with storage.open_atomic(args.output, "wb") as f:  # the very name given (np.save adds .npy), folders made
-      np.save(f, outputs["embedding"].astype(np.float32))
+    _write_npy(args.output, outputs["embedding"].astype(np.float32))
     print(f"Wrote {args.pooling} embeddings {outputs['embedding'].shape} of {args.input} ({which}) to {args.output}",
           flush=True)

@@ -347,7 +347,8 @@ def _trained_params(config, workdir: str, task, model):
 
 
 def evaluate(config, workdir: str, args=None) -> None:
-  """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions."""
+  """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions into the
+  workdir, or into the folder `--output` names (then the workdir is only read)."""
   config = pretrained.with_recorded_model(config, workdir)
   task, tokenizer, _, model = _task_and_model(config, workdir)
   params, which = _trained_params(config, workdir, task, model)
@@ -358,7 +359,9 @@ def evaluate(config, workdir: str, args=None) -> None:
                                            length_buckets(config, task))
     if jax.process_index() == 0:
       for name, (split, split_predictions) in predictions.items():
-        task.write_predictions(split, split_predictions, Run(workdir).predictions(task.predictions_name(name)))
+        file_name = task.predictions_name(name)
+        task.write_predictions(split, split_predictions, os.path.join(args.output, file_name)
+                               if args and args.output else Run(workdir).predictions(file_name))
   print(json.dumps({"weights": which, **metrics}), flush=True)
 
 

@@ -31,7 +31,8 @@ BEST_FIELDS = {"step": int, "metric": str, "value": (int, float), "weights": str
 
 def read_best(workdir: str) -> dict | None:
   """A fine-tuning workdir's best record (None without one), refused in one line unless it is the JSON object
-  that fine-tuning writes (not a file cut short or edited into another shape)."""
+  that fine-tuning writes (not a file cut short or edited into another shape). Its `weights` are this workdir's
+  best/step_N, whatever path the run had when it wrote the record (a workdir copied or moved since)."""
   path = storage.path(Run(workdir).best_record)
   if not path.exists():
     return None
@@ -44,7 +45,7 @@ def read_best(workdir: str) -> dict | None:
     raise InputError(f"{path} is not a best-checkpoint record (a JSON object with " + ", ".join(BEST_FIELDS) +
                      "); restore it from a copy, or remove it: eval and predict then use the latest checkpoint, "
                      "and training keeps a new best from its next evaluation.")
-  return best
+  return {**best, "weights": Run(workdir).best_weights(best)}
 
 
 def best_weights(workdir: str, best: dict) -> str:

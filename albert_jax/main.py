@@ -22,7 +22,8 @@ config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and the resolved config go.")
 flags.DEFINE_enum("mode", "train", list(runner.MODES), "What to run:\n" + runner.modes_help())
 flags.DEFINE_string("input", None, "--mode=predict: the user's TSV/JSONL file; --mode=embed: one text per line.")
-flags.DEFINE_string("output", None, "--mode=predict: where predictions are written; --mode=embed: the .npy file.")
+flags.DEFINE_string("output", None, "--mode=predict: where predictions are written; --mode=embed: the .npy file; "
+                    "--mode=eval of a fine-tuning run: the folder for the dev predictions (default: the workdir).")
 flags.DEFINE_enum("pooling", "mean", ["mean", "pooled"], "--mode=embed: mean of the last layer over the tokens, or "
                   "the [CLS] pooler output.")
 flags.DEFINE_string("split", None, "--mode=predict: a named split of the task (test, dev, test_mismatched, ax, ...) "
@@ -64,6 +65,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) 
   if runner.MODES[mode_name].needs_workdir:
     cli.check_workdir(workdir, mode_name, FLAGS.output, eval_reads_only=kind.eval_reads_only())
     initialize_distributed()
+    cli.check_backend()
     from albert_jax import compilation_cache
     compilation_cache.use(config, workdir)
   if mode_name == "compile" and not os.environ.get("JAX_PLATFORMS"):

@@ -47,6 +47,8 @@ OWN_FOLDERS = (*WEIGHT_FOLDERS, TENSORBOARD_DIR, COMPILATION_CACHE_DIR, PROFILE_
 OWN_FILES = (CONFIG_FILE, HEAD_FILE, LOCK_FILE, METRICS_FILE, WANDB_ID_FILE, PROVENANCE_FILE, SEEDS_FILE)
 OWN_FOLDER_PATTERN = re.compile(r"seed_\d+")
 OWN_FILE_PATTERN = re.compile(r"config\.\d+(\.\d+)?\.json")
+# What the trackers write into by name: a symlink there would be written through, into whatever it points at.
+WRITTEN_BY_NAME = (METRICS_FILE, TENSORBOARD_DIR)
 # A folder holding one of these is a run (or a seeds folder), whichever tool made its path.
 MARKS = (CONFIG_FILE, CHECKPOINTS_DIR, BEST_DIR, METRICS_FILE, SEEDS_FILE)
 
@@ -134,6 +136,15 @@ class Run:
   def seed(self, seed: int) -> Run:
     """Seed `seed`'s own run in a seeds folder."""
     return Run(self.file(f"seed_{seed}"))
+
+  def check_no_symlinks(self) -> None:
+    """Refuses a symlink where the run writes a file or folder by name (`WRITTEN_BY_NAME`): another run's
+    metrics.jsonl or a shared tensorboard/ linked in would be appended to, not the run's own."""
+    for name in WRITTEN_BY_NAME:
+      path = self.file(name)
+      if not storage.is_remote(path) and os.path.islink(path):
+        raise InputError(f"{path} is a symlink (to {os.readlink(path)}); the run writes its own {name} there, "
+                         "not through a link: remove the link and rerun.")
 
   def has_weights(self) -> bool:
     """Whether the run saved weights: a best dev checkpoint, or a checkpoints folder."""

@@ -14,13 +14,13 @@ import math
 import os
 import secrets
 import sys
-from typing import Protocol
+from typing import Callable, Protocol
 
 import ml_collections
 from flax import traverse_util
 
 from albert_jax import storage
-from albert_jax.errors import EnvironmentUserError
+from albert_jax.errors import EnvironmentUserError, InputError
 from albert_jax.run import Run
 
 
@@ -130,7 +130,7 @@ class WandbTracker:
       self._run = wandb.init(
           project=log.wandb_project, entity=log.wandb_entity or None, id=wandb_run_id(workdir), resume="allow",
           name=log.wandb_run_name or os.path.basename(storage.absolute(workdir).rstrip("/")),
-          tags=[t.strip() for t in log.wandb_tags.split(",") if t.strip()])
+          tags=_tags(log))
     except wandb.Error as e:
       raise EnvironmentUserError(f"Weights & Biases could not start the run of log.wandb_project="
                                  f"{log.wandb_project}: {e} (WANDB_MODE=offline logs without an account; `wandb "
@@ -146,19 +146,41 @@ class WandbTracker:
     self._run.finish(exit_code=1 if sys.exc_info()[0] else 0)
 
 
+def _tags(log: ml_collections.ConfigDict) -> list[str]:
+  return [t.strip() for t in log.wandb_tags.split(",") if t.strip()]
+
+
 def check_trackers(log: ml_collections.ConfigDict) -> None:
-  """At start-up, before anything is written: a W&B project needs the wandb package (on every process, so that
-  all of them stop alike). A config read back from an older run's config.json may have no W&B fields."""
+  """At start-up, before anything is written: a W&B project needs the wandb package, tags and a WANDB_MODE that
+  wandb accepts, checked by wandb's own settings (on every process, so that all of them stop alike). A config
+  read back from an older run's config.json may have no W&B fields."""
   if not log.get("wandb_project"):
     return
   try:
-    importlib.import_module("wandb")
+    wandb = importlib.import_module("wandb")
   except ImportError:
     raise EnvironmentUserError(f"log.wandb_project={log.wandb_project} logs to Weights & Biases, whose package is "
                                'not installed: pip install -e ".[wandb]" (or leave log.wandb_project empty).') from None
+  _check_wandb_setting(lambda: wandb.Settings(run_tags=tuple(_tags(log))), lambda _: "log.wandb_tags", InputError)
+  _check_wandb_setting(lambda: wandb.Settings().update_from_env_vars(dict(os.environ)),
+                       lambda field: f"WANDB_{field.upper()}={os.environ.get(f'WANDB_{field.upper()}', '')}",
+                       EnvironmentUserError)
+
+
+def _check_wandb_setting(settings: Callable[[], object], name: Callable[[str], str], error: type[Exception]) -> None:
+  """`settings()` (wandb's pydantic validation), its first complaint raised as `error` in one line naming
+  `name(field)`."""
+  try:
+    settings()
+  except ValueError as e:  # pydantic's ValidationError
+    first = e.errors()[0] if hasattr(e, "errors") else {"loc": ("",), "msg": str(e)}
+    problem = first["msg"].removeprefix("Value error, ")
+    raise error(f"{name(str(first['loc'][0]))}: Weights & Biases refuses it: {problem}.") from None
 
 
 def open_trackers(directory: str, workdir: str, log: ml_collections.ConfigDict) -> list[Tracker]:
-  """The trackers of a run: `metrics.jsonl` and TensorBoard in `directory`, W&B where `log.wandb_project` says."""
+  """The trackers of a run: `metrics.jsonl` and TensorBoard in `directory` (never through a symlink there), W&B
+  where `log.wandb_project` says."""
+  Run(directory).check_no_symlinks()
   wandb_run = [WandbTracker(workdir, log)] if log.get("wandb_project") else []  # first: refused, it leaves no file open
   return [JsonlTracker(directory), TensorBoardTracker(directory), *wandb_run]

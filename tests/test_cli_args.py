@@ -101,20 +101,41 @@ def test_a_bad_flag_is_one_line_naming_it_with_or_without_overrides(flag, messag
                                      "exist; pass an experiment file, e.g. experiments/pretrain_tiny.py."),
     ("experiments:size=tiny", "--config=experiments:size=tiny: experiments is a directory; pass an experiment file"),
     ("{tmp}/notes.py", "--config={tmp}/notes.py defines no get_config(); an experiment file returns its "
-                       "ConfigDict from get_config(), as experiments/pretrain_tiny.py does.")])
+                       "ConfigDict from get_config(), as experiments/pretrain_tiny.py does."),
+    ("{tmp}/broken.py", "--config={tmp}/broken.py: {tmp}/broken.py, line 2: unmatched ')'; fix that line of the "
+                        "experiment file."),
+    ("{tmp}/plain.py", "--config={tmp}/plain.py: get_config() returned a dict; return an ml_collections.ConfigDict, "
+                       "as experiments/pretrain_tiny.py does (ml_collections.ConfigDict(d) wraps a dict).")])
 def test_a_config_file_that_is_missing_or_not_an_experiment_is_one_line(tmp_path, config, message):
-  """Not ml_collections' traceback, which for a missing file came only when the config was first read."""
+  """Not ml_collections' traceback, which for a missing file came only when the config was first read, nor
+  Python's for an experiment that does not parse or returns a dict (which failed later, at `config.task`)."""
   (tmp_path / "notes.py").write_text("size = 'tiny'\n")
+  (tmp_path / "broken.py").write_text("def get_config():\n  return dict(size='tiny'))\n")
+  (tmp_path / "plain.py").write_text("def get_config():\n  return {'size': 'tiny'}\n")
   result = run("albert_jax.main", *([f"--config={config.format(tmp=tmp_path)}"] if config else []), "--mode=describe")
   assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
   assert result.stderr.startswith(f"error: {message.format(tmp=tmp_path)}"), result.stderr
+
+
+@pytest.mark.parametrize("platforms", ["gpu", "tpu", "nonsense"])
+def test_a_backend_this_host_lacks_is_one_line_and_writes_nothing(tmp_path, platforms):
+  """JAX_PLATFORMS=gpu on a CPU host failed with jax's traceback from the first call that needed a device."""
+  workdir = tmp_path / "run"
+  result = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config=experiments/pretrain_tiny.py:synthetic",
+                           f"--workdir={workdir}"], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS=platforms),
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert result.stderr.startswith(f"error: JAX_PLATFORMS={platforms}: Unable to initialize backend "), result.stderr
+  assert result.stderr.strip().endswith(". Unset JAX_PLATFORMS to use the devices this host has, or name one of them "
+                                        "(cpu on a host without accelerators)."), result.stderr
+  assert not workdir.exists()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--mode=train", "--workdir={w}", "--fit"], "--fit does nothing with --mode=train; it is read by "
                                                  "--mode=compile. Drop it, or choose that mode."),
     (["--mode=train", "--workdir={w}", "--output=preds.tsv"], "--output does nothing with --mode=train; it is read "
-                                                              "by --mode=predict and --mode=embed."),
+                                                              "by --mode=eval and --mode=predict and --mode=embed."),
     (["--mode=eval", "--workdir={w}", "--split=test"], "--split does nothing with --mode=eval; it is read by "
                                                        "--mode=predict."),
     (["--mode=predict", "--workdir={w}", "--pooling=mean"], "--pooling does nothing with --mode=predict"),

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from albert_jax import cli, compilation_cache, convert, embed, finetune, job_kinds, pretrain, pretrained
+from albert_jax.errors import InputError
 from albert_jax import model as model_lib
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks.heads import PooledClassifier
@@ -344,12 +345,16 @@ def test_predict_and_embed_with_an_output_accept_a_read_only_workdir(tmp_path, m
   workdir.mkdir()
   writable = os.access
   monkeypatch.setattr(os, "access", lambda p, mode: writable(p, mode) and not str(p).startswith(str(workdir)))
-  for mode in ("predict", "embed"):
+  for mode in ("eval", "predict", "embed"):
     cli.check_workdir(str(workdir), mode, output=str(tmp_path / "out"))
-  with pytest.raises(PermissionError, match=r"run is not writable; .*\(or pass --output: predict then writes"):
-    cli.check_workdir(str(workdir), "predict")
+  for mode in ("eval", "predict"):  # fine-tuning's eval writes its dev predictions there without --output
+    with pytest.raises(PermissionError, match=rf"run is not writable; .*\(or pass --output: {mode} then writes"):
+      cli.check_workdir(str(workdir), mode)
   with pytest.raises(PermissionError, match="run is not writable; pass a writable directory.$"):
-    cli.check_workdir(str(workdir), "eval", output=str(tmp_path / "out"))  # eval writes its dev predictions there
+    cli.check_workdir(str(workdir), "train", output=str(tmp_path / "out"))
+  with pytest.raises(InputError, match=r"^--output does nothing with --mode=eval of this config: its eval writes no "
+                                       r"predictions. Drop it.$"):
+    cli.check_workdir(str(workdir), "eval", output=str(tmp_path / "out"), eval_reads_only=True)
   config = pretrain_tiny.get_config("synthetic")
   assert compilation_cache.use(config, str(workdir)) is None
   assert capsys.readouterr().out == (f"Compilation cache off: {workdir}/compilation_cache cannot be written; pass "

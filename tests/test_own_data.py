@@ -16,7 +16,7 @@ from data_pipeline import train_spm
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
 from experiments import classification, multiple_choice, token_classification
-from tests.helpers import ALICE, SMALL_RUN, TINY_RUN, finetune_cli, pretrain_cli, spm, task_of as _task
+from tests.helpers import ALICE, SMALL_RUN, TINY_RUN, finetune_cli, pretrain_cli, small_tmpfs, spm, task_of as _task
 
 # XLA at -O0 (tests.helpers.cpu_env): no result here is compared with one compiled otherwise.
 cli = functools.partial(finetune_cli, fast_compile=True)
@@ -260,6 +260,18 @@ def test_embed_with_a_pretraining_config_writes_the_file_it_names(tmp_path):
   assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
       f"error: {texts}:1: a carriage return (\\r) inside the line"), result.stderr
   assert not (tmp_path / "new" / "vectors.cr").exists()
+  no_input = pretraining(tmp_path / "pt", *SMALL_RUN, *steps, "--mode=embed", f"--output={output}.none")
+  assert no_input.returncode == 1 and no_input.stderr.strip().splitlines() == [
+      "error: --mode=embed needs --input=FILE (one text per line) and --output=PATH.npy."], no_input.stderr
+  texts.write_text("Alice was beginning to get very tired\n" * 2000)
+  with small_tmpfs(tmp_path / "disk", "64k") as disk:
+    full = pretraining(tmp_path / "pt", *SMALL_RUN, *steps, "--mode=embed", f"--input={texts}",
+                       f"--output={disk}/vectors.npy", f"--config.data.spm_model={model}")
+    assert list(disk.iterdir()) == []  # no partial file left
+  assert full.returncode == 1 and "Traceback" not in full.stderr, full.stderr
+  assert full.stderr.strip().splitlines()[-1] == (f"error: Writing --output={disk}/vectors.npy failed (No space "
+                                                  "left on device); free space, or pass an --output elsewhere, and "
+                                                  "rerun."), full.stderr
 
 
 @pytest.mark.parametrize("record, message", [

@@ -157,3 +157,46 @@ def test_wandb_without_an_account_is_one_line_naming_offline_mode(tmp_path, monk
   assert message.startswith("Weights & Biases could not start the run of log.wandb_project=albert-test: ")
   assert message.endswith("(WANDB_MODE=offline logs without an account; `wandb sync` uploads later).")
   assert "wandb login" in message and "\n" not in message
+
+
+def test_a_bad_wandb_mode_or_tag_stops_before_anything_is_written(tmp_path):
+  """Both were pydantic tracebacks from inside wandb.init, after the workdir was made."""
+  require_module("wandb", "wandb")
+  workdir = tmp_path / "run"
+  bogus = cli(workdir, *SMALL_RUN, PROJECT, extra_env={"WANDB_MODE": "bogus", **wandb_dirs(tmp_path)})
+  assert bogus.returncode == 1 and bogus.stderr.strip().splitlines() == [
+      "error: WANDB_MODE=bogus: Weights & Biases refuses it: Input should be 'online', 'offline', 'shared', "
+      "'disabled', 'dryrun' or 'run'."], bogus.stderr
+  assert not workdir.exists()
+  log = ml_collections.ConfigDict({"wandb_project": "albert-test", "wandb_tags": "tiny, " + "t" * 300})
+  with pytest.raises(errors.InputError, match=r"^log\.wandb_tags: Weights & Biases refuses it: Tag 't{20}\.\.\.t{20}' "
+                                              r"is 300 characters\. Tags must be between 1 and 64 characters\.$"):
+    trackers.check_trackers(log)
+  trackers.check_trackers(ml_collections.ConfigDict({"wandb_project": "albert-test", "wandb_tags": "t" * 64}))
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "tensorboard"])
+def test_a_tracker_file_that_is_a_symlink_is_refused_not_written_through(tmp_path, name):
+  """Another run's metrics.jsonl linked in was appended to; a linked tensorboard/ got this run's event files."""
+  elsewhere, run = tmp_path / "elsewhere", tmp_path / "run"
+  elsewhere.mkdir()
+  run.mkdir()
+  target = elsewhere / name
+  if name == "tensorboard":
+    target.mkdir()
+  else:
+    target.write_text('{"step": 1}\n')
+  (run / name).symlink_to(target)
+  log = ml_collections.ConfigDict({"wandb_project": ""})
+  with pytest.raises(errors.InputError) as refused:
+    trackers.open_trackers(str(run), str(run), log)
+  assert str(refused.value) == (f"{run / name} is a symlink (to {target}); the run writes its own {name} there, not "
+                                "through a link: remove the link and rerun.")
+  assert sorted(p.name for p in run.iterdir()) == [name]
+  assert (sorted(p.name for p in target.iterdir()) == [] if name == "tensorboard"
+          else target.read_text() == '{"step": 1}\n')
+  (run / name).unlink()
+  opened = trackers.open_trackers(str(run), str(run), log)
+  for tracker in opened:
+    tracker.close()
+  assert (run / "metrics.jsonl").is_file() and (run / "tensorboard").is_dir()

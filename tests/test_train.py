@@ -767,3 +767,17 @@ def test_closed_event_loop_reports_of_a_failed_save_are_not_printed():
   assert [str(u.exc_value) for u in passed_on] == ["Event loop is closed", "Event loop is closed"]
   assert [traceback.extract_tb(u.exc_traceback)[-2].name for u in passed_on] == [
       "<lambda>", "run_until_complete"]   # a plain raise, and a closed loop's own check outside a callback
+
+
+def test_a_first_save_that_fails_says_the_run_starts_again(tmp_path, monkeypatch):
+  """With no checkpoint completed there is nothing to resume from: the line says so instead of "resumes from it"."""
+  for name in ("dropping", "held"):  # the failed save sets this process's filter of orbax's records: restored after
+    monkeypatch.setattr(checkpointing.ORBAX_ERRORS, name, getattr(checkpointing.ORBAX_ERRORS, name))
+  with small_tmpfs(tmp_path / "disk", "40k") as disk:
+    ckpt = checkpointing.Checkpointer(str(disk / "checkpoints"), every=1, keep=1, async_save=False)
+    with pytest.raises(checkpointing.SaveError) as failed:
+      ckpt.save(1, {"w": np.zeros(100_000, np.float32)}, {"position": 0}, force=True)
+    ckpt.close()
+  assert "No space left on device" in str(failed.value)
+  assert str(failed.value).endswith(f"The last good checkpoint is none (no checkpoint was completed); free space (or "
+                                    "fix the storage) and rerun: the run resumes from its first step.")

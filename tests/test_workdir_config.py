@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from albert_jax import convert, finetune, loop, run_config, runner
+from albert_jax import convert, finetune, job_kinds, loop, run_config, runner
 from albert_jax.cli import experiment_config
 from tests.helpers import REPO, quietly, spm, write_split
 
@@ -105,6 +105,17 @@ def test_eval_with_only_the_workdir_gives_the_full_command_lines_scores(finetune
   assert (finetuned.workdir / "dev_predictions.jsonl").read_text() == mine and len(mine.splitlines()) == 8
 
 
+def test_eval_with_an_output_writes_nothing_into_the_workdir(finetuned, tmp_path):
+  """A read-only run can be scored (cli.check_workdir accepts it with --output: tests/test_convert_heads.py)."""
+  before = {p: p.stat().st_mtime_ns for p in finetuned.workdir.rglob("*")}
+  said = quietly(runner.run, experiment_config(finetuned.argv), str(finetuned.workdir), "eval",
+                 job_kinds.RunArgs(output=str(tmp_path / "scores")))
+  assert json.loads(said.splitlines()[-1])["weights"] == "best checkpoint (step 2)"
+  assert {p: p.stat().st_mtime_ns for p in finetuned.workdir.rglob("*")} == before
+  assert os.listdir(tmp_path / "scores") == ["dev_predictions.jsonl"]
+  assert len((tmp_path / "scores" / "dev_predictions.jsonl").read_text().splitlines()) == 8
+
+
 @pytest.mark.slow
 def test_embed_with_an_override_on_the_run_config_changes_that_field_alone(finetuned, tmp_path):
   """max_seq_length=4 cuts every text: the vectors are those of the full command line with that override."""
@@ -123,6 +134,17 @@ def test_embed_with_an_override_on_the_run_config_changes_that_field_alone(finet
 
 
 @pytest.mark.slow
+def test_a_copied_workdir_reports_and_reads_its_own_best_weights(finetuned, tmp_path, capsys):
+  """best.json records the path its run had; a copy said, and would have predicted with, the original's weights."""
+  copy = tmp_path / "copy"
+  shutil.copytree(finetuned.workdir, copy)
+  finetune.train(experiment_config(finetuned.argv), str(copy))  # nothing left to train: reports the best
+  said = capsys.readouterr().out
+  assert f"done: best checkpoint {copy}/best/step_2 (accuracy " in said
+  assert str(finetuned.workdir) not in said
+  assert json.loads((copy / "best" / "best.json").read_text())["weights"] == f"{finetuned.workdir}/best/step_2"
+
+
 def test_a_resume_with_only_the_workdir_sees_only_the_changes_asked_for(finetuned, tmp_path):
   """The config read back writes the JSON it was read from: the resume checks see no change; an override is the
   one change said, and the previous config is kept."""
