@@ -25,9 +25,10 @@ import jax
 import numpy as np
 
 from albert_jax import interop, pretrained, run_config
-from albert_jax.electra_model import GENERATOR, generator_config
+from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
 from albert_jax.errors import InputError
 from albert_jax.interop import _check_shape, _layer_norm, _linear, _read_config, _read_tensors, _write_hf
+from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig
 
 Path = tuple[str, ...]
@@ -175,8 +176,6 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
 
 def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], architecture: str, where: str) -> None:
   """Every tensor in the shape our model gives it (an ELECTRA pair of `c`'s width built with fraction 1)."""
-  from albert_jax.electra_model import ElectraForPreTraining
-  from albert_jax.model import abstract_params
   abstract = nn.unbox(abstract_params(ElectraForPreTraining(c, 1.0)))
   shapes = {p: tuple(x.shape) for p, x in traverse_util.flatten_dict(abstract).items()}
   for path, value in params.items():

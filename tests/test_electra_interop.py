@@ -17,7 +17,8 @@ transformers = require_module("transformers", extra="hf")
 from albert_jax import convert, electra_interop, pretrained  # noqa: E402
 from albert_jax.electra_model import ElectraForPreTraining, generator_config  # noqa: E402
 from albert_jax.errors import InputError  # noqa: E402
-from albert_jax.model import AlbertForPreTraining, AlbertModel, MaskedLMHead, abstract_params, dummy_inputs  # noqa: E402
+from albert_jax.model import (AlbertForPreTraining, AlbertModel, MaskedLMHead, abstract_params,  # noqa: E402
+                              dummy_inputs)
 from albert_jax.model_config import ModelConfig  # noqa: E402
 from tests.test_electra import CONFIG, RUN  # noqa: E402
 
@@ -94,7 +95,7 @@ def random_pair(c: ModelConfig, fraction: float):
 
 
 def test_an_electra_pair_exports_both_towers_that_transformers_loads_with_our_logits(tmp_path):
-  c = ModelConfig(**{k: v for k, v in HF.items()}, sharing="none")
+  c = ModelConfig(**HF, sharing="none")
   params = random_pair(c, 0.5)
   folders = electra_interop.save_hf(c, params, str(tmp_path / "hf"), generator_fraction=0.5)
   assert folders == [str(tmp_path / "hf"), str(tmp_path / "hf" / "generator")]
@@ -107,21 +108,20 @@ def test_an_electra_pair_exports_both_towers_that_transformers_loads_with_our_lo
   assert (generator.config.hidden_size, generator.config.embedding_size) == (16, 24)
   positions = jnp.tile(jnp.arange(IDS.shape[1]), (2, 1))
   ours = ElectraForPreTraining(c, 0.5).apply({"params": unboxed}, jnp.asarray(IDS), jnp.asarray(MASK),
-                                             jnp.asarray(TYPES), positions, method=ElectraForPreTraining.generator_logits)
+                                             jnp.asarray(TYPES), positions,
+                                             method=ElectraForPreTraining.generator_logits)
   np.testing.assert_allclose(hf_logits(generator), ours, atol=1e-4, rtol=0)
   # Back: both towers' weights exactly, over one copy of the embeddings; the pooler is not exported.
   dc, disc = electra_interop.load_hf(tmp_path / "hf")
   gc, gen = electra_interop.load_hf(tmp_path / "hf" / "generator")
   assert dc.hidden_size == 32 and gc.hidden_size == g.hidden_size == 16
-  for name in ("albert", "discriminator_predictions"):
-    if name == "albert":
-      for part in ("embeddings", "encoder"):
-        jax.tree.map(np.testing.assert_array_equal, disc["albert"][part], unboxed["albert"][part])
-    else:
-      jax.tree.map(np.testing.assert_array_equal, disc[name], unboxed[name])
-  jax.tree.map(np.testing.assert_array_equal, gen["albert"]["encoder"], unboxed["generator"])
-  jax.tree.map(np.testing.assert_array_equal, gen["generator_predictions"], unboxed["generator_predictions"])
-  jax.tree.map(np.testing.assert_array_equal, gen["albert"]["embeddings"], unboxed["albert"]["embeddings"])
+  same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
+  same({k: disc["albert"][k] for k in ("embeddings", "encoder")},
+       {k: unboxed["albert"][k] for k in ("embeddings", "encoder")})
+  same(disc["discriminator_predictions"], unboxed["discriminator_predictions"])
+  same(gen["albert"]["encoder"], unboxed["generator"])
+  same(gen["generator_predictions"], unboxed["generator_predictions"])
+  same(gen["albert"]["embeddings"], unboxed["albert"]["embeddings"])
 
 
 def test_what_hf_electra_cannot_hold_is_refused_in_one_line(tmp_path):
