@@ -197,12 +197,13 @@ def _tensors(mapping: list[tuple[Path, str, bool]], flat: dict[Path, np.ndarray]
 
 def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | None = None) -> list[str]:
   """Writes `params` as transformers ELECTRA folders (module docstring): `path`, and `path/generator` for an
-  ELECTRA run's generator (`generator_fraction`: the run's electra.generator_fraction). Returns the folders."""
+  ELECTRA run's generator (`generator_fraction`: the run's electra.generator_fraction). Returns the folders. Every
+  refusal comes before anything is written."""
   flat = {p: np.asarray(x) for p, x in traverse_util.flatten_dict(nn.unbox(params)).items()}
   dtype = np.result_type(*flat.values()).name
   for key in (_POOLER + ("kernel",), _POOLER + ("bias",)):
     flat.pop(key, None)
-  written = []
+  folders = {}  # folder -> (tensors, config.json)
   if GENERATOR in params:
     if generator_fraction is None:
       raise InputError("params hold an ELECTRA generator but no generator fraction names its width; export the run's "
@@ -210,10 +211,8 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
     g = generator_config(c, generator_fraction)
     shared = {p: v for p, v in flat.items() if p[:2] == ("albert", "embeddings")}
     hf = config_to_hf(g, MASKED_LM, dtype)
-    tensors = _tensors(generator_map(g, (GENERATOR,)), flat)
+    folders[os.path.join(path, GENERATOR_DIR)] = (_tensors(generator_map(g, (GENERATOR,)), flat), hf)
     flat.update(shared)  # the discriminator's too
-    _write_hf(os.path.join(path, GENERATOR_DIR), tensors, hf)
-    written.append(os.path.join(path, GENERATOR_DIR))
   heads = {p[0] for p in flat}
   if GENERATOR_HEAD in heads and DISCRIMINATOR_HEAD not in heads:
     architecture, mapping = MASKED_LM, generator_map(c, ("albert", "encoder"))
@@ -227,8 +226,10 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
   if flat:
     raise InputError(f"params have entries that an HF {architecture} has no place for: "
                      f"{sorted('/'.join(p) for p in flat)[:5]}.")
-  _write_hf(path, tensors, hf)
-  return [path, *written]
+  folders = {path: (tensors, hf), **folders}
+  for folder, (tensors, hf) in folders.items():
+    _write_hf(folder, tensors, hf)
+  return list(folders)
 
 
 def run_weights(src: str) -> tuple[ModelConfig, Any, float] | None:

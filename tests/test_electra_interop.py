@@ -133,7 +133,11 @@ def test_what_hf_electra_cannot_hold_is_refused_in_one_line(tmp_path):
     electra_interop.save_hf(tanh, random_pair(tanh, 0.5), str(tmp_path / "b"), generator_fraction=0.5)
   with pytest.raises(InputError, match="no generator fraction"):
     electra_interop.save_hf(tanh, random_pair(tanh, 0.5), str(tmp_path / "c"))
-  assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+  # The generator (H=16 != E) fits, the discriminator (E == H, projection asked for) does not: nothing is written.
+  projected = ModelConfig(**{**HF, "embedding_size": 32}, sharing="none", embedding_projection=True)
+  with pytest.raises(InputError, match="projects embeddings only where E != H"):
+    electra_interop.save_hf(projected, random_pair(projected, 0.5), str(tmp_path / "d"), generator_fraction=0.5)
+  assert not any((tmp_path / name).exists() for name in "abcd")
   model = transformers.ElectraForSequenceClassification(transformers.ElectraConfig(**HF))
   model.save_pretrained(tmp_path / "cls")
   with pytest.raises(InputError, match="the ELECTRA classes read here are"):
