@@ -24,7 +24,7 @@ from flax import traverse_util
 import jax
 import numpy as np
 
-from albert_jax import interop, pretrained, run_config
+from albert_jax import checkpointing, interop, pretrained, run_config, storage
 from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
 from albert_jax.errors import InputError
 from albert_jax.interop import _check_shape, _layer_norm, _linear, _read_config, _read_tensors, _write_hf
@@ -234,8 +234,9 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
 
 def run_weights(src: str) -> tuple[ModelConfig, Any, float] | None:
   """(discriminator config, the whole pair's params, generator fraction) of an ELECTRA training workdir (its newest
-  checkpoint); None for any other --src."""
-  if pretrained.is_pretrained_dir(src) or not run_config.exists(src):
+  checkpoint); None for any other --src (a transformers folder has a config.json too, but no checkpoints/)."""
+  if (pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir()
+      or not run_config.exists(src)):
     return None
   config = run_config.read(src, "--src")
   if config.get("task") != "electra":
