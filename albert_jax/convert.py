@@ -8,7 +8,9 @@
   python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder alone: AlbertModel
   python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
 
-The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
+ELECTRA (transformers' ElectraForPreTraining, ElectraForMaskedLM, ElectraModel; an ELECTRA run's generator goes to
+HF_DIR/generator) is `electra_interop`'s. The name mappings are `interop.name_map` and `electra_interop`'s
+(documented in docs/checkpoints.md).
 """
 from __future__ import annotations
 
@@ -50,6 +52,9 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> None:
   electra = electra_interop.is_electra_dir(src)
   head = None if electra else interop.read_head(src)
   model_config, params = (electra_interop if electra else interop).load_hf(src)
+  if electra:
+    print(f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({electra_interop.POOLER_NOTE}).",
+          flush=True)
   clear()
   pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
@@ -88,6 +93,8 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
   if as_electra:
     for folder in electra_interop.save_hf(model_config, params, dst, electra and electra[2])[1:]:
       hf_export.check_loaded(None, folder, f"remove what else --dst={dst} holds and convert again")
+      print(f"The generator went to {folder} (ElectraForMaskedLM).", flush=True)
+    print(f"HF ELECTRA has no pooler: albert/pooler is not written ({electra_interop.POOLER_NOTE}).", flush=True)
   else:
     interop.save_hf(model_config, params, dst, head=head)
   said = "no tokenizer (--spm_model=none)"

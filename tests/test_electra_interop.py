@@ -153,6 +153,9 @@ def test_convert_exports_an_electra_run_and_its_import_warm_starts_fine_tuning(t
                          config=CONFIG, fast_compile=True)
   assert trained.returncode == 0, trained.stdout + trained.stderr
   convert.convert(None, "hf", str(run), str(tmp_path / "hf"), spm_model="none")
+  said = capsys.readouterr().out
+  assert f"The generator went to {tmp_path / 'hf' / 'generator'} (ElectraForMaskedLM)." in said
+  assert "albert/pooler is not written" in said
   _, saved = final_params(run)
   hf = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf")
   np.testing.assert_array_equal(hf.electra.embeddings.word_embeddings.weight.detach().numpy(),
