@@ -8,7 +8,9 @@
   python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder alone: AlbertModel
   python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
 
-The name mapping is `interop.name_map` (documented in docs/checkpoints.md).
+ELECTRA (transformers' ElectraForPreTraining, ElectraForMaskedLM, ElectraModel; an ELECTRA run's generator goes to
+HF_DIR/generator) is `electra_interop`'s. The name mappings are `interop.name_map` and `electra_interop`'s
+(documented in docs/checkpoints.md).
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ import os
 
 from absl import app, flags
 
-from albert_jax import (checkpointing, console, head_identity, hf_export, interop, pretrained, run_config, storage,
-                        tf1)
+from albert_jax import (checkpointing, console, electra_interop, head_identity, hf_export, interop, pretrained,
+                        run_config, storage, tf1)
 from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
 from data_pipeline import writers
@@ -47,8 +49,12 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> None:
   """A fine-tuned head keeps what it was trained for (class names and order, problem type, class) in dst's
   head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes them back.
   `clear`: empties --dst of an earlier conversion's files, once the source has loaded."""
-  head = interop.read_head(src)
-  model_config, params = interop.load_hf(src)
+  electra = electra_interop.is_electra_dir(src)
+  head = None if electra else interop.read_head(src)
+  model_config, params = (electra_interop if electra else interop).load_hf(src)
+  if electra:
+    print(f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({electra_interop.POOLER_NOTE}).",
+          flush=True)
   clear()
   pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
@@ -72,17 +78,25 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
   run, best = src, None if pretrained.is_pretrained_dir(src) else head_identity.read_best(src)
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
     src = head_identity.best_weights(src, best)
-  model_config, params = _our_weights(src)
+  electra = electra_interop.run_weights(src)  # an ELECTRA run: both towers and its generator's width
+  model_config, params = electra[:2] if electra else _our_weights(src)
+  as_electra = electra is not None or electra_interop.holds_electra_heads(params)
   tokenizer = None if spm_model == NO_TOKENIZER else hf_export.run_tokenizer(run, spm_model)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
-  else:
+  elif not as_electra:
     head = interop.finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
   max_length = model_config.max_position_embeddings
   if tokenizer:
     hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
-  interop.save_hf(model_config, params, dst, head=head)
+  if as_electra:
+    for folder in electra_interop.save_hf(model_config, params, dst, electra and electra[2])[1:]:
+      hf_export.check_loaded(None, folder, f"remove what else --dst={dst} holds and convert again")
+      print(f"The generator went to {folder} (ElectraForMaskedLM).", flush=True)
+    print(f"HF ELECTRA has no pooler: albert/pooler is not written ({electra_interop.POOLER_NOTE}).", flush=True)
+  else:
+    interop.save_hf(model_config, params, dst, head=head)
   said = "no tokenizer (--spm_model=none)"
   if tokenizer:
     hf_export.save_tokenizer(tokenizer, dst, max_length)

@@ -24,7 +24,7 @@ LAYERS = {
                          "albert_jax.trackers", "albert_jax.metrics", "albert_jax.engine", "albert_jax.loop",
                          "albert_jax.run_config"),
     "tasks and weights": ("albert_jax.tasks", "albert_jax.buckets", "albert_jax.head_identity", "albert_jax.pretrained",
-                          "albert_jax.interop", "albert_jax.tf1", "albert_jax.hf_export"),
+                          "albert_jax.interop", "albert_jax.electra_interop", "albert_jax.tf1", "albert_jax.hf_export"),
     "process set-up": ("albert_jax.console",),
     "jobs": ("albert_jax.pretrain", "albert_jax.electra", "albert_jax.finetune", "albert_jax.embed",
              "albert_jax.describe", "albert_jax.evaluate", "albert_jax.glue_submission", "albert_jax.convert",

@@ -1,0 +1,246 @@
+"""Hugging Face `transformers` ELECTRA checkpoints <-> our (ModelConfig, params).
+
+One explicit table per class (`discriminator_map`, `generator_map`), as `interop.name_map` is for ALBERT, over the
+parameter tree of `electra_model.py`; the files are read and written by interop's readers and writer.
+
+  ElectraForPreTraining  <-> {"albert", "discriminator_predictions"}   (the discriminator)
+  ElectraForMaskedLM     <-> {"albert", "generator_predictions"}       (a generator on its own: its config is H_g's)
+  ElectraModel           <-> {"albert"}
+An ELECTRA run (`electra_model.ElectraForPreTraining`'s tree) exports as the discriminator's ElectraForPreTraining
+in the folder and its generator as an ElectraForMaskedLM in `generator/` inside it, both over the same embeddings.
+
+What transformers' ELECTRA has no place for: our AlbertModel pooler (dropped on export; initialised as the model
+initialises it on import, untrained, as in an ELECTRA run), layer sharing (HF ELECTRA has one weight set per layer:
+refused), an identity E->H projection where E == H (HF has none then: refused). Its generator head applies exact
+GELU whatever hidden_act says, so a generator is exported and imported with hidden_act "gelu" only.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import flax.linen as nn
+from flax import traverse_util
+import jax
+import numpy as np
+
+from albert_jax import checkpointing, interop, pretrained, run_config, storage
+from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
+from albert_jax.errors import InputError
+from albert_jax.interop import _check_shape, _layer_norm, _linear, _read_config, _read_tensors, _write_hf
+from albert_jax.model import abstract_params
+from albert_jax.model_config import ModelConfig
+
+Path = tuple[str, ...]
+PRETRAINING, MASKED_LM, BACKBONE = "ElectraForPreTraining", "ElectraForMaskedLM", "ElectraModel"
+DISCRIMINATOR_HEAD, GENERATOR_HEAD = "discriminator_predictions", "generator_predictions"
+GENERATOR_DIR = "generator"  # where an ELECTRA run's generator goes inside the exported folder
+# ElectraConfig's defaults, for config.json files that leave a field out.
+_HF_DEFAULTS = {"vocab_size": 30522, "embedding_size": 128, "hidden_size": 256, "num_hidden_layers": 12,
+                "num_attention_heads": 4, "intermediate_size": 1024, "hidden_act": "gelu",
+                "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512,
+                "type_vocab_size": 2, "initializer_range": 0.02, "layer_norm_eps": 1e-12}
+_OURS_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"}
+_BUFFERS = ("electra.embeddings.position_ids", "electra.embeddings.token_type_ids")
+_TIED = "generator_lm_head.weight"
+_POOLER = ("albert", "pooler")
+POOLER_NOTE = "an ELECTRA run leaves it untrained too; fine-tuning trains it"
+
+
+def _encoder_map(c: ModelConfig, ours: Path) -> list[tuple[Path, str, bool]]:
+  """The E->H projection and the L layers of an encoder whose parameters sit under `ours`."""
+  m = _linear(ours + ("embedding_hidden_mapping_in",), "electra.embeddings_project") if (
+      c.has_embedding_projection) else []
+  for layer in range(c.num_hidden_layers):
+    at, hf = ours + (f"group_{layer}", "inner_0"), f"electra.encoder.layer.{layer}"
+    for n in ("query", "key", "value"):
+      m += _linear(at + ("attention", n), f"{hf}.attention.self.{n}")
+    m += _linear(at + ("attention", "dense"), f"{hf}.attention.output.dense")
+    m += _layer_norm(at + ("attention", "LayerNorm"), f"{hf}.attention.output.LayerNorm")
+    m += _linear(at + ("ffn", "intermediate"), f"{hf}.intermediate.dense")
+    m += _linear(at + ("ffn", "output"), f"{hf}.output.dense")
+    m += _layer_norm(at + ("ffn", "LayerNorm"), f"{hf}.output.LayerNorm")
+  return m
+
+
+def _embeddings_map() -> list[tuple[Path, str, bool]]:
+  m = [(("albert", "embeddings", f"{n}_embeddings", "embedding"), f"electra.embeddings.{n}_embeddings.weight", False)
+       for n in ("word", "position", "token_type")]
+  return m + _layer_norm(("albert", "embeddings", "LayerNorm"), "electra.embeddings.LayerNorm")
+
+
+def discriminator_map(c: ModelConfig, head: bool = True) -> list[tuple[Path, str, bool]]:
+  """(our path, `ElectraForPreTraining` key, transpose?) of the discriminator (head False: `ElectraModel`'s,
+  whose keys lack the "electra." prefix on disk)."""
+  m = _embeddings_map() + _encoder_map(c, ("albert", "encoder"))
+  if head:
+    m += _linear((DISCRIMINATOR_HEAD, "dense"), f"{DISCRIMINATOR_HEAD}.dense")
+    m += _linear((DISCRIMINATOR_HEAD, "dense_prediction"), f"{DISCRIMINATOR_HEAD}.dense_prediction")
+  return m
+
+
+def generator_map(g: ModelConfig, encoder: Path) -> list[tuple[Path, str, bool]]:
+  """(our path, `ElectraForMaskedLM` key, transpose?) of a generator of config `g` whose encoder sits under
+  `encoder` (("generator",) in an ELECTRA run, ("albert", "encoder") in an imported generator). The decoder
+  `generator_lm_head.weight` is tied to the word embeddings and has no entry."""
+  m = _embeddings_map() + _encoder_map(g, encoder)
+  m += _linear((GENERATOR_HEAD, "dense"), f"{GENERATOR_HEAD}.dense")
+  m += _layer_norm((GENERATOR_HEAD, "LayerNorm"), f"{GENERATOR_HEAD}.LayerNorm")
+  return m + [((GENERATOR_HEAD, "bias"), "generator_lm_head.bias", False)]
+
+
+def is_electra_dir(path: str) -> bool:
+  """Whether a transformers folder holds an ELECTRA model (config.json's model_type)."""
+  return _read_config(os.path.abspath(path)).get("model_type") == "electra"
+
+
+def holds_electra_heads(params: Any) -> bool:
+  """Whether our params are ELECTRA's (a run's, or a converted discriminator's or generator's)."""
+  return bool({GENERATOR, DISCRIMINATOR_HEAD, GENERATOR_HEAD} & set(params))
+
+
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+  """ModelConfig of a transformers ElectraConfig dict: one weight set per layer (sharing "none")."""
+  hf = {**_HF_DEFAULTS, **hf}
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    raise InputError(f"config.json has position_embedding_type={hf['position_embedding_type']!r}; albert_jax only "
+                     "implements absolute position embeddings.")
+  if hf["hidden_act"] not in interop._HF_ACTIVATIONS:
+    raise InputError(f"config.json has hidden_act={hf['hidden_act']!r}; supported: "
+                     f"{sorted(interop._HF_ACTIVATIONS)}.")
+  fields = {k: hf[k] for k in _HF_DEFAULTS} | {"hidden_act": interop._HF_ACTIVATIONS[hf["hidden_act"]]}
+  return ModelConfig(**fields, sharing="none")
+
+
+def config_to_hf(c: ModelConfig, architecture: str, dtype: str) -> dict[str, Any]:
+  """config.json of `c` as the transformers class `architecture`; refuses what HF ELECTRA cannot hold."""
+  if c.sharing != "none" or c.inner_group_num != 1:
+    raise InputError(f"model.sharing={c.sharing!r}, inner_group_num={c.inner_group_num}: transformers' ELECTRA has "
+                     "one weight set per layer, so a shared-layer model has no ELECTRA equivalent; export a run "
+                     "trained with sharing=none.")
+  if c.has_embedding_projection and c.embedding_size == c.hidden_size:
+    raise InputError(f"model.embedding_projection=True with embedding_size == hidden_size ({c.hidden_size}): "
+                     "transformers' ELECTRA projects embeddings only where E != H; export a model without it.")
+  if architecture == MASKED_LM and c.hidden_act != "gelu":
+    raise InputError(f"The generator has hidden_act={c.hidden_act!r}; transformers' ElectraForMaskedLM head always "
+                     "applies exact GELU, so only a hidden_act='gelu' generator exports to it.")
+  fields = {k: getattr(c, k) for k in _HF_DEFAULTS} | {"hidden_act": _OURS_TO_HF_ACTIVATION[c.hidden_act]}
+  return {"architectures": [architecture], "model_type": "electra", **fields,
+          "position_embedding_type": "absolute", "tie_word_embeddings": True, "dtype": dtype}
+
+
+def _initialised_pooler(c: ModelConfig) -> dict[Path, np.ndarray]:
+  """The pooler as our model initialises it (HF ELECTRA has none; fine-tuning trains it)."""
+  kernel = jax.nn.initializers.truncated_normal(c.initializer_range)(jax.random.key(0), (c.hidden_size,) * 2)
+  return {_POOLER + ("kernel",): np.asarray(kernel, np.float32),
+          _POOLER + ("bias",): np.zeros(c.hidden_size, np.float32)}
+
+
+def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
+  """Reads a transformers ELECTRA folder (ElectraForPreTraining, ElectraForMaskedLM or ElectraModel) as
+  (ModelConfig, float32 numpy params); see the module docstring for the trees."""
+  path = os.path.abspath(path)
+  hf_config = _read_config(path)
+  c = config_from_hf(hf_config)
+  architecture = (hf_config.get("architectures") or [BACKBONE])[0]
+  tensors = _read_tensors(path)
+  if architecture == BACKBONE:  # ElectraModel's keys have no "electra." prefix
+    tensors = {k if k.startswith("electra.") else f"electra.{k}": v for k, v in tensors.items()}
+  mapping = {PRETRAINING: discriminator_map(c), BACKBONE: discriminator_map(c, head=False)}.get(architecture)
+  if architecture == MASKED_LM:
+    if c.hidden_act != "gelu":
+      raise InputError(f"{path}: hidden_act={hf_config['hidden_act']!r}, but ElectraForMaskedLM's head applies exact "
+                       "GELU whatever it says, which our generator head cannot reproduce; only 'gelu' loads.")
+    mapping = generator_map(c, ("albert", "encoder"))
+  if mapping is None:
+    raise InputError(f"{path}: config.json names {architecture}; the ELECTRA classes read here are {PRETRAINING}, "
+                     f"{MASKED_LM} and {BACKBONE}.")
+  params = _initialised_pooler(c)
+  for ours, key, transpose in mapping:
+    if key not in tensors:
+      raise InputError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint; config.json "
+                       "does not describe these weights.")
+    value = np.asarray(tensors.pop(key), np.float32)
+    params[ours] = np.ascontiguousarray(value.T if transpose else value)
+  word = params[("albert", "embeddings", "word_embeddings", "embedding")]
+  if _TIED in tensors and not np.array_equal(tensors.pop(_TIED), word):
+    raise InputError(f"{path}: {_TIED} differs from the word embeddings; albert_jax ties the generator's decoder to "
+                     "them, so untied weights cannot be loaded.")
+  for key in _BUFFERS:
+    tensors.pop(key, None)
+  if tensors:
+    raise InputError(f"{path}: parameters {sorted(tensors)[:5]} have no place in {architecture} as config.json "
+                     "describes it; the config does not describe these weights.")
+  _check_shapes(c, params, architecture, path)
+  return c, traverse_util.unflatten_dict(params)
+
+
+def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], architecture: str, where: str) -> None:
+  """Every tensor in the shape our model gives it (an ELECTRA pair of `c`'s width built with fraction 1)."""
+  abstract = nn.unbox(abstract_params(ElectraForPreTraining(c, 1.0)))
+  shapes = {p: tuple(x.shape) for p, x in traverse_util.flatten_dict(abstract).items()}
+  for path, value in params.items():
+    expected = shapes[(GENERATOR,) + path[2:] if architecture == MASKED_LM and path[:2] == ("albert", "encoder")
+                      else path]
+    _check_shape("/".join(path), path, value.shape, expected, where)
+
+
+def _tensors(mapping: list[tuple[Path, str, bool]], flat: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
+  """HF tensors of `mapping`, each popped from `flat`."""
+  tensors = {}
+  for ours, key, transpose in mapping:
+    if ours not in flat:
+      raise InputError(f"params lack {'/'.join(ours)} (HF {key}), which the model config requires.")
+    value = flat.pop(ours)
+    tensors[key] = np.ascontiguousarray(value.T if transpose else value)
+  return tensors
+
+
+def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | None = None) -> list[str]:
+  """Writes `params` as transformers ELECTRA folders (module docstring): `path`, and `path/generator` for an
+  ELECTRA run's generator (`generator_fraction`: the run's electra.generator_fraction). Returns the folders. Every
+  refusal comes before anything is written."""
+  flat = {p: np.asarray(x) for p, x in traverse_util.flatten_dict(nn.unbox(params)).items()}
+  dtype = np.result_type(*flat.values()).name
+  for key in (_POOLER + ("kernel",), _POOLER + ("bias",)):
+    flat.pop(key, None)
+  folders = {}  # folder -> (tensors, config.json)
+  if GENERATOR in params:
+    if generator_fraction is None:
+      raise InputError("params hold an ELECTRA generator but no generator fraction names its width; export the run's "
+                       "workdir, whose config.json records electra.generator_fraction.")
+    g = generator_config(c, generator_fraction)
+    shared = {p: v for p, v in flat.items() if p[:2] == ("albert", "embeddings")}
+    hf = config_to_hf(g, MASKED_LM, dtype)
+    folders[os.path.join(path, GENERATOR_DIR)] = (_tensors(generator_map(g, (GENERATOR,)), flat), hf)
+    flat.update(shared)  # the discriminator's too
+  heads = {p[0] for p in flat}
+  if GENERATOR_HEAD in heads and DISCRIMINATOR_HEAD not in heads:
+    architecture, mapping = MASKED_LM, generator_map(c, ("albert", "encoder"))
+  else:
+    architecture = PRETRAINING if DISCRIMINATOR_HEAD in heads else BACKBONE
+    mapping = discriminator_map(c, head=architecture == PRETRAINING)
+  hf = config_to_hf(c, architecture, dtype)
+  tensors = _tensors(mapping, flat)
+  if architecture == BACKBONE:  # as transformers saves ElectraModel: without the "electra." prefix
+    tensors = {k.removeprefix("electra."): v for k, v in tensors.items()}
+  if flat:
+    raise InputError(f"params have entries that an HF {architecture} has no place for: "
+                     f"{sorted('/'.join(p) for p in flat)[:5]}.")
+  folders = {path: (tensors, hf), **folders}
+  for folder, (tensors, hf) in folders.items():
+    _write_hf(folder, tensors, hf)
+  return list(folders)
+
+
+def run_weights(src: str) -> tuple[ModelConfig, Any, float] | None:
+  """(discriminator config, the whole pair's params, generator fraction) of an ELECTRA training workdir (its newest
+  checkpoint); None for any other --src (a transformers folder has a config.json too, but no checkpoints/)."""
+  if (pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir()
+      or not run_config.exists(src)):
+    return None
+  config = run_config.read(src, "--src")
+  if config.get("task") != "electra":
+    return None
+  params = pretrained._load_init_params(src, "--src")
+  return ModelConfig.from_mapping(config["model"]), params, float(config["electra"]["generator_fraction"])
