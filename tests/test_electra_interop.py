@@ -149,7 +149,7 @@ def test_convert_exports_an_electra_run_and_its_import_warm_starts_fine_tuning(t
   """An ELECTRA run --to=hf: the discriminator and generator folders transformers loads; --from=hf of the
   discriminator gives weights fine-tuning takes (`load_init_params`, `merge_init_params`)."""
   run = tmp_path / "run"
-  trained = pretrain_cli(run, *RUN, "--config.train.num_train_steps=2", "--config.model.hidden_act=gelu",
+  trained = pretrain_cli(run, *RUN, "--config.train.num_train_steps=2",
                          config=CONFIG, fast_compile=True)
   assert trained.returncode == 0, trained.stdout + trained.stderr
   convert.convert(None, "hf", str(run), str(tmp_path / "hf"), spm_model="none")
