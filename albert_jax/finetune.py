@@ -19,7 +19,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from albert_jax import buckets, engine, loop, pretrained, provenance, storage
+from albert_jax import buckets, console, engine, loop, pretrained, provenance, storage
 from albert_jax.errors import InputError
 from albert_jax.head_identity import (best_weights, check_head_trained_for,
                                       check_identity, describe, head_trained_for, read_best, recorded_identity,
@@ -327,7 +327,9 @@ def train(config, workdir: str, args=None) -> None:
           flush=True)
   print(json.dumps(best), flush=True)
   loop.say_done(f"best checkpoint {best['weights']} ({best['metric']} {best['value']:.4f})",
-                f"python -m albert_jax.convert --to=hf --src={workdir} --dst={workdir.rstrip('/')}_hf")
+                f"{console.python()} -m albert_jax.main --workdir {workdir} --mode=predict --split=dev --output="
+                f"{workdir.rstrip('/')}_dev.tsv && {console.python()} -m albert_jax.convert --to=hf "
+                f"--src={workdir} --dst={workdir.rstrip('/')}_hf")
 
 
 def _trained_params(config, workdir: str, task, model):

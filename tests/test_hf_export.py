@@ -215,3 +215,9 @@ def test_a_hugging_face_folder_without_spiece_model_is_converted_saying_what_run
   said = quietly(convert.convert, "hf", None, saved(hf_model(), tmp_path / "original"), ours)
   assert "no tokenizer: " in said and "need data.spm_model and --to=hf needs --spm_model" in said, said
   assert pretrained.recorded_tokenizer(ours) is None
+
+
+def test_every_exported_file_is_readable_by_others(run):
+  modes = {path.name: path.stat().st_mode & 0o777 for path in run.hf.iterdir()}
+  assert modes["model.safetensors"] == 0o644, modes  # safetensors alone creates its file 0600
+  assert set(modes.values()) == {modes["config.json"]}, modes  # the others: the umask's (0644 under 022)
