@@ -50,3 +50,10 @@ def python() -> str:
   on_path = shutil.which("python")
   return "python" if on_path and os.path.abspath(on_path) == os.path.abspath(sys.executable) else shlex.quote(
       sys.executable)
+
+
+def say_done(what: str, next_command: str) -> None:
+  """The last line of a finished run: what it leaves, and the command that goes on from it (naming `python()`)."""
+  import jax  # imported here: `--help` loads this module without jax
+  if jax.process_index() == 0:
+    print(f"done: {what}; next: {next_command}", flush=True)

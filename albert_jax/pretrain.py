@@ -240,7 +240,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[st
     loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
     job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
   last = loop.fit(config, workdir, job)
-  loop.say_done(f"checkpoint {os.path.join(checkpointing.checkpoint_dir(workdir), str(loop.latest_step(workdir)))}",
+  console.say_done(f"checkpoint {os.path.join(checkpointing.checkpoint_dir(workdir), str(loop.latest_step(workdir)))}",
                 _fine_tuning_command(workdir))
   return last
 
