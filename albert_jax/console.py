@@ -18,6 +18,9 @@ Each setting and its reason:
 from __future__ import annotations
 
 import logging as std_logging
+import os
+import shlex
+import shutil
 import sys
 
 from absl import flags, logging
@@ -39,3 +42,18 @@ def install() -> None:
     sys.unraisablehook = checkpointing.without_reports_said_in_one_line(sys.unraisablehook)
     sys.unraisablehook.without_failed_checkpoint_reports = True
   topology.quiet_libtpu_off_tpu_vms()
+
+
+def python() -> str:
+  """This process's interpreter as a printed command names it: `python` where that is what PATH runs (an activated
+  venv), else its path, so that a `next:` line runs as printed in a fresh shell."""
+  on_path = shutil.which("python")
+  return "python" if on_path and os.path.abspath(on_path) == os.path.abspath(sys.executable) else shlex.quote(
+      sys.executable)
+
+
+def say_done(what: str, next_command: str) -> None:
+  """The last line of a finished run: what it leaves, and the command that goes on from it (naming `python()`)."""
+  import jax  # imported here: `--help` loads this module without jax
+  if jax.process_index() == 0:
+    print(f"done: {what}; next: {next_command}", flush=True)

@@ -59,7 +59,24 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> None:
   pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
   trained = f"; an {head.architecture} head{labels}" if head else ""
-  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}{trained}).", flush=True)
+  tokenizer = _carry_tokenizer(src, dst)
+  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}{trained}; {tokenizer}).", flush=True)
+
+
+def _carry_tokenizer(src: str, dst: str) -> str:
+  """Copies the folder's SentencePiece model and its tokenizer_config.json (do_lower_case) beside the weights, where
+  `pretrained.recorded_tokenizer` finds them: fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns
+  what was carried, for the closing line."""
+  model = os.path.join(src, hf_export.SPM_FILE)
+  if not os.path.isfile(model):
+    return (f"no tokenizer: {src} has no {hf_export.SPM_FILE}, so runs from {dst} need data.spm_model and "
+            "--to=hf needs --spm_model")
+  storage.write_atomic(os.path.join(dst, hf_export.SPM_FILE), storage.path(model).read_bytes())
+  settings = os.path.join(src, hf_export.TOKENIZER_CONFIG)
+  if os.path.isfile(settings):
+    storage.write_atomic(os.path.join(dst, hf_export.TOKENIZER_CONFIG), storage.path(settings).read_text())
+  lower = pretrained.recorded_tokenizer(dst)[1]
+  return f"its tokenizer {hf_export.SPM_FILE}, do_lower_case={True if lower is None else lower}"
 
 
 def from_tf1(src: str, dst: str, clear=lambda: None) -> None:

@@ -52,7 +52,7 @@ class Job:
   tokens_per_example: int        # in the longest batches' rows
   tokens_per_row: Callable | None = None  # host batch -> tokens in each of its rows (batches cut to a length)
   flops_per_token: float = 0.0
-  evaluate: Callable | None = None   # (step, params, Setup, writer) -> None: scores, writes, keeps the best
+  evaluate: Callable | None = None   # (step, params, Setup, writer) -> True to stop early: scores, keeps the best
   warm_start: Callable | None = None  # params (host) -> (params, fresh paths); raises if the checkpoint misfits
   inputs: dict = dataclasses.field(default_factory=dict)  # {what: path} of the files that define the run (`provenance`)
 

@@ -19,7 +19,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from albert_jax import buckets, engine, loop, pretrained, provenance, storage
+from albert_jax import buckets, console, engine, loop, pretrained, provenance, storage
 from albert_jax.errors import InputError
 from albert_jax.head_identity import (best_weights, check_head_trained_for,
                                       check_identity, describe, head_trained_for, read_best, recorded_identity,
@@ -158,6 +158,15 @@ class BestKeeper:
                                     os.path.join(step_dir, self.task.predictions_name(split_name)))
       storage.write_atomic(self.run.best_record, json.dumps(self.record, indent=2))
       self._remove_steps_except(os.path.basename(step_dir))
+
+  def stops_early(self, step: int, config) -> bool:
+    """train.early_stopping_patience evaluations since the best found none better (said); a rerun stops as it did."""
+    patience = config.train.get("early_stopping_patience", 0)
+    stop = bool(patience and self.record and step - self.record["step"] >= patience * config.train.eval_every)
+    if stop and jax.process_index() == 0:
+      print(f"Early stopping at step {step}: no better dev {self.record['metric']} than step {self.record['step']}'s "
+            f"{self.record['value']:.4f} in train.early_stopping_patience={patience} evaluations.", flush=True)
+    return stop
 
   def _remove_steps_except(self, keep: str | None) -> None:
     if storage.path(self.directory).is_dir():
@@ -314,8 +323,10 @@ def train(config, workdir: str, args=None) -> None:
       print(f"dev at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
             f" (best: step {keeper.record['step']}, {keeper.record['metric']} {keeper.record['value']:.4f})",
             flush=True)
+    return keeper.stops_early(step, config)
 
-  loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, warm_start))
+  if not keeper.stops_early(start, config):  # a rerun of a run that stopped early trains no further
+    loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, warm_start))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
@@ -326,8 +337,10 @@ def train(config, workdir: str, args=None) -> None:
     print(f"Test predictions (best checkpoint): {predict_split_file(config, workdir, task, model, params, split)}",
           flush=True)
   print(json.dumps(best), flush=True)
-  loop.say_done(f"best checkpoint {best['weights']} ({best['metric']} {best['value']:.4f})",
-                f"python -m albert_jax.convert --to=hf --src={workdir} --dst={workdir.rstrip('/')}_hf")
+  console.say_done(f"best checkpoint {best['weights']} ({best['metric']} {best['value']:.4f})",
+                f"{console.python()} -m albert_jax.main --workdir {workdir} --mode=predict --split=dev --output="
+                f"{workdir.rstrip('/')}_dev.tsv && {console.python()} -m albert_jax.convert --to=hf "
+                f"--src={workdir} --dst={workdir.rstrip('/')}_hf")
 
 
 def _trained_params(config, workdir: str, task, model):

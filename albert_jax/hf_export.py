@@ -24,7 +24,7 @@ from albert_jax.errors import InputError
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
+TOKENIZER_CONFIG = pretrained.HF_TOKENIZER_CONFIG
 SPM_FILE = "spiece.model"
 SPECIAL_TOKENS = {"unk_token": "<unk>", "pad_token": "<pad>", "cls_token": "[CLS]", "sep_token": "[SEP]",
                   "mask_token": "[MASK]"}

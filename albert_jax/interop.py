@@ -329,6 +329,7 @@ def _write_hf(path: str, tensors: dict[str, np.ndarray], hf_config: dict[str, An
     for name in (config, weights):
       storage.remove(name)
     safetensors.numpy.save_file(tensors, f"{weights}.tmp", metadata={"format": "pt"})
+    os.chmod(f"{weights}.tmp", 0o644)  # safetensors creates it 0600; the folder is for others to load
     os.replace(f"{weights}.tmp", weights)
     storage.write_atomic(config, json.dumps(hf_config, indent=2))
   except (OSError, safetensors.SafetensorError) as e:

@@ -275,8 +275,8 @@ def _processes(count: int) -> str:
 
 
 def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
-  """Trains `job` to `train.num_train_steps`, resuming from the workdir, which it owns meanwhile (process 0
-  holds its lock). Returns the last logged metrics."""
+  """Trains `job` to `train.num_train_steps` or a `job.evaluate` that returns True (early stopping), resuming from
+  the workdir, which it owns meanwhile (process 0 holds its lock). Returns the last logged metrics."""
   engine.check_training_config(config)
   with WorkdirLock(workdir, owner=jax.process_index() == 0):
     return _train(config, workdir, job)
@@ -327,7 +327,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
         elif done == first_step + 1:
           _say_first_step(window, job, done, config)
         if job.evaluate and config.train.eval_every and (done % config.train.eval_every == 0 or last_step):
-          job.evaluate(done, state.params, s, writer)
+          last_step = bool(job.evaluate(done, state.params, s, writer)) or last_step  # True: stop here (early)
         if done % config.checkpoint.every == 0 or last_step or stop:
           window.drain()  # never save parameters produced by a non-finite step
           ckpt.save(done, state, train_iter.get_state(), force=True)
@@ -339,6 +339,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
           reason = "Interrupted" if signals.received == signal.SIGINT else "Preemption"
           print(f"{reason}: saved step {done} in {ckpt.directory}; exiting cleanly (rerun the same command to "
                 "resume).", flush=True)
+          break
+        if last_step:
           break
     except OSError as e:  # a full disk under metrics or TensorBoard: one line naming the checkpoint to resume from
       _close_quietly(ckpt, writer, signals)
@@ -370,11 +372,6 @@ def _say_first_step(window: _Window, job: engine.Job, step: int, config) -> None
     shown = ", ".join(f"{k} {v:.4g}" for k, v in job.summarize(window.total["sums"], window.steps).items())
     print(f"step {step}/{config.train.num_train_steps} done in {time.time() - window.start:.1f} s (compiling "
           f"included): {shown}; progress every {config.log.every} steps", file=sys.stderr, flush=True)
-
-
-def say_done(what: str, next_command: str) -> None:
-  if jax.process_index() == 0:  # the last line of a finished run: what it leaves, the command that goes on from it
-    print(f"done: {what}; next: {next_command}", flush=True)
 
 
 class _StepPerShape:

@@ -1,8 +1,15 @@
-"""Command line: `python -m albert_jax.main --config experiments/pretrain_large.py --workdir=DIR [--mode=...]`.
+"""Pretrain ALBERT, fine-tune it on a task, then score, predict or embed with the run:
 
-Thin, after flax `examples/lm1b/main.py`: flags, `jax.distributed.initialize()` on several hosts, then the config's
-job kind (`job_kinds.kind_for`) runs the mode (`runner.MODES`). Without --config, the modes that read a run take
-its resolved config from the workdir (`run_config.py`). The checks and messages of the command line are `cli`'s.
+  python -m albert_jax.main --config experiments/pretrain_tiny.py --workdir /tmp/albert_tiny
+  python -m albert_jax.main --config experiments/glue.py:task=rte,data=DATA/glue --workdir /tmp/albert_tiny_rte \\
+    --config.init_checkpoint=/tmp/albert_tiny
+  python -m albert_jax.main --workdir /tmp/albert_tiny_rte --mode=predict --split=dev --output=/tmp/rte_dev.tsv
+
+`--config.<field>=value` overrides a field of the experiment file; without --config, the modes that read a run
+take its resolved config from the workdir (config.json). `--helpfull` lists every flag.
+
+The code: flags, `jax.distributed.initialize()` on several hosts, then the config's job kind
+(`job_kinds.kind_for`) runs the mode (`runner.MODES`); the checks and messages of the command line are `cli`'s.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import checkpointing, engine, flops, loop, pretrained, provenance, storage
+from albert_jax import checkpointing, console, engine, flops, loop, pretrained, provenance, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
@@ -262,7 +262,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, args=None, job_for=ma
     loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
     job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
   last = loop.fit(config, workdir, job)
-  loop.say_done(f"checkpoint {os.path.join(checkpointing.checkpoint_dir(workdir), str(loop.latest_step(workdir)))}",
+  console.say_done(f"checkpoint {os.path.join(checkpointing.checkpoint_dir(workdir), str(loop.latest_step(workdir)))}",
                 _fine_tuning_command(workdir))
   return last
 
@@ -271,7 +271,7 @@ def _fine_tuning_command(workdir: str) -> str:
   """The command that fine-tunes GLUE RTE from the run in `workdir` (DATA: the GLUE folder): its model, and its
   tokenizer where it recorded one, are taken from there (`pretrained.take_recorded`)."""
   spm = "" if pretrained.recorded_tokenizer(workdir) else ",spm=SPM"
-  return (f"python -m albert_jax.main --config experiments/glue.py:task=rte,data=DATA/glue{spm} "
+  return (f"{console.python()} -m albert_jax.main --config experiments/glue.py:task=rte,data=DATA/glue{spm} "
           f"--workdir {workdir.rstrip('/')}_rte --config.init_checkpoint={workdir}")
 
 

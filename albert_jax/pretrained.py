@@ -37,6 +37,7 @@ from data_pipeline import records, tiny
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's, beside a converted folder's spiece.model
 _CONVERT_AGAIN = "convert the weights again (python -m albert_jax.convert)"
 RESTORE_RUN_CONFIG = "restore it from a copy, or from the config.<step>.json that a resume kept there"
 
@@ -121,7 +122,8 @@ def tiny_data_dir(data_path: str, workdir: str) -> str:
 def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   """(SentencePiece model, do_lower_case or None where unrecorded) that the weights at `path` were trained with:
   their run's data.spm_model, else the copy kept with its prepared data (the bundled tiny run's is built into its
-  workdir), else a spiece.model kept beside converted weights; None where nothing names one (synthetic data)."""
+  workdir), else a spiece.model kept beside converted weights (`convert --from=hf` carries it, with the Hugging Face
+  tokenizer_config.json's do_lower_case); None where nothing names one (synthetic data)."""
   workdir = run_workdir(path)
   data = _run_config(workdir).get("data", {}) if workdir else {}
   kind = data.get("kind")
@@ -133,8 +135,12 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   model = data.get("spm_model") or (os.path.join(folder, prepared["model"]) if prepared else "")
   if model:
     return model, data.get("do_lower_case", prepared.get("do_lower_case"))
-  beside = os.path.join(path, records.SPM_MODEL)
-  return (beside, None) if storage.path(beside).is_file() else None
+  beside, settings = os.path.join(path, records.SPM_MODEL), os.path.join(path, HF_TOKENIZER_CONFIG)
+  if not storage.path(beside).is_file():
+    return None
+  lower = (read_json_object(settings, "a tokenizer config", _CONVERT_AGAIN).get("do_lower_case")
+           if storage.path(settings).is_file() else None)
+  return beside, lower
 
 
 def with_recorded_model(config: ml_collections.ConfigDict, path: str | None):

@@ -203,6 +203,7 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
   c.train.clip_grad_norm = 1.0
   c.train.poly_power = 1.0
   c.train.eval_batches = 0        # pretraining's held-out batches; fine-tuning scores whole dev splits
+  c.train.early_stopping_patience = 0  # dev evaluations without a new best before training stops; 0: off
   return c
 
 

@@ -162,5 +162,7 @@ def test_a_flag_the_mode_does_not_read_is_refused_before_anything_is_written(tmp
 def test_help_prints_the_flags_and_exits_0(flag):
   result = run("albert_jax.main", flag)
   assert result.returncode == 0 and not result.stderr, result.stderr
+  opening = result.stdout.splitlines()[:3]  # what a user runs first: the README's default run
+  assert opening[2] == "  python -m albert_jax.main --config experiments/pretrain_tiny.py --workdir /tmp/albert_tiny"
   assert "--config: Experiment file" in result.stdout and "--mode: <train|eval|predict|embed|compile|describe>" in \
       result.stdout, result.stdout

@@ -227,3 +227,29 @@ def test_weights_refused_at_start_up_leave_no_workdir(shared_data, tmp_path):
   for i, ((_, message), result) in enumerate(zip(cases, results)):
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / f"run{i}").exists()
+
+
+@pytest.mark.slow  # about 30 s: an in-process run compiled at XLA's default level
+def test_early_stopping_ends_training_after_patience_evaluations_without_a_better_dev_score(shared_data, tmp_path,
+                                                                                          capsys):
+  """Dev is one sentence under both labels: accuracy 0.5 at every evaluation, so none beats step 1's. Patience 2,
+  one evaluation a step: the run stops at step 3 of 40, saying why, its best checkpoint step 1's; rerun, it trains
+  nothing and stops again."""
+  from tests.helpers import config_for, write_split
+  data = tmp_path / "data"
+  data.mkdir()
+  write_split(data / "train.tsv", 8)
+  (data / "dev.tsv").write_text("sentence\tlabel\na fine film\tpos\na fine film\tneg\n")
+  config = config_for(data, spm(shared_data))
+  config.train.update(num_train_steps=40, eval_every=1, early_stopping_patience=2)
+  config.checkpoint.update(every=40, async_save=False)
+  said = "Early stopping at step 3: no better dev accuracy than step 1's 0.5000 in train.early_stopping_patience=2 " \
+         "evaluations."
+  for _ in range(2):
+    finetune.train(config, str(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert said in out, out
+    assert "dev at step 4" not in out
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3"]
+  assert finetune.read_best(str(tmp_path / "run"))["step"] == 1
+  assert config_for(data, spm(shared_data)).train.early_stopping_patience == 0  # off by default

@@ -4,6 +4,7 @@ tokenizer (`pretrained.take_recorded`), explicit overrides win and conflicts are
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -149,6 +150,10 @@ FAST = (["--config.train.num_train_steps=3", "--config.train.eval_every=0", "--c
         [])
 
 
+# How a `next:` line names the interpreter of the test's processes (which inherit its PATH): runnable as printed.
+PYTHON = "python" if shutil.which("python") == sys.executable else sys.executable
+
+
 def readme_commands(tmp) -> list[list[str]]:
   """The commands of the README's section, /tmp/ moved into `tmp`, each as its argv."""
   section = (REPO / "README.md").read_text().split(SECTION + "\n", 1)[1].split("\n## ", 1)[0]
@@ -178,12 +183,13 @@ def test_the_readme_pretrains_fine_tunes_predicts_and_exports(shared_data, tmp_p
   assert progress[0].startswith("step 1/3 done in ") and progress[1].startswith("step 3/3 | ")
   last = done[0].stdout.splitlines()[-1]
   assert last.startswith(f"done: checkpoint {tmp_path}/albert_tiny/checkpoints/3; next: ")
-  assert shlex.split(last.split("; next: ")[1]) == fine_tune
+  assert shlex.split(last.split("; next: ")[1]) == [PYTHON, *fine_tune[1:]]
   assert list(logged(tmp_path / "albert_tiny")) == [3]  # the first step's line is said, not logged
   spm = f"{tmp_path}/albert_tiny/tiny_data/prepared/spiece.model"
   taken = f"{said_model({**TINY_RUN_MODEL, 'num_hidden_layers': 1})}; spm_model={spm}; {CAPPED}"
   assert done[1].stdout.splitlines()[0] == f"model and tokenizer from {tmp_path}/albert_tiny (config.json): {taken}"
-  assert shlex.split(done[1].stdout.splitlines()[-1].split("; next: ")[1]) == export
+  assert shlex.split(done[1].stdout.splitlines()[-1].split("; next: ")[1]) == [PYTHON, *predict[1:], "&&", PYTHON,
+                                                                               *export[1:]]
   recorded = json.loads((tmp_path / "albert_tiny_rte" / "config.json").read_text())
   assert (recorded["model"]["hidden_size"], recorded["data"]["spm_model"]) == (128, spm)
 
@@ -202,3 +208,17 @@ def test_the_readme_pretrains_fine_tunes_predicts_and_exports(shared_data, tmp_p
   assert hf_config["architectures"] == ["AlbertForSequenceClassification"]
   assert (hf_config["hidden_size"], hf_config["num_hidden_layers"], hf_config["vocab_size"]) == (128, 1, 4000)
   assert (tmp_path / "albert_tiny_rte_hf" / "tokenizer.json").is_file()
+
+
+def test_a_printed_command_names_python_only_where_path_runs_this_interpreter(tmp_path, monkeypatch):
+  from albert_jax import console
+  other, real = tmp_path / "other", sys.executable
+  other.mkdir()
+  (other / "python").symlink_to(real)  # the same program, but not the interpreter (venv) that ran
+  monkeypatch.setattr(sys, "executable", str(tmp_path / "my venv" / "bin" / "python"))
+  monkeypatch.setenv("PATH", str(other))
+  assert console.python() == f"'{tmp_path}/my venv/bin/python'"  # quoted: the shell runs it as printed
+  (tmp_path / "my venv" / "bin").mkdir(parents=True)
+  (tmp_path / "my venv" / "bin" / "python").symlink_to(real)
+  monkeypatch.setenv("PATH", f"{tmp_path}/my venv/bin:{other}")  # the venv activated
+  assert console.python() == "python"

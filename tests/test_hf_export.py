@@ -186,3 +186,38 @@ def test_without_transformers_the_export_is_checked_through_the_tokenizers_libra
   """`convert` needs only the base install (tests/test_install.py); the check then loads tokenizer.json itself."""
   monkeypatch.setitem(sys.modules, "transformers", None)
   assert hf_export.check_tokenizer(tokenizer, tokenizer.vocab_size, 512) == "Tokenizer"
+
+
+def test_a_hugging_face_folder_converted_here_and_back_keeps_its_tokenizer(shared_data, tmp_path):
+  """`--from=hf` carries spiece.model and do_lower_case (False here, unlike the default): a fine-tuning run from the
+  import takes them, and `--to=hf` of it needs no --spm_model and gives the original folder's ids."""
+  from tests.hf_models import hf_model, saved, transformers
+  original = saved(hf_model(**MODEL), tmp_path / "original")
+  shutil.copy(spm(shared_data), tmp_path / "original")
+  transformers.AlbertTokenizer.from_pretrained(original, do_lower_case=False).save_pretrained(original)
+  ours, back = str(tmp_path / "ours"), str(tmp_path / "back")
+  said = quietly(convert.convert, "hf", None, original, ours)
+  assert said.rstrip().endswith("its tokenizer spiece.model, do_lower_case=False)."), said
+  assert pretrained.recorded_tokenizer(ours) == (f"{ours}/spiece.model", False)
+  config, taken = pretrained.take_recorded(config_for(tmp_path, ""), ours, explicit=())
+  assert (config.data.spm_model, config.data.do_lower_case) == (f"{ours}/spiece.model", False), taken
+  assert "checked to give its ids through" in quietly(convert.convert, None, "hf", ours, back)
+  texts = [("A GREAT film, wasn't it?", None), ("Does Zoë live in São Paulo?", "She moved to Zürich last year.")]
+  before, after = (transformers.AutoTokenizer.from_pretrained(folder) for folder in (original, back))
+  for first, second in texts:
+    assert after(first, second)["input_ids"] == before(first, second)["input_ids"], first
+  assert before(*texts[0])["input_ids"] != before(texts[0][0].lower())["input_ids"]  # the case kept
+
+
+def test_a_hugging_face_folder_without_spiece_model_is_converted_saying_what_runs_from_it_need(tmp_path):
+  from tests.hf_models import hf_model, saved
+  ours = str(tmp_path / "ours")
+  said = quietly(convert.convert, "hf", None, saved(hf_model(), tmp_path / "original"), ours)
+  assert "no tokenizer: " in said and "need data.spm_model and --to=hf needs --spm_model" in said, said
+  assert pretrained.recorded_tokenizer(ours) is None
+
+
+def test_every_exported_file_is_readable_by_others(run):
+  modes = {path.name: path.stat().st_mode & 0o777 for path in run.hf.iterdir()}
+  assert modes["model.safetensors"] == 0o644, modes  # safetensors alone creates its file 0600
+  assert set(modes.values()) == {modes["config.json"]}, modes  # the others: the umask's (0644 under 022)

@@ -233,3 +233,37 @@ def test_each_run_trains_with_its_own_seed(runs):
     records = [json.loads(line) for line in (runs.workdir / f"seed_{seed}" / "metrics.jsonl").read_text().splitlines()]
     first_loss[seed] = next(r["loss"] for r in records if r.get("step") == 2 and "loss" in r)
   assert len(set(first_loss.values())) == 4, first_loss
+
+
+@pytest.mark.slow
+def test_a_recipe_from_converted_weights_takes_their_model_and_tokenizer_as_main_does(shared_data, tmp_path):
+  """Only --config.init_checkpoint names the weights (a `convert --from=hf` folder, spiece.model beside): the seed
+  trains with their model and tokenizer, said once, as `albert_jax.main` takes them."""
+  import flax.linen as nn
+  import jax
+  import shutil
+  from albert_jax import model as model_lib, pretrained
+  from albert_jax.model_config import model_config_from
+  from albert_jax.tasks.heads import PooledClassifier
+  data, weights = tmp_path / "data", tmp_path / "weights"
+  data.mkdir()
+  write_split(data / "train.tsv", 8)
+  write_split(data / "dev.tsv", 4)
+  config = config_for(data, spm(shared_data))
+  model = dict(vocab_size=30000, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+               intermediate_size=64, max_position_embeddings=16)
+  config.model.update(model)
+  model_config = model_config_from(config)
+  params = jax.tree.map(lambda x: np.zeros(x.shape, np.float32),
+                        nn.unbox(model_lib.abstract_params(PooledClassifier(model_config, 2))))
+  pretrained.save_pretrained(str(weights), model_config, params)
+  shutil.copy(spm(shared_data), weights / "spiece.model")
+  result = seeds_cli(f"--config=experiments/classification.py:size=tiny,data={data},text=sentence", *RUN,
+                     "--config.train.num_train_steps=2", f"--config.init_checkpoint={weights}",
+                     f"--workdir={tmp_path / 'runs'}", "--seeds=1")
+  assert result.returncode == 0, result.stdout + result.stderr
+  said = f"model and tokenizer from {weights} (model_config.json): "
+  assert result.stdout.count(said) == 1, result.stdout
+  assert f"spm_model={weights}/spiece.model" in result.stdout
+  run = json.loads((tmp_path / "runs" / "seed_0" / "config.json").read_text())
+  assert ({k: run["model"][k] for k in model}, run["data"]["spm_model"]) == (model, f"{weights}/spiece.model")
