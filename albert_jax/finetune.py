@@ -1,10 +1,9 @@
 """Fine-tuning, evaluation and prediction for GLUE, SQuAD and RACE as an engine `Job`.
 
 Selection rule (reported in `workdir/best/best.json`): the dev split is scored every `train.eval_every` steps and
-the best checkpoint by the task's metric is kept in `workdir/best/` with its dev predictions — the protocol behind
-the original README's numbers (one run, best checkpoint; google-research/albert#56). The paper's GLUE table is the
-median over 5 runs: repeat with `--config.seed=1..5` and take the median of the best.json values. The final state
-stays in `workdir/checkpoints/` (resumable like pretraining).
+the best checkpoint by the task's metric is kept in `workdir/best/` with its dev predictions, as the original's
+README numbers (google-research/albert#56); `albert_jax.seeds` repeats a recipe over seeds for the paper's medians.
+The final state stays in `workdir/checkpoints/` (resumable like pretraining).
 """
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ import numpy as np
 
 from albert_jax import buckets, console, engine, loop, pretrained, provenance, storage
 from albert_jax.errors import InputError
-from albert_jax.head_identity import (best_weights, check_head_trained_for,
-                                      check_identity, describe, head_trained_for, read_best, recorded_identity,
-                                      task_for_weights, weights_identity)
+from albert_jax.head_identity import (best_weights, check_head_trained_for, check_identity, describe, head_trained_for,
+                                      read_best, recorded_identity, task_for_weights, weights_identity)
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run
 from albert_jax.tasks import Split, get_task, make_tokenizer
@@ -218,10 +216,6 @@ def _warm_start(config, task, model):
   return pretrained.warm_start(loaded, lambda rng: task.init_params(model, rng))
 
 
-def _rows(batch: dict[str, Any]) -> int:
-  return batch["input_ids"].shape[0]
-
-
 def make_job(config, task, model, train_split: Callable[[], Split] | None = None,
              evaluate: Callable | None = None, warm_start: Callable | None = None) -> engine.Job:
   """Fine-tuning of `task` as an engine job. Task losses are micro-batch means, so a micro batch's share of the
@@ -229,7 +223,7 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
 
   def loss_fn(params, batch, rng, totals, deterministic=False):
     loss, metrics = task.loss_and_metrics(model, params, batch, rng, deterministic)
-    share = _rows(batch) / totals["examples"]
+    share = batch["input_ids"].shape[0] / totals["examples"]
     return loss * share, {**{k: v * share for k, v in metrics.items()}, "loss": loss * share}
 
   def batches(split_name, split):
@@ -242,7 +236,7 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
 
   example = task.dummy_batch(1)
   return engine.Job(init_params=lambda rng: task.init_params(model, rng), loss_fn=loss_fn,
-                    totals_fn=lambda batch: {"examples": _rows(batch)},
+                    totals_fn=lambda batch: {"examples": batch["input_ids"].shape[0]},
                     summarize=lambda sums, steps: {k: v / steps for k, v in sums.items()}, batches=batches,
                     example_batch=task.dummy_batch, tokens_per_example=math.prod(example["input_ids"].shape[1:]),
                     tokens_per_row=lambda batch: math.prod(batch["input_ids"].shape[1:]),
@@ -337,10 +331,11 @@ def train(config, workdir: str, args=None) -> None:
     print(f"Test predictions (best checkpoint): {predict_split_file(config, workdir, task, model, params, split)}",
           flush=True)
   print(json.dumps(best), flush=True)
+  prefix, python = workdir.rstrip('/'), console.python()
   console.say_done(f"best checkpoint {best['weights']} ({best['metric']} {best['value']:.4f})",
-                f"{console.python()} -m albert_jax.main --workdir {workdir} --mode=predict --split=dev --output="
-                f"{workdir.rstrip('/')}_dev.tsv && {console.python()} -m albert_jax.convert --to=hf "
-                f"--src={workdir} --dst={workdir.rstrip('/')}_hf")
+                   f"{python} -m albert_jax.main --workdir {workdir} --mode=predict --split=dev "
+                   f"--output={prefix}_dev.tsv && {python} -m albert_jax.convert --to=hf --src={workdir} "
+                   f"--dst={prefix}_hf")
 
 
 def _trained_params(config, workdir: str, task, model):
