@@ -24,17 +24,20 @@ from etils import epath
 
 from albert_jax.errors import EnvironmentUserError, InputError
 
-# No cached listings: other processes (other hosts, a resumed run, a reader) write into the same folders, and a
-# stale listing would hide a newer checkpoint step.
-for _protocol in ("gcs", "gs"):
-  fsspec.config.conf.setdefault(_protocol, {})["use_listings_cache"] = False
-
-if os.environ.get("STORAGE_EMULATOR_HOST"):
-  # gcsfs first probes each bucket's type over gRPC with TLS, which a plain-HTTP emulator cannot answer: every
-  # probe waits 60 s before gcsfs falls back to the plain JSON API that emulated buckets need anyway.
-  os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-
 CHECK_TIMEOUT_S = 10.0
+
+
+@functools.cache
+def configure_cloud_storage() -> None:
+  """The gs:// client settings, made before the first bucket is used (importing this module changes nothing)."""
+  # No cached listings: other processes (other hosts, a resumed run, a reader) write into the same folders, and a
+  # stale listing would hide a newer checkpoint step.
+  for protocol in ("gcs", "gs"):
+    fsspec.config.conf.setdefault(protocol, {})["use_listings_cache"] = False
+  if os.environ.get("STORAGE_EMULATOR_HOST"):
+    # gcsfs first probes each bucket's type over gRPC with TLS, which a plain-HTTP emulator cannot answer: every
+    # probe waits 60 s before gcsfs falls back to the plain JSON API that emulated buckets need anyway.
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
 class StorageError(EnvironmentUserError):
@@ -65,6 +68,7 @@ def absolute(p: str | os.PathLike) -> str:
 def check_bucket(bucket: str) -> None:
   """One listing with a short timeout and no retries: a missing server, bucket, permission or credential fails
   here in seconds with the fix, instead of after minutes of retries deep inside a client."""
+  configure_cloud_storage()
   try:
     import gcsfs  # noqa: F401  etils.epath's gs:// backend
     import requests
