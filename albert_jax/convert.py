@@ -95,7 +95,7 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
   run, best = src, None if pretrained.is_pretrained_dir(src) else head_identity.read_best(src)
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
     src = head_identity.best_weights(src, best)
-  electra = electra_interop.run_weights(src)  # an ELECTRA run: both towers and its generator's width
+  electra = electra_interop.run_weights(src, PASS_WORKDIR)  # an ELECTRA run: both towers and its generator's width
   model_config, params = electra[:2] if electra else _our_weights(src)
   as_electra = electra is not None or electra_interop.holds_electra_heads(params)
   tokenizer = None if spm_model == NO_TOKENIZER else hf_export.run_tokenizer(run, spm_model)

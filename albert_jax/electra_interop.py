@@ -233,13 +233,14 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
   return list(folders)
 
 
-def run_weights(src: str) -> tuple[ModelConfig, Any, float] | None:
+def run_weights(src: str, hint: str) -> tuple[ModelConfig, Any, float] | None:
   """(discriminator config, the whole pair's params, generator fraction) of an ELECTRA training workdir (its newest
-  checkpoint); None for any other --src (a transformers folder has a config.json too, but no checkpoints/)."""
+  checkpoint); None for any other --src (a transformers folder has a config.json too, but no checkpoints/). `hint`:
+  what a garbled config.json's message tells the user to pass instead."""
   if (pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir()
       or not run_config.exists(src)):
     return None
-  config = run_config.read(src, "--src")
+  config = run_config.read(src, "--src", hint)
   if config.get("task") != "electra":
     return None
   params = pretrained._load_init_params(src, "--src")
