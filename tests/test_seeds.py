@@ -5,6 +5,7 @@ The end-to-end run is a tiny classifier whose dev split is one sentence under bo
 class for it, so every run is collapsed whatever its seed, and is trained again (--rerun_collapsed=1)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -218,10 +219,13 @@ def test_a_rerun_skips_the_finished_seeds_and_resumes_the_stopped_one(runs):
   resumed = lines[lines.index(f"seed 1: training in {runs.workdir / 'seed_1'}"):]
   assert any(line.startswith("Resumed from step ") for line in resumed[:resumed.index(
       f"seed 1001: training in {runs.workdir / 'seed_1001'}")]), runs.second.output()
-  # One compilation cache for every seed: only the first seed of the first command compiles the step.
+  # One compilation cache for every seed: only the first seed of the first command compiles the step. Seed 1 is
+  # compiled again on its resume unless the stop landed on its last step (a loaded machine answers SIGTERM late).
+  (saved,) = re.findall(r"Preemption: saved step (\d+) ", runs.first.output())
   compiled = [line for launch in (runs.first, runs.second) for _, line in launch.lines
               if line.startswith("Compiled the train step")]
-  assert len(compiled) == 5 and all(line.endswith("(from the compilation cache).") for line in compiled[1:]), compiled
+  assert len(compiled) == (5 if int(saved) < 4 else 4), compiled
+  assert all(line.endswith("(from the compilation cache).") for line in compiled[1:]), compiled
 
 
 @pytest.mark.slow
