@@ -12,6 +12,7 @@ model and the tokenizer that the weights it loads were trained with.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any, Callable, Collection, Mapping
@@ -176,11 +177,13 @@ def take_recorded(config: ml_collections.ConfigDict, path: str, explicit: Collec
   if config.data.max_seq_length > positions and "data.max_seq_length" not in explicit:
     data["max_seq_length"] = positions
   model, data = _process_0s((model, data))
-  config = config.copy_and_resolve_references()
+  # A copy with its references kept, resolved once updated: what a recipe computes from data.max_seq_length (its
+  # micro batch cap, `experiments/common.cap_micro_batch`) follows the value taken here.
+  config = copy.deepcopy(config)
   taken = {**{f"model.{k}": v for k, v in model.items() if config.model[k] != v},
            **{f"data.{k}": v for k, v in data.items() if config.data[k] != v}}
   config.update_from_flattened_dict(taken)
-  return config, _said(taken, path, model_file) if taken else None
+  return config.copy_and_resolve_references(), _said(taken, path, model_file) if taken else None
 
 
 def _said(taken: dict[str, Any], path: str, model_file: str) -> str:

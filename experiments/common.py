@@ -217,14 +217,17 @@ FINETUNE_TOKENS_PER_DEVICE = {"base": 8192, "large": 4096, "xlarge": 2048, "xxla
 
 def cap_micro_batch(c: ml_collections.ConfigDict, sequences_per_example: int) -> None:
   """Caps the per-device micro batch to the size's token budget (more accumulation steps, the same update); an
-  example longer than the budget (RACE's 4 × 512 tokens at xlarge and xxlarge) keeps only the matmuls' outputs."""
+  example longer than the budget (RACE's 4 × 512 tokens at xlarge and xxlarge) keeps only the matmuls' outputs.
+  Both follow the run's own data.max_seq_length: they are ml_collections references computed when the config is
+  read, after the command line's overrides and the cap at the weights' max_position_embeddings
+  (`pretrained.take_recorded`); an explicit --config.train.max_micro_batch_size or model.remat_policy wins."""
   budget = FINETUNE_TOKENS_PER_DEVICE.get(c.model_size.removesuffix("_v1").removesuffix("_v2"))
   if budget is None:
     return
-  tokens = c.data.max_seq_length * sequences_per_example
-  c.train.max_micro_batch_size = max(1, budget // tokens)
-  if tokens > budget:
-    c.model.remat_policy = "dots_saveable"
+  tokens = c.data.get_ref("max_seq_length") * sequences_per_example
+  c.train.max_micro_batch_size = tokens._apply_op(lambda n: max(1, budget // n))  # pylint: disable=protected-access
+  c.model.remat_policy = tokens._apply_op(  # pylint: disable=protected-access
+      lambda n: "dots_saveable" if n > budget else "none").to_str()
 
 
 def set_recipe(c: ml_collections.ConfigDict, learning_rate: float, warmup_steps: int, num_train_steps: int,

@@ -50,12 +50,14 @@ def test_the_model_and_the_tokenizer_of_the_run_are_taken_unless_the_command_lin
   config, said = pretrained.take_recorded(glue_experiment.get_config("task=rte"), workdir, explicit=())
   assert model_config_from(config) == model_config_for("base", **TINY_RUN_MODEL, dtype="float32")
   assert (config.data.spm_model, config.data.do_lower_case, config.data.max_seq_length) == (spm, False, 128)
+  assert config.train.max_micro_batch_size == 64  # base's 8192 tokens a device over the 128 taken, not over 512
   assert said == (f"model and tokenizer from {workdir} (config.json): {said_model(TINY_RUN_MODEL)}; "
                   f"spm_model={spm}, do_lower_case=False; {CAPPED}")
   given = glue_experiment.get_config(f"task=rte,spm={tmp_path / 'mine.model'}")
   given.model.hidden_size, given.data.max_seq_length = 768, 512  # given, equal to the experiment's: still kept
   config, said = pretrained.take_recorded(given, workdir, explicit=("model.hidden_size", "data.max_seq_length"))
   assert (config.model.hidden_size, config.model.num_hidden_layers, config.data.max_seq_length) == (768, 4, 512)
+  assert config.train.max_micro_batch_size == 16  # 8192 // 512
   assert config.data.spm_model == str(tmp_path / "mine.model") and config.data.do_lower_case
   assert said == f"model from {workdir} (config.json): " + said_model(
       {k: v for k, v in TINY_RUN_MODEL.items() if k != "hidden_size"})

@@ -461,6 +461,24 @@ def test_fine_tuning_recipes_cap_the_micro_batch_by_size():
       (4, "none"), (2, "none"), (1, "none"), (1, "dots_saveable")]      # 4 x 512 tokens an example
 
 
+def test_the_micro_batch_cap_follows_the_runs_own_length():
+  """The command line's data.max_seq_length sets the cap (and RACE's recomputation), not the recipe's 512; an
+  explicit cap or remat policy stays as given."""
+  from albert_jax.cli import experiment_config
+  settings = lambda *args: (lambda c: (c.train.max_micro_batch_size, c.model.remat_policy))(
+      experiment_config(["main", *args]))
+  assert settings("--config=experiments/glue.py:task=rte,size=base", "--config.data.max_seq_length=128") == (
+      64, "none")                                                       # 8192 tokens // 128
+  assert settings("--config=experiments/glue.py:task=rte,size=xxlarge", "--config.data.max_seq_length=96") == (
+      10, "none")                                                       # 1024 // 96
+  assert settings("--config=experiments/race.py:size=xxlarge", "--config.data.max_seq_length=256") == (
+      1, "none")                                                        # 4 x 256 = 1024 tokens: within the budget
+  assert settings("--config=experiments/race.py:size=xxlarge", "--config.data.max_seq_length=384") == (
+      1, "dots_saveable")                                               # 4 x 384 = 1536 > 1024
+  assert settings("--config=experiments/glue.py:task=rte,size=base", "--config.data.max_seq_length=128",
+                  "--config.train.max_micro_batch_size=0", "--config.model.remat_policy=full") == (0, "full")
+
+
 def test_impossible_batch_split_fails_clearly(tmp_path):
   result = cli(tmp_path, *SMALL_RUN, "--config.train.global_batch_size=12", devices=8)
   assert result.returncode != 0
