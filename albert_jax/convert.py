@@ -1,6 +1,7 @@
 """Converts weights between Hugging Face ALBERT directories and our pretrained-weights directories.
 
   python -m albert_jax.convert --from=hf --src=HF_DIR --dst=OUR_DIR   # then train/fine-tune from OUR_DIR
+  python -m albert_jax.convert --from=hf --src=albert/albert-base-v2 --dst=OUR_DIR  # a Hub name [--revision=REV]
   python -m albert_jax.convert --to=hf --src=OUR_DIR --dst=HF_DIR     # AlbertForPreTraining.from_pretrained(HF_DIR)
   # --to=hf writes the run's tokenizer too (`hf_export`), checked to give the run's ids; --spm_model=PATH names it
   # where --src records none (a converted directory, synthetic data), --spm_model=none writes the weights alone
@@ -19,8 +20,8 @@ import os
 
 from absl import app, flags
 
-from albert_jax import (checkpointing, console, electra_interop, head_identity, hf_export, interop, pretrained,
-                        run_config, storage, tf1)
+from albert_jax import (checkpointing, console, electra_interop, head_identity, hf_export, hf_import, interop,
+                        pretrained, run_config, storage, tf1)
 from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
 from data_pipeline import writers
@@ -31,7 +32,11 @@ flags.DEFINE_enum("from", None, SOURCES, "Convert from this format into our pret
                   "(tf1: a TF1 checkpoint + albert_config.json, as in the original's release tarballs and TF-Hub "
                   "modules; TensorFlow is not needed).")
 flags.DEFINE_enum("to", None, FORMATS, "Convert our pretrained-weights directory into this format.")
-flags.DEFINE_string("src", None, "Directory to read.")
+flags.DEFINE_string("src", None, "Directory to read; with --from=hf also a Hugging Face Hub name such as "
+                    "albert/albert-base-v2 (fetched into the Hugging Face cache; HF_HUB_OFFLINE=1 reads the cache "
+                    "alone).")
+flags.DEFINE_string("revision", None, "--from=hf with a Hub name: the branch, tag or commit to convert (default: "
+                    "main).")
 flags.DEFINE_string("dst", None, "Directory to write.")
 flags.DEFINE_bool("overwrite", False, "Replace an earlier conversion in --dst: its files that this one does not "
                   "write are removed (a --dst holding no model is refused).")
@@ -46,37 +51,9 @@ PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 
 def from_hf(src: str, dst: str, clear=lambda: None) -> None:
-  """A fine-tuned head keeps what it was trained for (class names and order, problem type, class) in dst's
-  head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes them back.
-  `clear`: empties --dst of an earlier conversion's files, once the source has loaded."""
-  electra = electra_interop.is_electra_dir(src)
-  head = None if electra else interop.read_head(src)
-  model_config, params = (electra_interop if electra else interop).load_hf(src)
-  if electra:
-    print(f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({electra_interop.POOLER_NOTE}).",
-          flush=True)
-  clear()
-  pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
-  labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
-  trained = f"; an {head.architecture} head{labels}" if head else ""
-  tokenizer = _carry_tokenizer(src, dst)
-  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}{trained}; {tokenizer}).", flush=True)
-
-
-def _carry_tokenizer(src: str, dst: str) -> str:
-  """Copies the folder's SentencePiece model and its tokenizer_config.json (do_lower_case) beside the weights, where
-  `pretrained.recorded_tokenizer` finds them: fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns
-  what was carried, for the closing line."""
-  model = os.path.join(src, hf_export.SPM_FILE)
-  if not os.path.isfile(model):
-    return (f"no tokenizer: {src} has no {hf_export.SPM_FILE}, so runs from {dst} need data.spm_model and "
-            "--to=hf needs --spm_model")
-  storage.write_atomic(os.path.join(dst, hf_export.SPM_FILE), storage.path(model).read_bytes())
-  settings = os.path.join(src, hf_export.TOKENIZER_CONFIG)
-  if os.path.isfile(settings):
-    storage.write_atomic(os.path.join(dst, hf_export.TOKENIZER_CONFIG), storage.path(settings).read_text())
-  lower = pretrained.recorded_tokenizer(dst)[1]
-  return f"its tokenizer {hf_export.SPM_FILE}, do_lower_case={True if lower is None else lower}"
+  """`hf_import.from_hf`, said in one closing line."""
+  said = hf_import.from_hf(src, dst, clear)
+  print(f"Wrote {dst} from {src} ({said}).", flush=True)
 
 
 def from_tf1(src: str, dst: str, clear=lambda: None) -> None:
@@ -151,17 +128,21 @@ def _check_dst_apart(src: str, dst: str) -> None:
 
 
 def convert(source: str | None, target: str | None, src: str | None, dst: str | None, overwrite: bool = False,
-            encoder_only: bool = False, spm_model: str | None = None):
+            encoder_only: bool = False, spm_model: str | None = None, revision: str | None = None):
   """Checks the arguments (ValueError/FileNotFoundError/FileExistsError naming the fix), then converts; one
-  conversion writes --dst at a time (`writers.WriterLock`)."""
+  conversion writes --dst at a time (`writers.WriterLock`). With --from=hf, --src may be a Hub name (`hf_import`)."""
   if (source is None) == (target is None):
     raise InputError(f"Pass exactly one of {', '.join(f'--from={f}' for f in SOURCES)} (into ours) or "
                      f"{', '.join(f'--to={f}' for f in FORMATS)} (ours -> HF).")
   for name, value in (("encoder_only", encoder_only), ("spm_model", spm_model)):
     if value and source:
       raise InputError(f"--{name} applies to --to=hf; drop it for --from.")
+  if revision and source != "hf":
+    raise InputError("--revision applies to --from=hf with a Hugging Face Hub name; drop it.")
   if not src or not dst:
     raise InputError("Pass both --src (directory to read) and --dst (directory to write).")
+  if source == "hf":
+    src = hf_import.hf_folder(src, revision or "", "--src", "--revision") or src
   hf_side = src if source == "hf" else dst
   if storage.is_remote(hf_side):
     raise InputError(f"{hf_side}: Hugging Face directories are read and written by transformers, which needs a "
@@ -223,7 +204,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; use --from/--to, --src, --dst.")
   console.install()
   with one_line_user_errors("convert: error: "):
-    convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only, FLAGS.spm_model)
+    convert(FLAGS["from"].value, FLAGS.to, FLAGS.src, FLAGS.dst, FLAGS.overwrite, FLAGS.encoder_only, FLAGS.spm_model,
+            FLAGS.revision)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,8 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   # --fit` chooses for each size's slice in the README (tests/test_tpu_compile.py; bench/tpu_recipes.py).
   c.model = model_config(size, dtype="bfloat16", remat_policy="none")
   c.seed = 0
-  c.init_checkpoint = ""          # warm start (params only) from a run or `albert_jax.convert` output
+  c.init_checkpoint = ""          # warm start (params only): a run, a convert output, an HF folder or Hub name
+  c.init_checkpoint_revision = ""  # a Hugging Face Hub name's branch, tag or commit ("": main)
   c.compilation_cache_dir = ""    # persistent XLA cache; "" = workdir/compilation_cache, "none" = off
   c.resume_with_changes = False   # resume although seed, batch size, optimizer or data settings changed
   c.accept_changed_inputs = False  # read a run with a tokenizer or data whose bytes differ from what it recorded
@@ -184,7 +185,7 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
   c = pretraining_config(size)
   c.task = task                   # "glue" | "squad_v1" | "squad_v2" | "race" (albert_jax.tasks.get_task)
   c.task_name = task_name         # GLUE sub-task, e.g. "sst-2"; "" otherwise
-  c.init_checkpoint = ""          # pretrained weights (albert_jax.convert output or a pretraining workdir)
+  c.init_checkpoint = ""          # pretrained weights: a pretraining workdir, a convert output, an HF folder or Hub name
   c.allow_random_init = False     # an empty init_checkpoint is an error unless this is True (#132: F1 16)
   c.classifier_dropout_prob = 0.1  # on the pooled vector (GLUE, RACE); hard-coded 0.1 in the original
 
