@@ -82,6 +82,7 @@ def download(name: str, revision: str, flag: str, revision_flag: str) -> str:
     raise EnvironmentUserError(f"{flag}={name} names a Hugging Face Hub model, which huggingface_hub fetches: "
                                f"{INSTALL_HUB}.") from None
   at = f"{flag}={name}" + (f" (revision {revision})" if revision else "")
+  fetch = f"hf download {name}" + (f" --revision {revision}" if revision else "")
   try:
     folder = huggingface_hub.snapshot_download(name, revision=revision or None, allow_patterns=HUB_FILES)
     if not any(os.path.isfile(os.path.join(folder, file)) for file in WEIGHT_FILES):
@@ -96,11 +97,10 @@ def download(name: str, revision: str, flag: str, revision_flag: str) -> str:
   except errors.LocalEntryNotFoundError:
     if constants.HF_HUB_OFFLINE:
       raise MissingFileError(f"{at}: HF_HUB_OFFLINE=1 and the Hugging Face cache ({constants.HF_HUB_CACHE}) does not "
-                             f"hold that model; fetch it once with `hf download {name}`, or unset HF_HUB_OFFLINE."
-                             ) from None
+                             f"hold it; fetch it once with `{fetch}`, or unset HF_HUB_OFFLINE.") from None
     raise EnvironmentUserError(f"{at}: the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached and its cache "
-                               f"({constants.HF_HUB_CACHE}) does not hold that model; check the connection, or fetch "
-                               f"it with `hf download {name}` where the Hub is reachable.") from None
+                               f"({constants.HF_HUB_CACHE}) does not hold it; check the connection, or fetch it with "
+                               f"`{fetch}` where the Hub is reachable.") from None
   return folder
 
 

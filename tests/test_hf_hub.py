@@ -114,12 +114,17 @@ def test_an_existing_folder_is_never_taken_for_a_hub_name(tmp_path, monkeypatch)
   assert not hf_import.is_hub_name("org/name") and hf_import.converted("org/name") is None
 
 
-def test_a_name_the_offline_cache_lacks_is_one_line_naming_the_fix(offline):
+def test_a_name_or_revision_the_offline_cache_lacks_is_one_line_naming_the_fix(offline):
   with pytest.raises(MissingFileError) as error:
     hf_import.converted("albert-test/not-cached")
   assert str(error.value) == (
       f"init_checkpoint=albert-test/not-cached: HF_HUB_OFFLINE=1 and the Hugging Face cache ({constants.HF_HUB_CACHE}) "
-      "does not hold that model; fetch it once with `hf download albert-test/not-cached`, or unset HF_HUB_OFFLINE.")
+      "does not hold it; fetch it once with `hf download albert-test/not-cached`, or unset HF_HUB_OFFLINE.")
+  with pytest.raises(MissingFileError) as error:
+    hf_import.converted(NAME, "v2")  # the name is cached, at main only
+  assert str(error.value) == (
+      f"init_checkpoint={NAME} (revision v2): HF_HUB_OFFLINE=1 and the Hugging Face cache ({constants.HF_HUB_CACHE}) "
+      f"does not hold it; fetch it once with `hf download {NAME} --revision v2`, or unset HF_HUB_OFFLINE.")
 
 
 class _Hub(http.server.BaseHTTPRequestHandler):
