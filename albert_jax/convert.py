@@ -50,13 +50,14 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> None:
   head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes them back.
   `clear`: empties --dst of an earlier conversion's files, once the source has loaded."""
   electra = electra_interop.is_electra_dir(src)
-  head = None if electra else interop.read_head(src)
+  head = interop.read_head(src)
   model_config, params = (electra_interop if electra else interop).load_hf(src)
   if electra:
     print(f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({electra_interop.POOLER_NOTE}).",
           flush=True)
   clear()
-  pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
+  pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None,
+                             family=pretrained.ELECTRA if electra else "albert")
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
   trained = f"; an {head.architecture} head{labels}" if head else ""
   tokenizer = _carry_tokenizer(src, dst)
@@ -101,14 +102,14 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
   tokenizer = None if spm_model == NO_TOKENIZER else hf_export.run_tokenizer(run, spm_model)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
-  elif not as_electra:
+  else:
     head = interop.finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
   max_length = model_config.max_position_embeddings
   if tokenizer:
     hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
   if as_electra:
-    for folder in electra_interop.save_hf(model_config, params, dst, electra and electra[2])[1:]:
+    for folder in electra_interop.save_hf(model_config, params, dst, electra and electra[2], head)[1:]:
       hf_export.check_loaded(None, folder, f"remove what else --dst={dst} holds and convert again")
       print(f"The generator went to {folder} (ElectraForMaskedLM).", flush=True)
     print(f"HF ELECTRA has no pooler: albert/pooler is not written ({electra_interop.POOLER_NOTE}).", flush=True)

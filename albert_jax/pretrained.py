@@ -38,13 +38,17 @@ from data_pipeline import records, tiny
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's, beside a converted folder's spiece.model
+BACKBONE_FILE = "backbone.json"  # beside converted weights of an ELECTRA backbone: {"family": "electra"}
+ELECTRA = "electra"
 _CONVERT_AGAIN = "convert the weights again (python -m albert_jax.convert)"
 RESTORE_RUN_CONFIG = "restore it from a copy, or from the config.<step>.json that a resume kept there"
 
 
-def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head: dict | None = None) -> None:
+def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head: dict | None = None,
+                    family: str = "albert") -> None:
   """`head`: the identity of the params' fine-tuned head (`HFHead.identity()` of converted weights), kept as
-  HEAD_FILE so that eval, predict, warm starts and export read its classes in their trained order."""
+  HEAD_FILE so that eval, predict, warm starts and export read its classes in their trained order. `family`: the
+  backbone's, "electra" kept as BACKBONE_FILE (`backbone_family`)."""
   directory = storage.absolute(directory)
   storage.path(directory).mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
@@ -57,6 +61,10 @@ def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head
       storage.remove(os.path.join(directory, HEAD_FILE))
     else:
       storage.write_atomic(os.path.join(directory, HEAD_FILE), json.dumps(head, indent=2))
+    if family == ELECTRA:
+      storage.write_atomic(os.path.join(directory, BACKBONE_FILE), json.dumps({"family": family}))
+    else:
+      storage.remove(os.path.join(directory, BACKBONE_FILE))
     storage.write_atomic(os.path.join(directory, CONFIG_FILE), json.dumps(model_config.to_dict(), indent=2))
 
 
@@ -143,11 +151,38 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   return beside, lower
 
 
+def backbone_family(path: str) -> str:
+  """"electra" for weights of an ELECTRA backbone: an ELECTRA pretraining run, a fine-tuning run with ELECTRA's
+  classification head (or its best/step_N), converted transformers ELECTRA weights (BACKBONE_FILE); else
+  "albert"."""
+  if workdir := run_workdir(path):
+    config = _run_config(workdir)
+    return ELECTRA if ELECTRA in (config.get("task"), config.get("classifier_head")) else "albert"
+  record = os.path.join(path, BACKBONE_FILE)
+  if storage.path(record).is_file():
+    return read_json_object(record, "a backbone record", _CONVERT_AGAIN).get("family", "albert")
+  return "albert"
+
+
+def with_classifier_head(config: ml_collections.ConfigDict, path: str | None) -> ml_collections.ConfigDict:
+  """`config` with classifier_head "auto" (`tasks.base.CLASSIFIER_HEADS`) decided by the weights at `path`:
+  ELECTRA's head for an ELECTRA backbone (said in one line), else ALBERT's."""
+  if config.get("classifier_head") != "auto":
+    return config
+  config = config.copy_and_resolve_references()
+  config.classifier_head = _process_0s(backbone_family(path)) if path else "albert"
+  if config.classifier_head == ELECTRA:
+    _say(f"classifier_head=electra: {path} holds an ELECTRA backbone, so sequence classification takes ELECTRA's "
+         "head (dense, GELU, projection, on the first token; no pooler); --config.classifier_head=albert: ALBERT's")
+  return config
+
+
 def with_recorded_model(config: ml_collections.ConfigDict, path: str | None):
   """`take_recorded` from the weights at `path` (those a fine-tuning, eval, predict or embed run loads), the
   `--config.<field>` overrides of this process's command line kept, said in one line; a config not parsed from the
-  command line (built in Python) stays as it is."""
+  command line (built in Python) stays as it is but for its classifier head (`with_classifier_head`)."""
   parsed = flags.FLAGS.is_parsed() and "config" in flags.FLAGS and flags.FLAGS["config"].value is config
+  config = with_classifier_head(config, path)
   if not (path and parsed):
     return config
   config, said = take_recorded(config, path, config_flags.get_override_values(flags.FLAGS["config"]))

@@ -1,0 +1,156 @@
+"""ELECTRA's classification head (tasks/heads.ElectraClassifier): chosen by `classifier_head=auto` for weights of an
+ELECTRA backbone, recorded with the run; transformers' ElectraForSequenceClassification both ways (logits within
+1e-4, the very tensors on a round trip); a fine-tuned ELECTRA run exported as that class."""
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from albert_jax import convert, electra_interop, finetune, pretrained
+from albert_jax.errors import InputError
+from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION
+from albert_jax.model_config import ModelConfig, model_config_from
+from albert_jax.tasks import TaskSettings, get_task
+from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
+from tests.helpers import config_for, quietly, spm, write_split
+
+# Sizes no other test uses: V=41, E=20, H=28 (E != H), 4 heads of 7, FFN 36, 21 positions, 3 classes.
+HF = dict(vocab_size=41, embedding_size=20, hidden_size=28, num_hidden_layers=2, num_attention_heads=4,
+          intermediate_size=36, max_position_embeddings=21, hidden_act="gelu", hidden_dropout_prob=0.0,
+          attention_probs_dropout_prob=0.0)
+LABELS = ["neg", "neu", "pos"]  # not the sorted order of another run: as transformers' id2label names them
+IDS = np.array([[2, 17, 5, 40, 9, 3, 0], [2, 8, 33, 3, 11, 3, 0]])
+MASK = np.array([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]])
+TYPES = np.array([[0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1]])
+
+
+def hf_classifier(hf, **overrides):
+  """A random ElectraForSequenceClassification whose every weight is random (a swapped tensor shows)."""
+  hf.torch.manual_seed(0)
+  config = hf.transformers.ElectraConfig(**{**HF, **overrides}, id2label=dict(enumerate(LABELS)),
+                                         label2id={name: i for i, name in enumerate(LABELS)})
+  model = hf.transformers.ElectraForSequenceClassification(config)
+  with hf.torch.no_grad():
+    for p in model.parameters():
+      p.copy_(hf.torch.randn_like(p) * 0.1)
+  return model.eval()
+
+
+def hf_logits(hf, model, ids=IDS, mask=MASK, types=TYPES):
+  return hf.hf_forward(model, ids, mask, types).logits.numpy()
+
+
+def our_logits(model_config, params, ids=IDS, mask=MASK, types=TYPES):
+  model = ElectraClassifier(model_config, params["classifier"]["out_proj"]["bias"].shape[0])
+  return np.asarray(model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types)))
+
+
+@pytest.fixture
+def hf():
+  from tests import hf_models
+  return hf_models
+
+
+@pytest.mark.hf
+def test_electra_for_sequence_classification_converts_both_ways(hf, tmp_path):
+  """--from=hf: our logits within 1e-4, its classes and its ELECTRA backbone recorded; --to=hf: the very tensors
+  and config fields back; auto picks ELECTRA's head for the converted weights."""
+  model = hf_classifier(hf)
+  source = hf.saved(model, tmp_path / "hf")
+  convert.convert("hf", None, source, str(tmp_path / "ours"))
+  model_config, params = pretrained.load_pretrained(str(tmp_path / "ours"))
+  assert sorted(params["classifier"]) == ["dense", "out_proj"]
+  np.testing.assert_allclose(our_logits(model_config, params), hf_logits(hf, model), atol=1e-4, rtol=0)
+  assert json.loads((tmp_path / "ours" / "head.json").read_text()) == {
+      "hf_architecture": ELECTRA_SEQUENCE_CLASSIFICATION, "labels": LABELS, "num_labels": 3, "problem_type": None}
+  assert pretrained.backbone_family(str(tmp_path / "ours")) == "electra"
+
+  convert.convert(None, "hf", str(tmp_path / "ours"), str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
+  hf.assert_same_tensors({k: v for k, v in hf.read(source).items() if "position_ids" not in k},
+                         hf.read(tmp_path / "back"))
+  back = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert (back["architectures"], back["id2label"], back["problem_type"]) == (
+      [ELECTRA_SEQUENCE_CLASSIFICATION], {"0": "neg", "1": "neu", "2": "pos"}, "single_label_classification")
+
+
+@pytest.mark.hf
+def test_ours_exports_as_electra_for_sequence_classification_with_our_logits(hf, tmp_path):
+  """Random params of our ELECTRA-headed model (a regression: one output, no labels) load into transformers with
+  our logits; a head whose task names other classes than it has outputs is refused before anything is written."""
+  model_config = ModelConfig(**{k: v for k, v in HF.items() if not k.endswith("dropout_prob")},
+                                        sharing="none")
+  inputs = (jnp.asarray(IDS), jnp.asarray(MASK), jnp.asarray(TYPES))
+  params = nn.unbox(jax.device_get(ElectraClassifier(model_config, 1).init(jax.random.key(3), *inputs)["params"]))
+  rng = np.random.RandomState(0)  # biases and LayerNorms random too
+  params = jax.tree.map(lambda x: (x + rng.normal(0, 0.05, x.shape)).astype(np.float32), params)
+  folder = electra_interop.save_hf(model_config, params, str(tmp_path / "reg"))[0]
+  loaded = hf.transformers.ElectraForSequenceClassification.from_pretrained(folder).eval()
+  assert loaded.config.problem_type == "regression" and loaded.num_labels == 1
+  np.testing.assert_allclose(hf_logits(hf, loaded), our_logits(model_config, params), atol=1e-4, rtol=0)
+  head = electra_interop.HFHead(ELECTRA_SEQUENCE_CLASSIFICATION, ("a", "b"))
+  with pytest.raises(InputError, match="ELECTRA's classification head with 1 outputs, but its task names"):
+    electra_interop.save_hf(model_config, params, str(tmp_path / "wrong"), head=head)
+  assert not (tmp_path / "wrong").exists()
+
+
+def test_the_head_follows_the_backbone_and_is_recorded(tmp_path):
+  """auto: ELECTRA's head for an ELECTRA pretraining run, a fine-tuning run that had it, or converted ELECTRA
+  weights; ALBERT's for other weights and none; an explicit choice stays. The task builds and records it."""
+  (tmp_path / "electra_run").mkdir()
+  (tmp_path / "electra_run" / "config.json").write_text(json.dumps({"task": "electra"}))
+  (tmp_path / "finetuned").mkdir()
+  (tmp_path / "finetuned" / "config.json").write_text(json.dumps({"task": "glue", "classifier_head": "electra"}))
+  (tmp_path / "albert_run").mkdir()
+  (tmp_path / "albert_run" / "config.json").write_text(json.dumps({"task": "pretrain"}))
+  config = ml_collections.ConfigDict({"classifier_head": "auto"})
+  chosen = lambda path, c=config: pretrained.with_classifier_head(c, path).classifier_head
+  assert [chosen(str(tmp_path / name)) for name in ("electra_run", "finetuned", "albert_run")] == [
+      "electra", "electra", "albert"]
+  assert chosen("") == "albert" and config.classifier_head == "auto"
+  assert chosen(str(tmp_path / "electra_run"), ml_collections.ConfigDict({"classifier_head": "albert"})) == "albert"
+
+  settings = dict(task="classification", path=str(tmp_path), labels=("a", "b"))
+  electra, albert = (get_task(TaskSettings(**settings, classifier_head=head)) for head in ("electra", "albert"))
+  model_config = ModelConfig(**{k: v for k, v in HF.items() if not k.endswith("dropout_prob")})
+  assert isinstance(electra.make_model(model_config), ElectraClassifier)
+  assert isinstance(albert.make_model(model_config), PooledClassifier)
+  assert electra.identity() == {**albert.identity(), "classifier_head": "electra"}
+  assert (electra.hf_head.architecture, albert.hf_head.architecture) == (
+      ELECTRA_SEQUENCE_CLASSIFICATION, "AlbertForSequenceClassification")
+  with pytest.raises(InputError, match="classifier_head='bert'; choose one of auto, albert, electra"):
+    TaskSettings(**settings, classifier_head="bert")
+
+
+@pytest.mark.hf
+def test_fine_tuning_from_an_electra_discriminator_takes_its_head_and_exports_it(hf, shared_data, tmp_path):
+  """convert --from=hf of an ElectraForPreTraining; fine-tuning from it picks ELECTRA's head (said on the
+  console); --to=hf of the run is an ElectraForSequenceClassification with the run's classes and its logits."""
+  vocab = dict(vocab_size=30000, max_position_embeddings=24)
+  discriminator = hf.transformers.ElectraForPreTraining(hf.transformers.ElectraConfig(**{**HF, **vocab}))
+  convert.convert("hf", None, hf.saved(discriminator, tmp_path / "hf"), str(tmp_path / "ours"))
+  data = tmp_path / "data"
+  data.mkdir()
+  write_split(data / "train.tsv", 8)
+  write_split(data / "dev.tsv", 4)
+  config = config_for(data, spm(shared_data))
+  config.init_checkpoint, config.allow_random_init = str(tmp_path / "ours"), False
+  config.model.update({k: v for k, v in {**HF, **vocab}.items() if not k.endswith("dropout_prob")}, sharing="none")
+  config.train.num_train_steps = 2
+  said = quietly(finetune.train, config, str(tmp_path / "run"))
+  assert "classifier_head=electra: " in said
+  recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert recorded["classifier_head"] == "electra"
+  assert json.loads((tmp_path / "run" / "head.json").read_text())["classifier_head"] == "electra"
+
+  quietly(convert.convert, None, "hf", str(tmp_path / "run"), str(tmp_path / "export"))
+  exported = hf.transformers.ElectraForSequenceClassification.from_pretrained(tmp_path / "export").eval()
+  assert exported.config.id2label == {0: "neg", 1: "pos"}
+  best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())["weights"]
+  _, params = pretrained.load_pretrained(best)
+  ids, mask, types = (np.asarray(a)[:, :7] % 30000 for a in (IDS, MASK, TYPES))
+  np.testing.assert_allclose(hf_logits(hf, exported, ids, mask, types),
+                             our_logits(model_config_from(config), params, ids, mask, types), atol=1e-4, rtol=0)
