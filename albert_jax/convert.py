@@ -23,7 +23,7 @@ from albert_jax import (checkpointing, console, electra_interop, head_identity, 
                         run_config, storage, tf1)
 from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
-from data_pipeline import writers
+from data_pipeline import wordpiece, writers
 
 FORMATS = ["hf"]
 SOURCES = FORMATS + ["tf1"]
@@ -65,19 +65,20 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> None:
 
 
 def _carry_tokenizer(src: str, dst: str) -> str:
-  """Copies the folder's SentencePiece model and its tokenizer_config.json (do_lower_case) beside the weights, where
-  `pretrained.recorded_tokenizer` finds them: fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns
-  what was carried, for the closing line."""
-  model = os.path.join(src, hf_export.SPM_FILE)
-  if not os.path.isfile(model):
-    return (f"no tokenizer: {src} has no {hf_export.SPM_FILE}, so runs from {dst} need data.spm_model and "
-            "--to=hf needs --spm_model")
-  storage.write_atomic(os.path.join(dst, hf_export.SPM_FILE), storage.path(model).read_bytes())
+  """Copies the folder's SentencePiece model (or WordPiece vocab.txt, as the released ELECTRA folders have) and its
+  tokenizer_config.json (do_lower_case) beside the weights, where `pretrained.recorded_tokenizer` finds them:
+  fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns what was carried, for the closing line."""
+  name = next((name for name in (hf_export.SPM_FILE, wordpiece.VOCAB_FILE) if os.path.isfile(os.path.join(src, name))),
+              None)
+  if name is None:
+    return (f"no tokenizer: {src} has no {hf_export.SPM_FILE} nor {wordpiece.VOCAB_FILE}, so runs from {dst} need "
+            "data.spm_model and --to=hf needs --spm_model")
+  storage.write_atomic(os.path.join(dst, name), storage.path(os.path.join(src, name)).read_bytes())
   settings = os.path.join(src, hf_export.TOKENIZER_CONFIG)
   if os.path.isfile(settings):
     storage.write_atomic(os.path.join(dst, hf_export.TOKENIZER_CONFIG), storage.path(settings).read_text())
   lower = pretrained.recorded_tokenizer(dst)[1]
-  return f"its tokenizer {hf_export.SPM_FILE}, do_lower_case={True if lower is None else lower}"
+  return f"its tokenizer {name}, do_lower_case={True if lower is None else lower}"
 
 
 def from_tf1(src: str, dst: str, clear=lambda: None) -> None:

@@ -33,7 +33,7 @@ from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import SHAPELESS_FIELDS, best_weights, check_shapeless_fields, read_best
 from albert_jax.model_config import ModelConfig
 from albert_jax.run import BEST_DIR, CONFIG_FILE as RUN_CONFIG_FILE, HEAD_FILE, Run
-from data_pipeline import records, tiny
+from data_pipeline import records, tiny, wordpiece
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
@@ -130,8 +130,9 @@ def tiny_data_dir(data_path: str, workdir: str) -> str:
 def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   """(SentencePiece model, do_lower_case or None where unrecorded) that the weights at `path` were trained with:
   their run's data.spm_model, else the copy kept with its prepared data (the bundled tiny run's is built into its
-  workdir), else a spiece.model kept beside converted weights (`convert --from=hf` carries it, with the Hugging Face
-  tokenizer_config.json's do_lower_case); None where nothing names one (synthetic data)."""
+  workdir), else a spiece.model or WordPiece vocab.txt kept beside converted weights (`convert --from=hf` carries
+  it, with the Hugging Face tokenizer_config.json's do_lower_case); None where nothing names one (synthetic
+  data)."""
   workdir = run_workdir(path)
   data = _run_config(workdir).get("data", {}) if workdir else {}
   kind = data.get("kind")
@@ -143,8 +144,10 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   model = data.get("spm_model") or (os.path.join(folder, prepared["model"]) if prepared else "")
   if model:
     return model, data.get("do_lower_case", prepared.get("do_lower_case"))
-  beside, settings = os.path.join(path, records.SPM_MODEL), os.path.join(path, HF_TOKENIZER_CONFIG)
-  if not storage.path(beside).is_file():
+  settings = os.path.join(path, HF_TOKENIZER_CONFIG)
+  beside = next((os.path.join(path, name) for name in (records.SPM_MODEL, wordpiece.VOCAB_FILE)
+                 if storage.path(os.path.join(path, name)).is_file()), None)
+  if beside is None:
     return None
   lower = (read_json_object(settings, "a tokenizer config", _CONVERT_AGAIN).get("do_lower_case")
            if storage.path(settings).is_file() else None)

@@ -10,13 +10,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import convert, electra_interop, finetune, pretrained
+from albert_jax import convert, electra_interop, finetune, hf_export, pretrained
 from albert_jax.errors import InputError
 from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION
 from albert_jax.model_config import ModelConfig, model_config_from
 from albert_jax.tasks import TaskSettings, get_task
 from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
-from tests.helpers import config_for, quietly, spm, write_split
+from data_pipeline.wordpiece import WordPieceTokenizer
+from tests.helpers import config_for, quietly, write_split
 
 # Sizes no other test uses: V=41, E=20, H=28 (E != H), 4 heads of 7, FFN 36, 21 positions, 3 classes.
 HF = dict(vocab_size=41, embedding_size=20, hidden_size=28, num_hidden_layers=2, num_attention_heads=4,
@@ -125,32 +126,71 @@ def test_the_head_follows_the_backbone_and_is_recorded(tmp_path):
     TaskSettings(**settings, classifier_head="bert")
 
 
+# A BERT-style uncased WordPiece vocabulary for the words of `write_split`'s rows, and a few more.
+VOCAB = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "good", "great", "fine", "bad", "aw", "##ful",
+         "dull", "film", "##s", "!", ",", ".", "'", "cafe", "creme", "1", "##9", "9", "(", ")", "zurich", "the"]
+TEXTS = [("A great film!", None), ("Café CRÈME, 1999 (awful) films", "the dull film's Zürich, a fine\tone")]
+
+
+def test_a_wordpiece_vocab_gives_berts_ids(hf, tmp_path):
+  """Our WordPiece tokenizer gives transformers' BertTokenizerFast ids, cased and uncased; a vocabulary without
+  BERT's special tokens is refused."""
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(VOCAB) + "\n")
+  for lower in (True, False):
+    ours, theirs = WordPieceTokenizer(str(vocab), lower), hf.transformers.BertTokenizerFast(str(vocab),
+                                                                                            do_lower_case=lower)
+    for first, second in TEXTS:
+      assert hf_export.our_ids(ours, first, second) == (lambda e: (e["input_ids"], e["token_type_ids"]))(
+          theirs(first, second))
+  uncased = WordPieceTokenizer(str(vocab))
+  assert (uncased.encode("Awful films"), ours.encode("Awful films")) == ([11, 12, 14, 15], [2, 14, 15])
+  assert ours.vocab_size == len(VOCAB)
+  assert (ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id) == (3, 4, 0, 5)
+  (tmp_path / "bad.txt").write_text("[PAD]\n[UNK]\na\n")
+  with pytest.raises(InputError, match="has no \\[CLS\\], \\[SEP\\], \\[MASK\\]; pass a BERT-style vocab.txt"):
+    WordPieceTokenizer(str(tmp_path / "bad.txt"))
+
+
 @pytest.mark.hf
-def test_fine_tuning_from_an_electra_discriminator_takes_its_head_and_exports_it(hf, shared_data, tmp_path):
-  """convert --from=hf of an ElectraForPreTraining; fine-tuning from it picks ELECTRA's head (said on the
-  console); --to=hf of the run is an ElectraForSequenceClassification with the run's classes and its logits."""
-  vocab = dict(vocab_size=30000, max_position_embeddings=24)
-  discriminator = hf.transformers.ElectraForPreTraining(hf.transformers.ElectraConfig(**{**HF, **vocab}))
-  convert.convert("hf", None, hf.saved(discriminator, tmp_path / "hf"), str(tmp_path / "ours"))
+@pytest.mark.slow  # a fine-tuning run and two conversions checked through transformers: about 30 s on 2 busy cores
+def test_fine_tuning_a_released_style_electra_folder_takes_its_head_and_vocab_and_exports_both(hf, shared_data,
+                                                                                               tmp_path):
+  """An ElectraForPreTraining folder with a WordPiece vocab.txt, as google's released ones: convert --from=hf
+  carries the vocabulary; fine-tuning from it picks ELECTRA's head (said on the console) and tokenizes with it;
+  --to=hf of the run is an ElectraForSequenceClassification with the run's classes and logits, and a tokenizer
+  that AutoTokenizer loads with the original folder's ids."""
+  source = tmp_path / "hf"
+  model_fields = {**HF, "vocab_size": len(VOCAB), "max_position_embeddings": 24}
+  hf.saved(hf.transformers.ElectraForPreTraining(hf.transformers.ElectraConfig(**model_fields)), source)
+  (source / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+  (source / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 24}))
+  said = quietly(convert.convert, "hf", None, str(source), str(tmp_path / "ours"))
+  assert "its tokenizer vocab.txt, do_lower_case=True" in said
+  assert pretrained.recorded_tokenizer(str(tmp_path / "ours")) == (str(tmp_path / "ours" / "vocab.txt"), True)
+
   data = tmp_path / "data"
   data.mkdir()
   write_split(data / "train.tsv", 8)
   write_split(data / "dev.tsv", 4)
-  config = config_for(data, spm(shared_data))
+  config = config_for(data, str(tmp_path / "ours" / "vocab.txt"))
   config.init_checkpoint, config.allow_random_init = str(tmp_path / "ours"), False
-  config.model.update({k: v for k, v in {**HF, **vocab}.items() if not k.endswith("dropout_prob")}, sharing="none")
+  config.model.update({k: v for k, v in model_fields.items() if not k.endswith("dropout_prob")}, sharing="none")
   config.train.num_train_steps = 2
   said = quietly(finetune.train, config, str(tmp_path / "run"))
   assert "classifier_head=electra: " in said
-  recorded = json.loads((tmp_path / "run" / "config.json").read_text())
-  assert recorded["classifier_head"] == "electra"
+  assert json.loads((tmp_path / "run" / "config.json").read_text())["classifier_head"] == "electra"
   assert json.loads((tmp_path / "run" / "head.json").read_text())["classifier_head"] == "electra"
 
   quietly(convert.convert, None, "hf", str(tmp_path / "run"), str(tmp_path / "export"))
   exported = hf.transformers.ElectraForSequenceClassification.from_pretrained(tmp_path / "export").eval()
   assert exported.config.id2label == {0: "neg", 1: "pos"}
   best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())["weights"]
-  _, params = pretrained.load_pretrained(best)
-  ids, mask, types = (np.asarray(a)[:, :7] % 30000 for a in (IDS, MASK, TYPES))
-  np.testing.assert_allclose(hf_logits(hf, exported, ids, mask, types),
-                             our_logits(model_config_from(config), params, ids, mask, types), atol=1e-4, rtol=0)
+  ids = np.minimum(IDS, len(VOCAB) - 1)
+  np.testing.assert_allclose(hf_logits(hf, exported, ids), our_logits(model_config_from(config),
+                                                                      pretrained.load_pretrained(best)[1], ids),
+                             atol=1e-4, rtol=0)
+  original, back = (hf.transformers.AutoTokenizer.from_pretrained(folder) for folder in (source, tmp_path / "export"))
+  assert (source / "vocab.txt").read_bytes() == (tmp_path / "export" / "vocab.txt").read_bytes()
+  for first, second in TEXTS:
+    assert back(first, second)["input_ids"] == original(first, second)["input_ids"]

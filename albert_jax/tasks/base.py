@@ -25,6 +25,7 @@ from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model_config import ModelConfig
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.wordpiece import WordPieceTokenizer, load_tokenizer
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 SPLIT_NAME = re.compile(r"\w[\w.-]*")  # a file (or folder) of the data folder, without a path
@@ -60,7 +61,9 @@ class DataFileError(InputError):
     super().__init__(f"{location}: {message}")
 
 
-def make_tokenizer(config) -> Tokenizer:
+def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer:
+  """The tokenizer data.spm_model names: a SentencePiece model, or a WordPiece vocab.txt (the released ELECTRA
+  folders')."""
   if not config.data.spm_model:
     init = config.get("init_checkpoint", "")
     if init and not storage.path(init).exists():  # the weights would name it: that is what to fix
@@ -72,7 +75,7 @@ def make_tokenizer(config) -> Tokenizer:
     raise InputError(f"config.data.spm_model is empty{named}; pass the SentencePiece model the checkpoint was trained "
                      "with (ALBERT's is spiece.model / 30k-clean.model), e.g. --config.data.spm_model=PATH.")
   # Pretraining configs (`--mode=embed` with one) have no such field: their data is prepared uncased by default.
-  return Tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
+  return load_tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
 
 
 def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
