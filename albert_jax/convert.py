@@ -99,7 +99,8 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
     src = head_identity.best_weights(src, best)
   electra = electra_interop.run_weights(src, PASS_WORKDIR)  # an ELECTRA run: both towers and its generator's width
   model_config, params = electra[:2] if electra else _our_weights(src)
-  as_electra = electra is not None or electra_interop.holds_electra_heads(params)
+  as_electra = electra is not None or electra_interop.holds_electra_heads(params) or (
+      set(params) == {"albert"} and pretrained.backbone_family(src) == pretrained.ELECTRA)  # an ElectraModel
   tokenizer = None if spm_model == NO_TOKENIZER else hf_export.run_tokenizer(run, spm_model)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None

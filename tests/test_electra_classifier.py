@@ -76,6 +76,12 @@ def test_electra_for_sequence_classification_converts_both_ways(hf, tmp_path):
   back = json.loads((tmp_path / "back" / "config.json").read_text())
   assert (back["architectures"], back["id2label"], back["problem_type"]) == (
       [ELECTRA_SEQUENCE_CLASSIFICATION], {"0": "neg", "1": "neu", "2": "pos"}, "single_label_classification")
+  # The encoder alone is an ElectraModel, and stays one through --from=hf and --to=hf (backbone.json says ELECTRA).
+  none = convert.NO_TOKENIZER
+  convert.convert(None, "hf", str(tmp_path / "ours"), str(tmp_path / "encoder"), encoder_only=True, spm_model=none)
+  convert.convert("hf", None, str(tmp_path / "encoder"), str(tmp_path / "encoder_ours"))
+  convert.convert(None, "hf", str(tmp_path / "encoder_ours"), str(tmp_path / "encoder_back"), spm_model=none)
+  assert json.loads((tmp_path / "encoder_back" / "config.json").read_text())["architectures"] == ["ElectraModel"]
 
 
 @pytest.mark.hf
