@@ -10,13 +10,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import convert, electra_interop, finetune, hf_export, pretrained
+from albert_jax import convert, electra_interop, finetune, hf_export, job_kinds, pretrained
 from albert_jax.errors import InputError
 from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION
 from albert_jax.model_config import ModelConfig, model_config_from
 from albert_jax.tasks import TaskSettings, get_task
 from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
 from data_pipeline.wordpiece import WordPieceTokenizer
+from experiments import glue
 from tests.helpers import config_for, quietly, write_split
 
 # Sizes no other test uses: V=41, E=20, H=28 (E != H), 4 heads of 7, FFN 36, 21 positions, 3 classes.
@@ -130,6 +131,17 @@ def test_the_head_follows_the_backbone_and_is_recorded(tmp_path):
       ELECTRA_SEQUENCE_CLASSIFICATION, "AlbertForSequenceClassification")
   with pytest.raises(InputError, match="classifier_head='bert'; choose one of auto, albert, electra"):
     TaskSettings(**settings, classifier_head="bert")
+
+
+def test_describe_says_which_head_and_counts_it(capsys):
+  """--mode=describe of GLUE with ELECTRA's head: it says so, and counts H x H + H + H x 2 + 2 head parameters."""
+  config = glue.get_config("task=rte,size=tiny")
+  config.data.max_seq_length, config.classifier_head = 32, "electra"
+  job_kinds.kind_for(config).describe()
+  lines = capsys.readouterr().out.splitlines()
+  assert "classifier head: ELECTRA's (ElectraClassifier)" in lines
+  h = config.model.hidden_size
+  assert json.loads(lines[-1])["params_heads"] == h * h + h + h * 2 + 2
 
 
 # A BERT-style uncased WordPiece vocabulary for the words of `write_split`'s rows, and a few more.
