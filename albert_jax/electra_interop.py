@@ -47,8 +47,8 @@ _OURS_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"
 _BUFFERS = ("electra.embeddings.position_ids", "electra.embeddings.token_type_ids")
 _TIED = "generator_lm_head.weight"
 _POOLER = ("albert", "pooler")
-POOLER_NOTE = ("an ELECTRA run leaves it untrained too; fine-tuning takes ELECTRA's classification head, which reads "
-               "no pooler")
+POOLER_NOTE = ("an ELECTRA run leaves it untrained too; sequence classification takes ELECTRA's head, which reads no "
+               "pooler, and a head that reads it trains it")
 
 
 def _encoder_map(c: ModelConfig, ours: Path) -> list[tuple[Path, str, bool]]:

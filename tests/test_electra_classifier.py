@@ -1,6 +1,7 @@
 """ELECTRA's classification head (tasks/heads.ElectraClassifier): chosen by `classifier_head=auto` for weights of an
 ELECTRA backbone, recorded with the run; transformers' ElectraForSequenceClassification both ways (logits within
-1e-4, the very tensors on a round trip); a fine-tuned ELECTRA run exported as that class."""
+1e-4, the very tensors on a round trip); a fine-tuned ELECTRA run exported as that class. The WordPiece vocab.txt
+of the released ELECTRA folders (data_pipeline/wordpiece.py): BERT's ids, carried by convert both ways."""
 import json
 
 import flax.linen as nn
@@ -14,7 +15,7 @@ from albert_jax import convert, electra_interop, finetune, hf_export, job_kinds,
 from albert_jax.errors import InputError
 from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION
 from albert_jax.model_config import ModelConfig, model_config_from
-from albert_jax.tasks import TaskSettings, get_task
+from albert_jax.tasks import TaskSettings, alignment, get_task
 from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
 from data_pipeline.wordpiece import WordPieceTokenizer
 from experiments import glue
@@ -150,9 +151,10 @@ VOCAB = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "good",
 TEXTS = [("A great film!", None), ("Café CRÈME, 1999 (awful) films", "the dull film's Zürich, a fine\tone")]
 
 
+@pytest.mark.hf
 def test_a_wordpiece_vocab_gives_berts_ids(hf, tmp_path):
-  """Our WordPiece tokenizer gives transformers' BertTokenizerFast ids, cased and uncased; a vocabulary without
-  BERT's special tokens is refused."""
+  """Our WordPiece tokenizer gives transformers' BertTokenizerFast ids, cased and uncased, and each piece's span in
+  the original text; a vocabulary without BERT's special tokens is refused."""
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("\n".join(VOCAB) + "\n")
   for lower in (True, False):
@@ -164,6 +166,10 @@ def test_a_wordpiece_vocab_gives_berts_ids(hf, tmp_path):
   uncased = WordPieceTokenizer(str(vocab))
   assert (uncased.encode("Awful films"), ours.encode("Awful films")) == ([11, 12, 14, 15], [2, 14, 15])
   assert ours.vocab_size == len(VOCAB)
+  # SQuAD's answer spans: each piece's characters in the original text, accents and capitals included.
+  aligned = alignment.align(uncased, "Café  CRÈME, awful")
+  assert (aligned.ids, aligned.start.tolist(), aligned.end.tolist()) == (
+      [20, 21, 17, 11, 12], [0, 6, 11, 13, 15], [4, 11, 12, 15, 18])
   assert (ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id) == (3, 4, 0, 5)
   (tmp_path / "bad.txt").write_text("[PAD]\n[UNK]\na\n")
   with pytest.raises(InputError, match="has no \\[CLS\\], \\[SEP\\], \\[MASK\\]; pass a BERT-style vocab.txt"):
