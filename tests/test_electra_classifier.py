@@ -14,6 +14,7 @@ import pytest
 from albert_jax import convert, electra_interop, finetune, hf_export, job_kinds, pretrained
 from albert_jax.errors import InputError
 from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION
+from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig, model_config_from
 from albert_jax.tasks import TaskSettings, alignment, get_task
 from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
@@ -92,10 +93,9 @@ def test_ours_exports_as_electra_for_sequence_classification_with_our_logits(hf,
   our logits; a head whose task names other classes than it has outputs is refused before anything is written."""
   model_config = ModelConfig(**{k: v for k, v in HF.items() if not k.endswith("dropout_prob")},
                                         sharing="none")
-  inputs = (jnp.asarray(IDS), jnp.asarray(MASK), jnp.asarray(TYPES))
-  params = nn.unbox(jax.device_get(ElectraClassifier(model_config, 1).init(jax.random.key(3), *inputs)["params"]))
-  rng = np.random.RandomState(0)  # biases and LayerNorms random too
-  params = jax.tree.map(lambda x: (x + rng.normal(0, 0.05, x.shape)).astype(np.float32), params)
+  rng = np.random.RandomState(0)  # every weight random, biases and LayerNorms too
+  params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
+                        nn.unbox(abstract_params(ElectraClassifier(model_config, 1))))
   folder = electra_interop.save_hf(model_config, params, str(tmp_path / "reg"))[0]
   loaded = hf.transformers.ElectraForSequenceClassification.from_pretrained(folder).eval()
   assert loaded.config.problem_type == "regression" and loaded.num_labels == 1
