@@ -4,6 +4,7 @@ ELECTRA backbone, recorded with the run; transformers' ElectraForSequenceClassif
 of the released ELECTRA folders (data_pipeline/wordpiece.py): BERT's ids, carried by convert both ways."""
 import json
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -90,7 +91,7 @@ def test_electra_for_sequence_classification_converts_both_ways(hf, tmp_path):
 @pytest.mark.hf
 def test_ours_exports_as_electra_for_sequence_classification_with_our_logits(hf, tmp_path):
   """Random params of our ELECTRA-headed model (a regression: one output, no labels) load into transformers with
-  our logits; a head whose task names other classes than it has outputs is refused before anything is written."""
+  our logits and come back exactly; a head whose task names other classes than it has outputs is refused before anything is written."""
   model_config = ModelConfig(**{k: v for k, v in HF.items() if not k.endswith("dropout_prob")},
                                         sharing="none")
   rng = np.random.RandomState(0)  # every weight random, biases and LayerNorms too
@@ -100,6 +101,11 @@ def test_ours_exports_as_electra_for_sequence_classification_with_our_logits(hf,
   loaded = hf.transformers.ElectraForSequenceClassification.from_pretrained(folder).eval()
   assert loaded.config.problem_type == "regression" and loaded.num_labels == 1
   np.testing.assert_allclose(hf_logits(hf, loaded), our_logits(model_config, params), atol=1e-4, rtol=0)
+  _, back = electra_interop.load_hf(folder)  # every weight exactly, but the pooler, which HF ELECTRA has not
+  flat, flat_back = (flax.traverse_util.flatten_dict(tree) for tree in (params, back))
+  assert sorted(flat) == sorted(flat_back)
+  for path in flat:
+    assert path[:2] == ("albert", "pooler") or np.array_equal(flat[path], flat_back[path]), path
   head = electra_interop.HFHead(ELECTRA_SEQUENCE_CLASSIFICATION, ("a", "b"))
   with pytest.raises(InputError, match="ELECTRA's classification head with 1 outputs, but its task names"):
     electra_interop.save_hf(model_config, params, str(tmp_path / "wrong"), head=head)
