@@ -168,15 +168,14 @@ def backbone_family(path: str) -> str:
 
 
 def with_classifier_head(config: ml_collections.ConfigDict, path: str | None) -> ml_collections.ConfigDict:
-  """`config` with classifier_head "auto" (`tasks.base.CLASSIFIER_HEADS`) decided by the weights at `path`:
-  ELECTRA's head for an ELECTRA backbone (said in one line), else ALBERT's."""
-  if config.get("classifier_head") != "auto":
+  """`config` with classifier_head "auto" (`tasks.base.CLASSIFIER_HEADS`) made "electra" when the weights at `path`
+  are of an ELECTRA backbone (said in one line); for other weights `config` itself, whose "auto" is ALBERT's head."""
+  if config.get("classifier_head") != "auto" or not path or _process_0s(backbone_family(path)) != ELECTRA:
     return config
   config = config.copy_and_resolve_references()
-  config.classifier_head = _process_0s(backbone_family(path)) if path else "albert"
-  if config.classifier_head == ELECTRA:
-    _say(f"classifier_head=electra: {path} holds an ELECTRA backbone, so sequence classification takes ELECTRA's "
-         "head (dense, GELU, projection, on the first token; no pooler); --config.classifier_head=albert: ALBERT's")
+  config.classifier_head = ELECTRA
+  _say(f"classifier_head=electra: {path} holds an ELECTRA backbone, so sequence classification takes ELECTRA's "
+       "head (dense, GELU, projection, on the first token; no pooler); --config.classifier_head=albert: ALBERT's")
   return config
 
 

@@ -124,15 +124,17 @@ def test_the_head_follows_the_backbone_and_is_recorded(tmp_path):
   config = ml_collections.ConfigDict({"classifier_head": "auto"})
   chosen = lambda path, c=config: pretrained.with_classifier_head(c, path).classifier_head
   assert [chosen(str(tmp_path / name)) for name in ("electra_run", "finetuned", "albert_run")] == [
-      "electra", "electra", "albert"]
-  assert chosen("") == "albert" and config.classifier_head == "auto"
+      "electra", "electra", "auto"]  # auto: ALBERT's head
+  assert pretrained.with_classifier_head(config, "") is config and config.classifier_head == "auto"
   assert chosen(str(tmp_path / "electra_run"), ml_collections.ConfigDict({"classifier_head": "albert"})) == "albert"
 
   settings = dict(task="classification", path=str(tmp_path), labels=("a", "b"))
-  electra, albert = (get_task(TaskSettings(**settings, classifier_head=head)) for head in ("electra", "albert"))
+  electra, albert, auto = (get_task(TaskSettings(**settings, classifier_head=head))
+                           for head in ("electra", "albert", "auto"))
   model_config = ModelConfig(**{k: v for k, v in HF.items() if not k.endswith("dropout_prob")})
   assert isinstance(electra.make_model(model_config), ElectraClassifier)
   assert isinstance(albert.make_model(model_config), PooledClassifier)
+  assert isinstance(auto.make_model(model_config), PooledClassifier) and auto.identity() == albert.identity()
   assert electra.identity() == {**albert.identity(), "classifier_head": "electra"}
   assert (electra.hf_head.architecture, albert.hf_head.architecture) == (
       ELECTRA_SEQUENCE_CLASSIFICATION, "AlbertForSequenceClassification")

@@ -173,8 +173,8 @@ def read_text(path: str) -> str:
 
 # The heads of sequence classification (GLUE, your own data): ALBERT's (the pooler's tanh(dense) of [CLS], dropout,
 # dense) and ELECTRA's (`heads.ElectraClassifier`: dense, GELU, dropout, dense on the first token, no pooler).
-# "auto", the fine-tuning configs' default, is ELECTRA's for weights from an ELECTRA backbone
-# (`pretrained.with_recorded_model`), else ALBERT's.
+# "auto", the fine-tuning configs' default, becomes "electra" for weights of an ELECTRA backbone
+# (`pretrained.with_classifier_head`) and is ALBERT's otherwise.
 CLASSIFIER_HEADS = ("auto", "albert", "electra")
 
 
