@@ -74,18 +74,19 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
     src = head_identity.best_weights(src, best)
   electra = electra_interop.run_weights(src, PASS_WORKDIR)  # an ELECTRA run: both towers and its generator's width
   model_config, params = electra[:2] if electra else _our_weights(src)
-  as_electra = electra is not None or electra_interop.holds_electra_heads(params)
+  as_electra = electra is not None or electra_interop.holds_electra_heads(params) or (
+      set(params) == {"albert"} and pretrained.backbone_family(src) == pretrained.ELECTRA)  # an ElectraModel
   tokenizer = None if spm_model == NO_TOKENIZER else hf_export.run_tokenizer(run, spm_model)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
-  elif not as_electra:
+  else:
     head = interop.finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
   max_length = model_config.max_position_embeddings
   if tokenizer:
     hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
   if as_electra:
-    for folder in electra_interop.save_hf(model_config, params, dst, electra and electra[2])[1:]:
+    for folder in electra_interop.save_hf(model_config, params, dst, electra and electra[2], head)[1:]:
       hf_export.check_loaded(None, folder, f"remove what else --dst={dst} holds and convert again")
       print(f"The generator went to {folder} (ElectraForMaskedLM).", flush=True)
     print(f"HF ELECTRA has no pooler: albert/pooler is not written ({electra_interop.POOLER_NOTE}).", flush=True)

@@ -6,6 +6,7 @@ parameter tree of `electra_model.py`; the files are read and written by interop'
   ElectraForPreTraining  <-> {"albert", "discriminator_predictions"}   (the discriminator)
   ElectraForMaskedLM     <-> {"albert", "generator_predictions"}       (a generator on its own: its config is H_g's)
   ElectraModel           <-> {"albert"}
+  ElectraForSequenceClassification <-> {"albert", "classifier": {"dense", "out_proj"}}   (`heads.ElectraClassifier`)
 An ELECTRA run (`electra_model.ElectraForPreTraining`'s tree) exports as the discriminator's ElectraForPreTraining
 in the folder and its generator as an ElectraForMaskedLM in `generator/` inside it, both over the same embeddings.
 
@@ -24,9 +25,10 @@ from flax import traverse_util
 import jax
 import numpy as np
 
-from albert_jax import checkpointing, interop, pretrained, run_config, storage
+from albert_jax import checkpointing, head_identity, interop, pretrained, run_config, storage
 from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
 from albert_jax.errors import InputError
+from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION, HFHead
 from albert_jax.interop import _check_shape, _layer_norm, _linear, _read_config, _read_tensors, _write_hf
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig
@@ -34,6 +36,7 @@ from albert_jax.model_config import ModelConfig
 Path = tuple[str, ...]
 PRETRAINING, MASKED_LM, BACKBONE = "ElectraForPreTraining", "ElectraForMaskedLM", "ElectraModel"
 DISCRIMINATOR_HEAD, GENERATOR_HEAD = "discriminator_predictions", "generator_predictions"
+CLASSIFIER = "classifier"  # ELECTRA's classification head, named as transformers names it
 GENERATOR_DIR = "generator"  # where an ELECTRA run's generator goes inside the exported folder
 # ElectraConfig's defaults, for config.json files that leave a field out.
 _HF_DEFAULTS = {"vocab_size": 30522, "embedding_size": 128, "hidden_size": 256, "num_hidden_layers": 12,
@@ -44,7 +47,8 @@ _OURS_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"
 _BUFFERS = ("electra.embeddings.position_ids", "electra.embeddings.token_type_ids")
 _TIED = "generator_lm_head.weight"
 _POOLER = ("albert", "pooler")
-POOLER_NOTE = "an ELECTRA run leaves it untrained too; fine-tuning trains it"
+POOLER_NOTE = ("an ELECTRA run leaves it untrained too; sequence classification takes ELECTRA's head, which reads no "
+               "pooler, and a head that reads it trains it")
 
 
 def _encoder_map(c: ModelConfig, ours: Path) -> list[tuple[Path, str, bool]]:
@@ -89,6 +93,16 @@ def generator_map(g: ModelConfig, encoder: Path) -> list[tuple[Path, str, bool]]
   return m + [((GENERATOR_HEAD, "bias"), "generator_lm_head.bias", False)]
 
 
+def classifier_map() -> list[tuple[Path, str, bool]]:
+  """(our path, `ElectraForSequenceClassification` key, transpose?) of ELECTRA's classification head."""
+  return [entry for name in ("dense", "out_proj") for entry in _linear((CLASSIFIER, name), f"{CLASSIFIER}.{name}")]
+
+
+def holds_classifier(params: Any) -> bool:
+  """Whether our params hold ELECTRA's classification head (ALBERT's `classifier` is one dense: kernel, bias)."""
+  return "out_proj" in (params.get(CLASSIFIER) or {})
+
+
 def is_electra_dir(path: str) -> bool:
   """Whether a transformers folder holds an ELECTRA model (config.json's model_type)."""
   return _read_config(os.path.abspath(path)).get("model_type") == "electra"
@@ -96,7 +110,7 @@ def is_electra_dir(path: str) -> bool:
 
 def holds_electra_heads(params: Any) -> bool:
   """Whether our params are ELECTRA's (a run's, or a converted discriminator's or generator's)."""
-  return bool({GENERATOR, DISCRIMINATOR_HEAD, GENERATOR_HEAD} & set(params))
+  return bool({GENERATOR, DISCRIMINATOR_HEAD, GENERATOR_HEAD} & set(params)) or holds_classifier(params)
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -137,8 +151,9 @@ def _initialised_pooler(c: ModelConfig) -> dict[Path, np.ndarray]:
 
 
 def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
-  """Reads a transformers ELECTRA folder (ElectraForPreTraining, ElectraForMaskedLM or ElectraModel) as
-  (ModelConfig, float32 numpy params); see the module docstring for the trees."""
+  """Reads a transformers ELECTRA folder (ElectraForPreTraining, ElectraForMaskedLM, ElectraModel or
+  ElectraForSequenceClassification) as (ModelConfig, float32 numpy params); see the module docstring for the
+  trees. What a classifier was trained for is `head_identity.hf_head_from_config`'s."""
   path = os.path.abspath(path)
   hf_config = _read_config(path)
   c = config_from_hf(hf_config)
@@ -146,7 +161,8 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   tensors = _read_tensors(path)
   if architecture == BACKBONE:  # ElectraModel's keys have no "electra." prefix
     tensors = {k if k.startswith("electra.") else f"electra.{k}": v for k, v in tensors.items()}
-  mapping = {PRETRAINING: discriminator_map(c), BACKBONE: discriminator_map(c, head=False)}.get(architecture)
+  mapping = {PRETRAINING: discriminator_map(c), BACKBONE: discriminator_map(c, head=False),
+             SEQUENCE_CLASSIFICATION: discriminator_map(c, head=False) + classifier_map()}.get(architecture)
   if architecture == MASKED_LM:
     if c.hidden_act != "gelu":
       raise InputError(f"{path}: hidden_act={hf_config['hidden_act']!r}, but ElectraForMaskedLM's head applies exact "
@@ -154,7 +170,7 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
     mapping = generator_map(c, ("albert", "encoder"))
   if mapping is None:
     raise InputError(f"{path}: config.json names {architecture}; the ELECTRA classes read here are {PRETRAINING}, "
-                     f"{MASKED_LM} and {BACKBONE}.")
+                     f"{MASKED_LM}, {BACKBONE} and {SEQUENCE_CLASSIFICATION}.")
   params = _initialised_pooler(c)
   for ours, key, transpose in mapping:
     if key not in tensors:
@@ -171,14 +187,20 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   if tensors:
     raise InputError(f"{path}: parameters {sorted(tensors)[:5]} have no place in {architecture} as config.json "
                      "describes it; the config does not describe these weights.")
-  _check_shapes(c, params, architecture, path)
+  head = head_identity.hf_head_from_config(hf_config, path)
+  _check_shapes(c, params, architecture, path, head.num_labels if head else 0)
   return c, traverse_util.unflatten_dict(params)
 
 
-def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], architecture: str, where: str) -> None:
-  """Every tensor in the shape our model gives it (an ELECTRA pair of `c`'s width built with fraction 1)."""
+def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], architecture: str, where: str,
+                  num_labels: int) -> None:
+  """Every tensor in the shape our model gives it (an ELECTRA pair of `c`'s width built with fraction 1; a
+  classifier of `num_labels` outputs)."""
   abstract = nn.unbox(abstract_params(ElectraForPreTraining(c, 1.0)))
   shapes = {p: tuple(x.shape) for p, x in traverse_util.flatten_dict(abstract).items()}
+  h = c.hidden_size
+  shapes.update({(CLASSIFIER, "dense", "kernel"): (h, h), (CLASSIFIER, "dense", "bias"): (h,),
+                 (CLASSIFIER, "out_proj", "kernel"): (h, num_labels), (CLASSIFIER, "out_proj", "bias"): (num_labels,)})
   for path, value in params.items():
     expected = shapes[(GENERATOR,) + path[2:] if architecture == MASKED_LM and path[:2] == ("albert", "encoder")
                       else path]
@@ -196,10 +218,12 @@ def _tensors(mapping: list[tuple[Path, str, bool]], flat: dict[Path, np.ndarray]
   return tensors
 
 
-def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | None = None) -> list[str]:
+def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | None = None,
+            head: HFHead | None = None) -> list[str]:
   """Writes `params` as transformers ELECTRA folders (module docstring): `path`, and `path/generator` for an
-  ELECTRA run's generator (`generator_fraction`: the run's electra.generator_fraction). Returns the folders. Every
-  refusal comes before anything is written."""
+  ELECTRA run's generator (`generator_fraction`: the run's electra.generator_fraction). `head`: what a classifier
+  was trained for (a task's `hf_head`, or a converted folder's), its class names becoming id2label; without it a
+  one-output classifier is a regression. Returns the folders. Every refusal comes before anything is written."""
   flat = {p: np.asarray(x) for p, x in traverse_util.flatten_dict(nn.unbox(params)).items()}
   dtype = np.result_type(*flat.values()).name
   for key in (_POOLER + ("kernel",), _POOLER + ("bias",)):
@@ -217,10 +241,14 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
   heads = {p[0] for p in flat}
   if GENERATOR_HEAD in heads and DISCRIMINATOR_HEAD not in heads:
     architecture, mapping = MASKED_LM, generator_map(c, ("albert", "encoder"))
+  elif CLASSIFIER in heads:
+    architecture, mapping = SEQUENCE_CLASSIFICATION, discriminator_map(c, head=False) + classifier_map()
   else:
     architecture = PRETRAINING if DISCRIMINATOR_HEAD in heads else BACKBONE
     mapping = discriminator_map(c, head=architecture == PRETRAINING)
   hf = config_to_hf(c, architecture, dtype)
+  if architecture == SEQUENCE_CLASSIFICATION:
+    hf.update(_classifier_fields(head, flat.get((CLASSIFIER, "out_proj", "bias"), np.zeros(0)).shape[0]))
   tensors = _tensors(mapping, flat)
   if architecture == BACKBONE:  # as transformers saves ElectraModel: without the "electra." prefix
     tensors = {k.removeprefix("electra."): v for k, v in tensors.items()}
@@ -231,6 +259,15 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
   for folder, (tensors, hf) in folders.items():
     _write_hf(folder, tensors, hf)
   return list(folders)
+
+
+def _classifier_fields(head: HFHead | None, outputs: int) -> dict[str, Any]:
+  """config.json's id2label, label2id and problem_type of a classifier with `outputs` outputs trained as `head`."""
+  head = head or HFHead(SEQUENCE_CLASSIFICATION)
+  if head.architecture != SEQUENCE_CLASSIFICATION or (head.labels and len(head.labels) != outputs):
+    raise InputError(f"params hold ELECTRA's classification head with {outputs} outputs, but its task names "
+                     f"{head.architecture} with labels {head.labels}; export the run's workdir as it was trained.")
+  return head_identity.hf_config_fields(head, outputs)
 
 
 def run_weights(src: str, hint: str) -> tuple[ModelConfig, Any, float] | None:

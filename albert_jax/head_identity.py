@@ -75,8 +75,11 @@ QUESTION_ANSWERING = "AlbertForQuestionAnswering"
 MULTIPLE_CHOICE = "AlbertForMultipleChoice"
 TOKEN_CLASSIFICATION = "AlbertForTokenClassification"
 MASKED_LM = "AlbertForMaskedLM"
+ELECTRA_SEQUENCE_CLASSIFICATION = "ElectraForSequenceClassification"  # ELECTRA's head (`heads.ElectraClassifier`)
+CLASSIFIERS = (SEQUENCE_CLASSIFICATION, ELECTRA_SEQUENCE_CLASSIFICATION)  # classes, named or not, or a regression
 MULTI_LABEL = "multi_label_classification"  # the problem_type of a classifier with a sigmoid per class
-HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", MULTIPLE_CHOICE: "classifier",
+HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", ELECTRA_SEQUENCE_CLASSIFICATION: "classifier",
+                  MULTIPLE_CHOICE: "classifier",
                   QUESTION_ANSWERING: "qa_outputs", TOKEN_CLASSIFICATION: "classifier"}
 # The answer-class head's top-level param names (the original's variable scopes, `heads.AnswerClassSpanHead`);
 # HF has no class holding them.
@@ -116,7 +119,7 @@ def hf_head_from_config(hf_config: Mapping[str, Any], path: str) -> HFHead | Non
   architecture = (hf_config.get("architectures") or [""])[0]
   if architecture not in HF_HEAD_PARAMS:
     return None
-  if architecture not in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
+  if architecture not in (*CLASSIFIERS, TOKEN_CLASSIFICATION):
     return HFHead(architecture)
   problem_type = hf_config.get("problem_type")
   id2label = {int(i): name for i, name in (hf_config.get("id2label") or {}).items()}
@@ -158,10 +161,10 @@ def hf_head_for(name: str, outputs: int, head: HFHead | None) -> tuple[HFHead, i
 def hf_config_fields(head: HFHead, outputs: int) -> dict[str, Any]:
   """The config.json fields that say what `head` was trained for (`hf_head_from_config` reads them back)."""
   config: dict[str, Any] = {}
-  if head.architecture in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
+  if head.architecture in (*CLASSIFIERS, TOKEN_CLASSIFICATION):
     labels = head.labels or [f"LABEL_{i}" for i in range(outputs)]
     config = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
-  if head.architecture == SEQUENCE_CLASSIFICATION:
+  if head.architecture in CLASSIFIERS:
     config["problem_type"] = head.problem_type or (
         "single_label_classification" if head.labels or outputs > 1 else "regression")
   return config

@@ -21,7 +21,9 @@ from tokenizers import Regex, normalizers, pre_tokenizers, processors
 
 from albert_jax import pretrained, storage
 from albert_jax.errors import InputError
+from data_pipeline import wordpiece
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
+from data_pipeline.wordpiece import WordPieceTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = pretrained.HF_TOKENIZER_CONFIG
@@ -63,14 +65,23 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tokenizers.Tokenizer:
   return hf
 
 
-def save_tokenizer(tokenizer: Tokenizer, path: str, max_length: int) -> None:
-  """tokenizer.json, its tokenizer_config.json, and spiece.model for tools that read the SentencePiece model."""
-  storage.write_atomic(os.path.join(path, TOKENIZER_FILE), hf_tokenizer(tokenizer).to_str())
-  settings = {"tokenizer_class": "PreTrainedTokenizerFast", "do_lower_case": tokenizer.do_lower_case,
-              "model_max_length": max_length, **SPECIAL_TOKENS,
+def special_tokens(tokenizer: Tokenizer | WordPieceTokenizer) -> dict[str, str]:
+  """transformers' names of the tokenizer's special tokens: ALBERT's SentencePiece ones, or BERT's WordPiece ones."""
+  return wordpiece.SPECIAL_TOKENS if isinstance(tokenizer, WordPieceTokenizer) else SPECIAL_TOKENS
+
+
+def save_tokenizer(tokenizer: Tokenizer | WordPieceTokenizer, path: str, max_length: int) -> None:
+  """tokenizer.json, its tokenizer_config.json, and the tokenizer's own file for tools that read it: spiece.model,
+  or a WordPiece vocab.txt, which transformers' BertTokenizerFast reads (its pipeline is our ids' already)."""
+  wordpiece_vocab = isinstance(tokenizer, WordPieceTokenizer)
+  hf = tokenizer.hf if wordpiece_vocab else hf_tokenizer(tokenizer)
+  storage.write_atomic(os.path.join(path, TOKENIZER_FILE), hf.to_str())
+  settings = {"tokenizer_class": "BertTokenizerFast" if wordpiece_vocab else "PreTrainedTokenizerFast",
+              "do_lower_case": tokenizer.do_lower_case, "model_max_length": max_length, **special_tokens(tokenizer),
               "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}  # segment 1 of pairs
   storage.write_atomic(os.path.join(path, TOKENIZER_CONFIG), json.dumps(settings, indent=2))
-  storage.write_atomic(os.path.join(path, SPM_FILE), storage.path(tokenizer.model_path).read_bytes())
+  storage.write_atomic(os.path.join(path, wordpiece.VOCAB_FILE if wordpiece_vocab else SPM_FILE),
+                       storage.path(tokenizer.model_path).read_bytes())
 
 
 def our_ids(tokenizer: Tokenizer, first: str, second: str | None) -> tuple[list[int], list[int]]:
@@ -88,7 +99,7 @@ def check_tokenizer(tokenizer: Tokenizer, vocab_size: int, max_length: int) -> s
   ids than ours (`check_loaded`); written to a scratch folder first, so a refusal leaves --dst alone. Returns what
   loaded it."""
   if tokenizer.vocab_size != vocab_size:
-    raise InputError(f"SentencePiece model {tokenizer.model_path} has {tokenizer.vocab_size} pieces but the model "
+    raise InputError(f"The tokenizer {tokenizer.model_path} has {tokenizer.vocab_size} pieces but the model "
                      f"has vocab_size={vocab_size}; pass the model it was trained with (--spm_model).")
   with tempfile.TemporaryDirectory() as scratch:
     save_tokenizer(tokenizer, scratch, max_length)
@@ -122,9 +133,10 @@ def check_loaded(tokenizer: Tokenizer | None, folder: str, fix: str, with_model:
   if transformers:
     loaded = transformers.AutoTokenizer.from_pretrained(folder)
     encode = lambda a, b: (lambda e: (e["input_ids"], e["token_type_ids"]))(loaded(a, b))
-    special = {name: getattr(loaded, name) for name in SPECIAL_TOKENS}
-    if special != SPECIAL_TOKENS or (added := set(loaded.get_added_vocab()) - set(SPECIAL_TOKENS.values())):
-      found = f"added tokens {sorted(added)}" if special == SPECIAL_TOKENS else f"special tokens {special}"
+    ours = special_tokens(tokenizer)
+    special = {name: getattr(loaded, name) for name in ours}
+    if special != ours or (added := set(loaded.get_added_vocab()) - set(ours.values())):
+      found = f"added tokens {sorted(added)}" if special == ours else f"special tokens {special}"
       raise InputError(f"{folder}: transformers loads the tokenizer with {found}, unlike {tokenizer.model_path}; "
                        f"{fix}.")
   else:
@@ -147,4 +159,4 @@ def run_tokenizer(src: str, spm_model: str | None = None) -> Tokenizer:
                      "spiece.model), so that the export's tokenizer gives the model's ids, or --spm_model=none to "
                      "export the weights alone.")
   model, lower = recorded or (None, None)
-  return Tokenizer(spm_model or model, True if lower is None else lower)
+  return wordpiece.load_tokenizer(spm_model or model, True if lower is None else lower)

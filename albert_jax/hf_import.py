@@ -1,8 +1,8 @@
 """Hugging Face folders and Hub names as pretrained weights, wherever weights are taken.
 
 `init_checkpoint` and `convert --from=hf --src` take a transformers `save_pretrained` folder (ALBERT or ELECTRA:
-config.json with model.safetensors, its shards or pytorch_model.bin; spiece.model and tokenizer_config.json where
-the model has a SentencePiece tokenizer) or a Hub name such as `albert/albert-base-v2`. huggingface_hub resolves a
+config.json with model.safetensors, its shards or pytorch_model.bin; spiece.model or WordPiece's vocab.txt, and
+tokenizer_config.json) or a Hub name such as `albert/albert-base-v2`. huggingface_hub resolves a
 name into its cache (HF_HOME): online it fetches what the cache lacks, with progress bars; with HF_HUB_OFFLINE=1 it
 reads the cache alone. A revision (branch, tag or commit) pins a name: `init_checkpoint_revision`, `--revision`.
 
@@ -20,12 +20,13 @@ import ml_collections
 
 from albert_jax import electra_interop, hf_export, interop, pretrained, storage
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
+from data_pipeline import wordpiece
 
 WEIGHT_FILES = (interop.SAFETENSORS_FILE, interop.SAFETENSORS_INDEX, interop.TORCH_FILE)
 # What a conversion reads of a Hub model: its config, its safetensors weights (whole or sharded), its tokenizer.
 # pytorch_model.bin is fetched only for a model without safetensors (often both are there, the same weights).
 HUB_FILES = [interop.CONFIG_FILE, interop.SAFETENSORS_FILE, interop.SAFETENSORS_INDEX, "model-*-of-*.safetensors",
-             hf_export.SPM_FILE, hf_export.TOKENIZER_CONFIG]
+             hf_export.SPM_FILE, wordpiece.VOCAB_FILE, hf_export.TOKENIZER_CONFIG]
 INSTALL_HUB = 'pip install -e ".[hf]"'
 
 
@@ -110,32 +111,34 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> str:
   class) in dst's head.json: eval, predict and warm starts read its classes in that order, and `--to=hf` writes
   them back. `clear`: empties dst of an earlier conversion's files, once the source has loaded."""
   electra = electra_interop.is_electra_dir(src)
-  head = None if electra else interop.read_head(src)
+  head = interop.read_head(src)
   model_config, params = (electra_interop if electra else interop).load_hf(src)
   if electra:
     print(f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({electra_interop.POOLER_NOTE}).",
           flush=True)
   clear()
-  pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None)
+  pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None,
+                             family=pretrained.ELECTRA if electra else "albert")
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
   trained = f"; an {head.architecture} head{labels}" if head else ""
   return f"{', '.join(sorted(params))}{trained}; {_carry_tokenizer(src, dst)}"
 
 
 def _carry_tokenizer(src: str, dst: str) -> str:
-  """Copies the folder's SentencePiece model and its tokenizer_config.json (do_lower_case) beside the weights, where
-  `pretrained.recorded_tokenizer` finds them: fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns
-  what was carried, for the closing line."""
-  model = os.path.join(src, hf_export.SPM_FILE)
-  if not os.path.isfile(model):
-    return (f"no tokenizer: {src} has no {hf_export.SPM_FILE}, so runs from {dst} need data.spm_model and "
-            "--to=hf needs --spm_model")
-  storage.write_atomic(os.path.join(dst, hf_export.SPM_FILE), storage.path(model).read_bytes())
+  """Copies the folder's SentencePiece model (or WordPiece vocab.txt, as the released ELECTRA folders have) and its
+  tokenizer_config.json (do_lower_case) beside the weights, where `pretrained.recorded_tokenizer` finds them:
+  fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns what was carried, for the closing line."""
+  name = next((name for name in (hf_export.SPM_FILE, wordpiece.VOCAB_FILE) if os.path.isfile(os.path.join(src, name))),
+              None)
+  if name is None:
+    return (f"no tokenizer: {src} has no {hf_export.SPM_FILE} nor {wordpiece.VOCAB_FILE}, so runs from {dst} need "
+            "data.spm_model and --to=hf needs --spm_model")
+  storage.write_atomic(os.path.join(dst, name), storage.path(os.path.join(src, name)).read_bytes())
   settings = os.path.join(src, hf_export.TOKENIZER_CONFIG)
   if os.path.isfile(settings):
     storage.write_atomic(os.path.join(dst, hf_export.TOKENIZER_CONFIG), storage.path(settings).read_text())
   lower = pretrained.recorded_tokenizer(dst)[1]
-  return f"its tokenizer {hf_export.SPM_FILE}, do_lower_case={True if lower is None else lower}"
+  return f"its tokenizer {name}, do_lower_case={True if lower is None else lower}"
 
 
 def converted(value: str, revision: str = "", flag: str = "init_checkpoint",

@@ -192,13 +192,16 @@ class FineTuning(EncoderJob):
   def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
     """The task's model (the same encoder, the task's head): the counts of the parameters it trains."""
     import jax
-    from albert_jax import describe
+    from albert_jax import describe, pretrained
     from albert_jax.tasks import get_task
-    model_config = self.model_config(self.config)
-    task = get_task(self.config)
+    config = pretrained.with_classifier_head(self.config, self.config.get("init_checkpoint"))
+    model_config = self.model_config(config)
+    task = get_task(config)
     model = task.build_model(model_config)
+    if hasattr(task, "electra_head"):
+      print(f"classifier head: {'ELECTRA' if task.electra_head else 'ALBERT'}'s ({type(model).__name__})")
     params = jax.eval_shape(lambda rng: task.init_params(model, rng), jax.random.key(0))
-    describe.print_description(model_config, self.config.data.max_seq_length, None, params)
+    describe.print_description(model_config, config.data.max_seq_length, None, params)
 
   def check_seeds_recipe(self) -> None:
     config = self.config

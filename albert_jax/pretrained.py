@@ -34,18 +34,22 @@ from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import SHAPELESS_FIELDS, best_weights, check_shapeless_fields, read_best
 from albert_jax.model_config import ModelConfig
 from albert_jax.run import BEST_DIR, CONFIG_FILE as RUN_CONFIG_FILE, HEAD_FILE, Run
-from data_pipeline import records, tiny
+from data_pipeline import records, tiny, wordpiece
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's, beside a converted folder's spiece.model
+BACKBONE_FILE = "backbone.json"  # beside converted weights of an ELECTRA backbone: {"family": "electra"}
+ELECTRA = "electra"
 _CONVERT_AGAIN = "convert the weights again (python -m albert_jax.convert)"
 RESTORE_RUN_CONFIG = "restore it from a copy, or from the config.<step>.json that a resume kept there"
 
 
-def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head: dict | None = None) -> None:
+def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head: dict | None = None,
+                    family: str = "albert") -> None:
   """`head`: the identity of the params' fine-tuned head (`HFHead.identity()` of converted weights), kept as
-  HEAD_FILE so that eval, predict, warm starts and export read its classes in their trained order."""
+  HEAD_FILE so that eval, predict, warm starts and export read its classes in their trained order. `family`: the
+  backbone's, "electra" kept as BACKBONE_FILE (`backbone_family`)."""
   directory = storage.absolute(directory)
   storage.path(directory).mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
@@ -58,6 +62,10 @@ def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head
       storage.remove(os.path.join(directory, HEAD_FILE))
     else:
       storage.write_atomic(os.path.join(directory, HEAD_FILE), json.dumps(head, indent=2))
+    if family == ELECTRA:
+      storage.write_atomic(os.path.join(directory, BACKBONE_FILE), json.dumps({"family": family}))
+    else:
+      storage.remove(os.path.join(directory, BACKBONE_FILE))
     storage.write_atomic(os.path.join(directory, CONFIG_FILE), json.dumps(model_config.to_dict(), indent=2))
 
 
@@ -123,8 +131,9 @@ def tiny_data_dir(data_path: str, workdir: str) -> str:
 def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   """(SentencePiece model, do_lower_case or None where unrecorded) that the weights at `path` were trained with:
   their run's data.spm_model, else the copy kept with its prepared data (the bundled tiny run's is built into its
-  workdir), else a spiece.model kept beside converted weights (`convert --from=hf` carries it, with the Hugging Face
-  tokenizer_config.json's do_lower_case); None where nothing names one (synthetic data)."""
+  workdir), else a spiece.model or WordPiece vocab.txt kept beside converted weights (`convert --from=hf` carries
+  it, with the Hugging Face tokenizer_config.json's do_lower_case); None where nothing names one (synthetic
+  data)."""
   workdir = run_workdir(path)
   data = _run_config(workdir).get("data", {}) if workdir else {}
   kind = data.get("kind")
@@ -136,19 +145,47 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   model = data.get("spm_model") or (os.path.join(folder, prepared["model"]) if prepared else "")
   if model:
     return model, data.get("do_lower_case", prepared.get("do_lower_case"))
-  beside, settings = os.path.join(path, records.SPM_MODEL), os.path.join(path, HF_TOKENIZER_CONFIG)
-  if not storage.path(beside).is_file():
+  settings = os.path.join(path, HF_TOKENIZER_CONFIG)
+  beside = next((os.path.join(path, name) for name in (records.SPM_MODEL, wordpiece.VOCAB_FILE)
+                 if storage.path(os.path.join(path, name)).is_file()), None)
+  if beside is None:
     return None
   lower = (read_json_object(settings, "a tokenizer config", _CONVERT_AGAIN).get("do_lower_case")
            if storage.path(settings).is_file() else None)
   return beside, lower
 
 
+def backbone_family(path: str) -> str:
+  """"electra" for weights of an ELECTRA backbone: an ELECTRA pretraining run, a fine-tuning run with ELECTRA's
+  classification head (or its best/step_N), converted transformers ELECTRA weights (BACKBONE_FILE); else
+  "albert"."""
+  if workdir := run_workdir(path):
+    config = _run_config(workdir)
+    return ELECTRA if ELECTRA in (config.get("task"), config.get("classifier_head")) else "albert"
+  record = os.path.join(path, BACKBONE_FILE)
+  if storage.path(record).is_file():
+    return read_json_object(record, "a backbone record", _CONVERT_AGAIN).get("family", "albert")
+  return "albert"
+
+
+def with_classifier_head(config: ml_collections.ConfigDict, path: str | None) -> ml_collections.ConfigDict:
+  """`config` with classifier_head "auto" (`tasks.base.CLASSIFIER_HEADS`) made "electra" when the weights at `path`
+  are of an ELECTRA backbone (said in one line); for other weights `config` itself, whose "auto" is ALBERT's head."""
+  if config.get("classifier_head") != "auto" or not path or _process_0s(backbone_family(path)) != ELECTRA:
+    return config
+  config = config.copy_and_resolve_references()
+  config.classifier_head = ELECTRA
+  _say(f"classifier_head=electra: {path} holds an ELECTRA backbone, so sequence classification takes ELECTRA's "
+       "head (dense, GELU, projection, on the first token; no pooler); --config.classifier_head=albert: ALBERT's")
+  return config
+
+
 def with_recorded_model(config: ml_collections.ConfigDict, path: str | None):
   """`take_recorded` from the weights at `path` (those a fine-tuning, eval, predict or embed run loads), the
   `--config.<field>` overrides of this process's command line kept, said in one line; a config not parsed from the
-  command line (built in Python) stays as it is."""
+  command line (built in Python) stays as it is but for its classifier head (`with_classifier_head`)."""
   parsed = flags.FLAGS.is_parsed() and "config" in flags.FLAGS and flags.FLAGS["config"].value is config
+  config = with_classifier_head(config, path)
   if not (path and parsed):
     return config
   config, said = take_recorded(config, path, config_flags.get_override_values(flags.FLAGS["config"]))

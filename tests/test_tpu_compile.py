@@ -149,14 +149,17 @@ def test_fine_tuning_recipes_fit_the_originals_eight_v3_cores(experiment, micro_
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment, slice_name", [
     ("pretrain_base", "v3-128"), ("pretrain_large", "v3-256"), ("pretrain_xlarge", "v3-512"),
-    ("pretrain_xxlarge", "v3-1024")])
+    ("pretrain_xxlarge", "v3-1024"),
+    ("pretrain_electra:size=base", "v3-8"), ("pretrain_electra:size=large", "v3-256")])  # ELECTRA's pair
 def test_each_pretraining_recipe_is_what_fit_chooses_for_its_slice(experiment, slice_name):
   """A recipe that recomputes what fits, or a micro batch smaller than fits, wastes its slice: `--fit` (least
   recompute first, micro batches from the largest down) must stop at the recipe's own setting."""
   import importlib
-  recipe = importlib.import_module(f"experiments.{experiment}").get_config()
+  module, _, arg = experiment.partition(":")
+  recipe = importlib.import_module(f"experiments.{module}").get_config(arg or None)
   assert recipe.train.micro_batch_size == recipe.train.max_micro_batch_size == 0  # the whole per-device share
-  result, report = compile_cli(f"--topology={slice_name}", "--fit", config=f"experiments/{experiment}.py")
+  result, report = compile_cli(f"--topology={slice_name}", "--fit",
+                               config=f"experiments/{module}.py" + (f":{arg}" if arg else ""))
   assert result.returncode == 0, result.stderr[-3000:]
   share = recipe.train.global_batch_size // report["devices"]
   assert (report["remat_policy"], report["micro_batch"], report["accumulation_steps"]) == (

@@ -17,6 +17,7 @@ import unicodedata
 import numpy as np
 
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
+from data_pipeline.wordpiece import WordPieceTokenizer
 
 
 def normalize_with_offsets(text: str, lower: bool = True) -> tuple[str, list[tuple[int, int]]]:
@@ -67,7 +68,9 @@ class AlignedText:
     return first, last
 
 
-def align(tokenizer: Tokenizer, text: str) -> AlignedText:
+def align(tokenizer: Tokenizer | WordPieceTokenizer, text: str) -> AlignedText:
+  if isinstance(tokenizer, WordPieceTokenizer):  # the tokenizers library keeps each piece's span
+    return AlignedText(*tokenizer.encode_with_offsets(text))
   normalized, spans = normalize_with_offsets(text, tokenizer.do_lower_case)
   pieces = tokenizer.encode_pieces(normalized)
   bare = [p.replace(SPIECE_UNDERLINE, "") for p in pieces]

@@ -25,6 +25,7 @@ from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model_config import ModelConfig
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.wordpiece import WordPieceTokenizer, load_tokenizer
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 SPLIT_NAME = re.compile(r"\w[\w.-]*")  # a file (or folder) of the data folder, without a path
@@ -60,7 +61,9 @@ class DataFileError(InputError):
     super().__init__(f"{location}: {message}")
 
 
-def make_tokenizer(config) -> Tokenizer:
+def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer:
+  """The tokenizer data.spm_model names: a SentencePiece model, or a WordPiece vocab.txt (the released ELECTRA
+  folders')."""
   if not config.data.spm_model:
     init = config.get("init_checkpoint", "")
     if init and not storage.path(init).exists():  # the weights would name it: that is what to fix
@@ -72,7 +75,7 @@ def make_tokenizer(config) -> Tokenizer:
     raise InputError(f"config.data.spm_model is empty{named}; pass the SentencePiece model the checkpoint was trained "
                      "with (ALBERT's is spiece.model / 30k-clean.model), e.g. --config.data.spm_model=PATH.")
   # Pretraining configs (`--mode=embed` with one) have no such field: their data is prepared uncased by default.
-  return Tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
+  return load_tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
 
 
 def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
@@ -168,6 +171,13 @@ def read_text(path: str) -> str:
                      "as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
 
 
+# The heads of sequence classification (GLUE, your own data): ALBERT's (the pooler's tanh(dense) of [CLS], dropout,
+# dense) and ELECTRA's (`heads.ElectraClassifier`: dense, GELU, dropout, dense on the first token, no pooler).
+# "auto", the fine-tuning configs' default, becomes "electra" for weights of an ELECTRA backbone
+# (`pretrained.with_classifier_head`) and is ALBERT's otherwise.
+CLASSIFIER_HEADS = ("auto", "albert", "electra")
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskSettings:
   """What a task reads of an experiment config, typed. Defaults are the original's recipes (run_squad_v1/v2,
@@ -177,6 +187,7 @@ class TaskSettings:
   path: str = ""                          # the task's data folder
   max_seq_length: int = 512
   classifier_dropout_prob: float = 0.1    # on the pooled vector (GLUE, RACE), in SQuAD v2's answer class
+  classifier_head: str = "albert"         # sequence classification: "albert" (pooler) | "electra" (CLASSIFIER_HEADS)
   doc_stride: int = 128                   # SQuAD: tokens between the starts of consecutive context windows
   max_query_length: int = 64              # SQuAD: question tokens kept (the first ones)
   max_answer_length: int = 30             # SQuAD: longest predicted answer, in tokens
@@ -199,6 +210,8 @@ class TaskSettings:
     """Refuses class names that would be misread: a name given twice (in either Unicode form) makes a phantom class
     (the labels map to the first, the other output never trains), a control character breaks the prediction files'
     rows and an invisible one makes a name unlike the one it looks like. Names are kept in NFC (see as_read)."""
+    if self.classifier_head not in CLASSIFIER_HEADS:
+      raise InputError(f"classifier_head={self.classifier_head!r}; choose one of {', '.join(CLASSIFIER_HEADS)}.")
     for name in self.labels:
       if problem := control_character(name, "data.labels name"):
         raise InputError(problem)
@@ -217,7 +230,7 @@ class TaskSettings:
   def from_config(cls, config) -> "TaskSettings":
     """The fields an experiment config has (top level or in `data`); the rest keep their defaults."""
     names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: config[k] for k in ("task", "task_name", "classifier_dropout_prob") if k in config}
+    values = {k: config[k] for k in ("task", "task_name", "classifier_dropout_prob", "classifier_head") if k in config}
     values.update({k: v for k, v in config.data.items() if k in names})
     values["labels"] = tuple(values.get("labels", ()))
     return cls(**values)

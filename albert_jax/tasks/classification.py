@@ -22,7 +22,7 @@ import optax
 
 from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.head_identity import MULTI_LABEL, SEQUENCE_CLASSIFICATION, HFHead
+from albert_jax.head_identity import MULTI_LABEL, HFHead
 from albert_jax.tasks import metrics
 from albert_jax.tasks.base import DataFileError, Split, TaskSettings, apply_model, check_outputs, score_label
 from albert_jax.tasks.glue import GlueExample
@@ -232,7 +232,7 @@ class MultiLabelClassificationTask(ClassificationTask):
 
   @property
   def hf_head(self) -> HFHead:
-    return HFHead(SEQUENCE_CLASSIFICATION, self.labels, problem_type=MULTI_LABEL)
+    return HFHead(self.hf_architecture, self.labels, problem_type=MULTI_LABEL)
 
   # --- data -----------------------------------------------------------------------------------------------
   def _row_labels(self, record: dict, path: str, line: int) -> list[str]:

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from albert_jax.errors import InputError
-from albert_jax.head_identity import SEQUENCE_CLASSIFICATION, HFHead
+from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION, SEQUENCE_CLASSIFICATION, HFHead
 from albert_jax.tasks import metrics
 from albert_jax.tasks.base import Split, Task, apply_model, check_outputs, cross_entropy, pack, stack_packed
-from albert_jax.tasks.heads import PooledClassifier
+from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
 
 
 def pack_text(tokenizer, text_a: str, text_b: str | None, max_len: int) -> tuple[np.ndarray, ...]:
@@ -56,12 +56,26 @@ class SequenceClassificationTask(Task):
     return features, {}
 
   # --- model ----------------------------------------------------------------------------------------------
+  @property
+  def electra_head(self) -> bool:
+    """Whether the model has ELECTRA's classification head (`TaskSettings.classifier_head`), not ALBERT's."""
+    return self.settings.classifier_head == "electra"
+
   def make_model(self, model_config):
-    return PooledClassifier(model_config, self.num_outputs, self.settings.classifier_dropout_prob)
+    head = ElectraClassifier if self.electra_head else PooledClassifier
+    return head(model_config, self.num_outputs, self.settings.classifier_dropout_prob)
+
+  def identity(self) -> dict:
+    """ELECTRA's head is recorded (its weights fit no ALBERT head, nor its transformers class)."""
+    return {**super().identity(), **({"classifier_head": "electra"} if self.electra_head else {})}
+
+  @property
+  def hf_architecture(self) -> str:
+    return ELECTRA_SEQUENCE_CLASSIFICATION if self.electra_head else SEQUENCE_CLASSIFICATION
 
   @property
   def hf_head(self) -> HFHead:
-    return HFHead(SEQUENCE_CLASSIFICATION, self.labels)
+    return HFHead(self.hf_architecture, self.labels)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     shape = (batch_size, self.settings.max_seq_length)
