@@ -1,4 +1,5 @@
 """Model core: exact parameter counts, sharing semantics, scan == loop, dtypes, remat, clear errors."""
+import collections
 import dataclasses
 import json
 import subprocess
@@ -176,6 +177,45 @@ def test_flat_matmuls_give_the_same_numbers_with_one_dimension_contracted():
   assert set(_kernel_gradient_contractions(jax.make_jaxpr(loss_and_grad(None))(params).jaxpr)) == {1}
   # ...and the function is the same: the forward bit for bit, the gradients to rounding.
   (loss, grads), (reference_loss, reference_grads) = flat(params), nd(params)
+  assert loss == reference_loss
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
+
+
+def _kernel_shapes(jaxpr) -> list[tuple[int, ...]]:
+  """The right operand's shape of each dot_general without batch dimensions in a (nested) jaxpr."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general" and not eqn.params["dimension_numbers"][1][0]:
+      found.append(tuple(eqn.invars[1].aval.shape))
+    for sub in jax.core.jaxprs_in_params(eqn.params):
+      found += _kernel_shapes(sub)
+  return found
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_fused_qkv_is_one_product_of_the_same_parameters_with_the_same_numbers(flat):
+  """The query/key/value projections as one [H, 3, H] product: the parameters (tree, initial values) of three
+  nn.Dense layers, the forward bit for bit, the gradients to float32 rounding (dx sums one K=3H product instead of
+  three)."""
+  h = TINY.hidden_size
+  def model(fused):
+    return AlbertForPreTraining(TINY.replace(fused_qkv=fused, flat_matmuls=flat))
+  params = init_params(model(True), jax.random.key(1))
+  jax.tree.map(np.testing.assert_array_equal, nn.unbox(params),
+               nn.unbox(init_params(model(False), jax.random.key(1))))
+  attention = params["albert"]["encoder"]["group_0"]["inner_0"]["attention"]
+  assert {n: attention[n]["kernel"].names for n in ("query", "key", "value")} == {
+      n: ("embed", "qkv") for n in ("query", "key", "value")}
+  params = nn.unbox(params)
+  def loss_and_grad(fused):
+    return jax.value_and_grad(lambda p: model(fused).apply({"params": p}, **batch())["mlm_logits"].std())
+  fused, separate = loss_and_grad(True), loss_and_grad(False)
+  kernels = lambda fused: collections.Counter(_kernel_shapes(jax.make_jaxpr(model(fused).apply)(
+      {"params": params}, **batch()).jaxpr))
+  # The layer's body (one scan iteration) and the pooler: attention's output dense and the pooler are H x H.
+  assert (kernels(True)[(h, 3, h)], kernels(True)[(h, h)]) == (1, 2)
+  assert (kernels(False)[(h, 3, h)], kernels(False)[(h, h)]) == (0, 5)
+  (loss, grads), (reference_loss, reference_grads) = fused(params), separate(params)
   assert loss == reference_loss
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
 
