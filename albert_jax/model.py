@@ -63,6 +63,14 @@ def scan_unroll(c: ModelConfig) -> int:
   return c.num_hidden_layers if jax.default_backend() == "gpu" else 1
 
 
+def fused_qkv(c: ModelConfig) -> bool:
+  """`c.fused_qkv`, with None decided by the backend the step is traced for: one query/key/value product on a GPU
+  (its weight-gradient products become one, bench.gpu_compile) and the CPU (the same speed), three on a TPU, where
+  the one product costs memory and time (ALBERT-base on v3-128 compiled: 9.30 against 8.80 GB a core, a step bound
+  of 0.249 against 0.245 s; docs/performance.md "GPU")."""
+  return c.fused_qkv if c.fused_qkv is not None else jax.default_backend() != "tpu"
+
+
 def attention_implementation(c: ModelConfig, length: int) -> str:
   """`c.attention_implementation`, with "auto" decided by the backend the step is traced for: cuDNN's fused kernel
   on a GPU in half precision (H100, ALBERT-base seq 512 batch 32: 1.28x the step, 11.7 instead of 19.0 GiB) where it
@@ -183,7 +191,7 @@ class SelfAttention(nn.Module):
   def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
     c = self.config
     batch, length, _ = x.shape
-    if c.fused_qkv:
+    if fused_qkv(c):
       q, k, v = fused_qkv_heads(c, x, [DenseParameters(c, c.hidden_size, ("embed", "qkv"), name=name)(x.shape[-1])
                                        for name in ("query", "key", "value")])
     else:

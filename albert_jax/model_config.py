@@ -71,8 +71,9 @@ class ModelConfig:
   # GPU in half precision and cuDNN takes the shapes, else XLA's: model.attention_implementation). Same function.
   attention_implementation: str = "auto"
   # The query, key and value projections as one [H, 3H] product (model.fused_qkv_heads; parameters still the
-  # three [H, H] kernels), or as three. The same function; a GPU may round the products differently.
-  fused_qkv: bool = True
+  # three [H, H] kernels), or as three. The same function, the gradients to rounding. None: one product except where
+  # the step is traced for a TPU (model.fused_qkv).
+  fused_qkv: bool | None = None
 
   def __post_init__(self):
     validate(self)

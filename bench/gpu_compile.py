@@ -182,9 +182,9 @@ def main(argv=None) -> dict:
     measured = measured_step(args.measured) if args.measured else None
   devices = h100_devices()
   answer_cudnn_checks_for_the_h100()
-  # flat_matmuls and scan_unroll: bench_config would decide them by this host's backend (the CPU's choice); the
-  # GPU's are off and every layer (--scan-unroll 0).
-  fixed = {"attention_implementation": args.attention, "flat_matmuls": False}
+  # flat_matmuls, scan_unroll and fused_qkv: bench_config would decide them by this host's backend (the CPU's
+  # choice); the GPU's are off, every layer (--scan-unroll 0) and one product.
+  fixed = {"attention_implementation": args.attention, "flat_matmuls": False, "fused_qkv": True}
   if args.scan_unroll is None:
     args.scan_unroll = 0
   configs = [("ours", common.bench_config(args, **fixed))]

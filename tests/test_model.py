@@ -220,6 +220,14 @@ def test_fused_qkv_is_one_product_of_the_same_parameters_with_the_same_numbers(f
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
 
 
+def test_fused_qkv_none_is_one_product_except_where_the_step_is_traced_for_a_tpu(monkeypatch):
+  from albert_jax import model
+  for backend, expected in (("cpu", True), ("gpu", True), ("tpu", False)):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert TINY.fused_qkv is None and model.fused_qkv(TINY) is expected
+    assert [model.fused_qkv(TINY.replace(fused_qkv=v)) for v in (True, False)] == [True, False]
+
+
 def test_attention_auto_is_cudnn_on_a_gpu_in_half_precision_where_cudnn_takes_the_shapes(monkeypatch):
   from albert_jax import model
   odd_heads = dict(hidden_size=60, num_attention_heads=6)   # head size 10: cuDNN wants a multiple of 8
