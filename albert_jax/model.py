@@ -65,9 +65,9 @@ def scan_unroll(c: ModelConfig) -> int:
 
 def fused_qkv(c: ModelConfig) -> bool:
   """`c.fused_qkv`, with None decided by the backend the step is traced for: one query/key/value product on a GPU
-  (its weight-gradient products become one, bench.gpu_compile) and the CPU (the same speed), three on a TPU, where
-  the one product costs memory and time (ALBERT-base on v3-128 compiled: 9.30 against 8.80 GB a core, a step bound
-  of 0.249 against 0.245 s; docs/performance.md "GPU")."""
+  (compiled for one, ALBERT-large's nine [H, H] products a layer become three 3H-wide ones) and the CPU (the same
+  speed), three on a TPU, where the one product costs memory and time (ALBERT-base on v3-128 compiled: 9.30 against
+  8.80 GB a core, a step bound of 0.249 against 0.245 s; docs/performance.md "One query/key/value product")."""
   return c.fused_qkv if c.fused_qkv is not None else jax.default_backend() != "tpu"
 
 
@@ -170,9 +170,9 @@ class DenseParameters(nn.Module):
 
 def fused_qkv_heads(c: ModelConfig, x: Array, parameters: Sequence[tuple[Array, Array]]) -> list[Array]:
   """The query, key and value heads [B, T, heads, head_dim] of x [B, T, H] as ONE product with the three kernels
-  stacked into [H, 3, H]: a GPU runs the [tokens, H] x [H, 3H] form at the FFN's rate where the three
-  [H, H] products run at about 0.6 of it (H200, docs/performance.md "GPU"). Stacked on a new middle axis, not
-  concatenated, so that each kernel's last axis keeps its sharding ("qkv")."""
+  stacked into [H, 3, H]: the shape class of the FFN's products, which an H200 ran at 365-416 TFLOP/s where the
+  [H, H] ones ran at 221-227 (ALBERT-large, each alone). Stacked on a new middle axis, not concatenated, so that
+  each kernel's last axis keeps its sharding ("qkv")."""
   kernel = jnp.stack([k for k, _ in parameters], axis=1)
   bias = jnp.stack([b for _, b in parameters])
   x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=jnp.dtype(c.dtype))
