@@ -176,8 +176,10 @@ def fused_qkv_heads(c: ModelConfig, x: Array, parameters: Sequence[tuple[Array, 
   kernel = jnp.stack([k for k, _ in parameters], axis=1)
   bias = jnp.stack([b for _, b in parameters])
   x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=jnp.dtype(c.dtype))
-  dot_general = flat_dot_general if flat_matmuls(c) else jax.lax.dot_general
-  y = dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+  if flat_matmuls(c):   # 2-D products throughout, the input gradient's too (model.flat_dot_general)
+    y = flat_dot_general(x, kernel.reshape(kernel.shape[0], -1), (((x.ndim - 1,), (0,)), ((), ())))
+  else:
+    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
   y = y.reshape(*x.shape[:-1], 3, c.hidden_size) + bias
   y = y.reshape(*x.shape[:-1], 3, c.num_attention_heads, c.head_dim)
   return [y[..., i, :, :] for i in range(3)]

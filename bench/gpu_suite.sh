@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU measurements of issue #6 / ../shared/PERFORMANCE.md §4.1, §4.3, in parts that each end well inside a
-# 10-minute call on a lent machine; JSON into bench/results/ (or RESULTS_DIR).
+# The GPU measurements of issue #6 / ../shared/PERFORMANCE.md §4.1, §4.3 and issue #47 (`lead`), in parts that
+# each end well inside a 10-minute call on a lent machine; JSON into bench/results/ (or RESULTS_DIR).
 # Runs: an H100 on 2026-11-26 (bench/results/*_h100_before_fix.json) and an H200 on 2026-11-27 (*_h200.json,
 # gpu_suite_h200.log; docs/profiling.md "GPU"), where `peer` took 4.7 minutes and `profile` about 4. On
 # CPU, tests/test_bench.py runs it with a stand-in interpreter and puts every command through its own parser and
@@ -49,7 +49,8 @@ PARTS=(lead peer profile remat capacity tables)
 DEFAULT_PARTS=(peer profile remat capacity tables)
 # DRY_RUN: the same commands at a tiny size and a few steps (flags given last win), to run their code paths on CPU.
 DRY=()
-[[ -z $DRY_RUN ]] || DRY=(--size tiny --seq-len 16 --micro-batch 2 --steps 2 --warmup 1 --block 1 --matmul-size 64)
+[[ -z $DRY_RUN ]] || DRY=(--size tiny --seq-len 32 --predictions 4 --micro-batch 2 --steps 2 --warmup 1 --block 1
+                           --matmul-size 64)
 failed=()
 
 run() {

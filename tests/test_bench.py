@@ -417,8 +417,8 @@ def test_gpu_suite_dry_run_gives_every_command_a_tiny_size_and_a_few_steps(tmp_p
   """DRY_RUN=1 runs the lead part's code paths on a CPU before a GPU call: its flags come last, so they win."""
   proc, calls = run_gpu_suite(tmp_path, "lead", DRY_RUN="1")
   assert proc.returncode == 0, proc.stderr
-  dry = ["--size", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "2", "--warmup", "1", "--block", "1",
-         "--matmul-size", "64"]
+  dry = ["--size", "tiny", "--seq-len", "32", "--predictions", "4", "--micro-batch", "2", "--steps", "2", "--warmup",
+         "1", "--block", "1", "--matmul-size", "64"]
   assert len(calls) == 4 and all(c["argv"][-len(dry):] == dry for c in calls)
   assert "--variant" in calls[0]["argv"] and "separate:fused_qkv=False" in calls[0]["argv"]
 
