@@ -16,6 +16,9 @@ the current venv (DIR/bin/python), then:
 
   DIR/bin/python -m bench.gpu_compile --size large --seq-len 512 --micro-batch 32 \\
       --variant xla:attention_implementation=xla
+
+Each row also carries the step's matmul forms and its ideal time (`step_bound`: bench.roofline's per-kernel bound
+summed over the compiled step), with `--measured` a GPU's measured step of the same setting beside it.
 """
 from __future__ import annotations
 
