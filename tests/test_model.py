@@ -192,34 +192,31 @@ def _kernel_shapes(jaxpr) -> list[tuple[int, ...]]:
   return found
 
 
-@pytest.mark.parametrize("flat", [True, False])
-def test_fused_qkv_is_one_product_of_the_same_parameters_with_the_same_numbers(flat):
+def test_fused_qkv_is_one_product_of_the_same_parameters_with_the_same_numbers():
   """The query/key/value projections as one [H, 3, H] product: the parameters (tree, initial values) of three
   nn.Dense layers, the forward bit for bit, the gradients to float32 rounding (dx sums one K=3H product instead of
-  three)."""
+  three), as 3-D and as 2-D products (flat_matmuls)."""
   h = TINY.hidden_size
-  def model(fused):
-    return AlbertForPreTraining(TINY.replace(fused_qkv=fused, flat_matmuls=flat))
+  model = lambda fused, flat=None: AlbertForPreTraining(TINY.replace(fused_qkv=fused, flat_matmuls=flat))
   params = init_params(model(True), jax.random.key(1))
-  jax.tree.map(np.testing.assert_array_equal, nn.unbox(params),
-               nn.unbox(init_params(model(False), jax.random.key(1))))
+  jax.tree.map(np.testing.assert_array_equal, nn.unbox(params), nn.unbox(init_params(model(False), jax.random.key(1))))
   attention = params["albert"]["encoder"]["group_0"]["inner_0"]["attention"]
   assert {n: attention[n]["kernel"].names for n in ("query", "key", "value")} == {
       n: ("embed", "qkv") for n in ("query", "key", "value")}
   params = nn.unbox(params)
-  def loss_and_grad(fused):
-    return jax.value_and_grad(lambda p: model(fused).apply({"params": p}, **batch())["mlm_logits"].std())
-  fused, separate = loss_and_grad(True), loss_and_grad(False)
-  kernels = lambda fused: collections.Counter(_kernel_shapes(jax.make_jaxpr(model(fused).apply)(
-      {"params": params}, **batch()).jaxpr))
-  # The layer's body (one scan iteration) and the pooler: attention's output dense and the pooler are H x H. As
-  # 2-D products (flat_matmuls) the stacked kernel is [H, 3H].
-  stacked = (h, 3 * h) if flat else (h, 3, h)
-  assert (kernels(True)[stacked], kernels(True)[(h, h)]) == (1, 2)
-  assert (kernels(False)[stacked], kernels(False)[(h, h)]) == (0, 5)
-  (loss, grads), (reference_loss, reference_grads) = fused(params), separate(params)
-  assert loss == reference_loss
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
+  for flat in (True, False):
+    loss_and_grad = lambda fused: jax.jit(jax.value_and_grad(
+        lambda p: model(fused, flat).apply({"params": p}, **batch())["mlm_logits"].std()))(params)
+    kernels = lambda fused: collections.Counter(_kernel_shapes(jax.make_jaxpr(model(fused, flat).apply)(
+        {"params": params}, **batch()).jaxpr))
+    # The forward's layer body (one scan iteration) and pooler: the stacked kernel [H, 3, H] ([H, 3H] as 2-D
+    # products); H x H: attention's output dense, the pooler, and the three projections when separate.
+    stacked = (h, 3 * h) if flat else (h, 3, h)
+    assert (kernels(True)[stacked], kernels(True)[(h, h)]) == (1, 2), flat
+    assert (kernels(False)[stacked], kernels(False)[(h, h)]) == (0, 5), flat
+    (loss, grads), (reference_loss, reference_grads) = loss_and_grad(True), loss_and_grad(False)
+    assert loss == reference_loss
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
 
 
 def test_fused_qkv_none_is_one_product_except_where_the_step_is_traced_for_a_tpu(monkeypatch):
