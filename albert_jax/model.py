@@ -63,6 +63,14 @@ def scan_unroll(c: ModelConfig) -> int:
   return c.num_hidden_layers if jax.default_backend() == "gpu" else 1
 
 
+def fused_qkv(c: ModelConfig) -> bool:
+  """`c.fused_qkv`, with None decided by the backend the step is traced for: one query/key/value product on a GPU
+  (compiled for one, ALBERT-large's nine [H, H] products a layer become three 3H-wide ones) and the CPU (the same
+  speed), three on a TPU, where the one product costs memory and time (ALBERT-base on v3-128 compiled: 9.30 against
+  8.80 GB a core, a step bound of 0.249 against 0.245 s; docs/performance.md "One query/key/value product")."""
+  return c.fused_qkv if c.fused_qkv is not None else jax.default_backend() != "tpu"
+
+
 def attention_implementation(c: ModelConfig, length: int) -> str:
   """`c.attention_implementation`, with "auto" decided by the backend the step is traced for: cuDNN's fused kernel
   on a GPU in half precision (H100, ALBERT-base seq 512 batch 32: 1.28x the step, 11.7 instead of 19.0 GiB) where it
@@ -144,6 +152,39 @@ class Embeddings(nn.Module):
     return over_flat_tokens(self.word_embeddings.attend, x)
 
 
+class DenseParameters(nn.Module):
+  """`nn.Dense`'s parameters alone (`kernel` [K, N], `bias` [N]: its names, shapes, initialisers and random
+  streams), for a product that computes several dense layers at once."""
+  config: ModelConfig
+  features: int
+  axes: tuple[str | None, str | None]
+
+  @nn.compact
+  def __call__(self, in_features: int) -> tuple[Array, Array]:
+    c = self.config
+    kernel = self.param("kernel", _init(c, self.axes), (in_features, self.features), jnp.dtype(c.param_dtype))
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), (self.axes[1],)),
+                      (self.features,), jnp.dtype(c.param_dtype))
+    return kernel, bias
+
+
+def fused_qkv_heads(c: ModelConfig, x: Array, parameters: Sequence[tuple[Array, Array]]) -> list[Array]:
+  """The query, key and value heads [B, T, heads, head_dim] of x [B, T, H] as ONE product with the three kernels
+  stacked into [H, 3, H]: the shape class of the FFN's products, which an H200 ran at 365-416 TFLOP/s where the
+  [H, H] ones ran at 221-227 (ALBERT-large, each alone). Stacked on a new middle axis, not concatenated, so that
+  each kernel's last axis keeps its sharding ("qkv")."""
+  kernel = jnp.stack([k for k, _ in parameters], axis=1)
+  bias = jnp.stack([b for _, b in parameters])
+  x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=jnp.dtype(c.dtype))
+  if flat_matmuls(c):   # 2-D products throughout, the input gradient's too (model.flat_dot_general)
+    y = flat_dot_general(x, kernel.reshape(kernel.shape[0], -1), (((x.ndim - 1,), (0,)), ((), ())))
+  else:
+    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+  y = y.reshape(*x.shape[:-1], 3, c.hidden_size) + bias
+  y = y.reshape(*x.shape[:-1], 3, c.num_attention_heads, c.head_dim)
+  return [y[..., i, :, :] for i in range(3)]
+
+
 class SelfAttention(nn.Module):
   """Post-LN multi-head self-attention block: LayerNorm(x + dropout(W_o · attention(x)))."""
   config: ModelConfig
@@ -152,9 +193,13 @@ class SelfAttention(nn.Module):
   def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
     c = self.config
     batch, length, _ = x.shape
-    heads = lambda name: dense(c, c.hidden_size, ("embed", "qkv"), name)(x).reshape(
-        batch, length, c.num_attention_heads, c.head_dim)
-    q, k, v = heads("query"), heads("key"), heads("value")
+    if fused_qkv(c):
+      q, k, v = fused_qkv_heads(c, x, [DenseParameters(c, c.hidden_size, ("embed", "qkv"), name=name)(x.shape[-1])
+                                       for name in ("query", "key", "value")])
+    else:
+      heads = lambda name: dense(c, c.hidden_size, ("embed", "qkv"), name)(x).reshape(
+          batch, length, c.num_attention_heads, c.head_dim)
+      q, k, v = heads("query"), heads("key"), heads("value")
     if attention_implementation(c, length) == "cudnn":  # cuDNN takes the mask as an additive bias of [T, S] blocks
       mask = jnp.broadcast_to(mask, (batch, 1, length, mask.shape[-1]))
       out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")

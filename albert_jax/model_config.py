@@ -70,6 +70,10 @@ class ModelConfig:
   # kernel: GPU, bfloat16/float16, no attention-probability dropout), "auto" (cuDNN's where the step is traced for a
   # GPU in half precision and cuDNN takes the shapes, else XLA's: model.attention_implementation). Same function.
   attention_implementation: str = "auto"
+  # The query, key and value projections as one [H, 3H] product (model.fused_qkv_heads; parameters still the
+  # three [H, H] kernels), or as three. The same function, the gradients to rounding. None: one product except where
+  # the step is traced for a TPU (model.fused_qkv).
+  fused_qkv: bool | None = None
 
   def __post_init__(self):
     validate(self)

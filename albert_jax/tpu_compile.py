@@ -47,8 +47,8 @@ class Result:
 
 
 # The TPU's choice for the model fields that None leaves to the backend the step is traced for (model.flat_matmuls,
-# model.scan_unroll): traced here, they would read this host's backend, not the slice's.
-ON_THE_SLICE = {"flat_matmuls": False, "scan_unroll": 1}
+# model.scan_unroll, model.fused_qkv): traced here, they would read this host's backend, not the slice's.
+ON_THE_SLICE = {"flat_matmuls": False, "scan_unroll": 1, "fused_qkv": False}
 
 
 def job_for(config: ml_collections.ConfigDict, kind) -> engine.Job:

@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from albert_jax import console, engine, flops, pretrain, sharding
-from albert_jax.model import flat_matmuls, scan_unroll
+from albert_jax.model import flat_matmuls, fused_qkv, scan_unroll
 from albert_jax.model_config import model_config_from
 from bench import machine
 from experiments import common as experiments
@@ -158,6 +158,7 @@ def bench_config(args: argparse.Namespace, **model_overrides) -> ml_collections.
   # As they run on this backend, so the JSON says so.
   c.model.flat_matmuls = flat_matmuls(model_config_from(c))
   c.model.scan_unroll = scan_unroll(model_config_from(c))
+  c.model.fused_qkv = fused_qkv(model_config_from(c))
   c.data.kind = "synthetic"
   c.data.max_seq_length = args.seq_len
   c.data.max_predictions_per_seq = args.predictions

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The GPU measurements of issue #6 / ../shared/PERFORMANCE.md §4.1, §4.3, in parts that each end well inside a
-# 10-minute call on a lent machine; JSON into bench/results/ (or RESULTS_DIR).
+# The GPU measurements of issue #6 / ../shared/PERFORMANCE.md §4.1, §4.3 and issue #47 (`lead`), in parts that
+# each end well inside a 10-minute call on a lent machine; JSON into bench/results/ (or RESULTS_DIR).
 # Runs: an H100 on 2026-11-26 (bench/results/*_h100_before_fix.json) and an H200 on 2026-11-27 (*_h200.json,
 # gpu_suite_h200.log; docs/profiling.md "GPU"), where `peer` took 4.7 minutes and `profile` about 4. On
 # CPU, tests/test_bench.py runs it with a stand-in interpreter and puts every command through its own parser and
 # model configs, so a flag or size typo fails there, not in lent device time.
 #
-#   bash bench/gpu_suite.sh                  # every part, in order
-#   bash bench/gpu_suite.sh peer profile     # the named parts: peer profile remat capacity tables
+#   bash bench/gpu_suite.sh lead             # the one-call comparison with the peer (below); ~6 minutes on an H200
+#   bash bench/gpu_suite.sh                  # every other part, in order
+#   bash bench/gpu_suite.sh peer profile     # the named parts: lead peer profile remat capacity tables
+#   DRY_RUN=1 bash bench/gpu_suite.sh lead   # every command at a tiny size for a few steps (on CPU: a check)
 #   STEPS=20 bash bench/gpu_suite.sh peer    # fewer timed steps (a first look)
 #   XLA_EXTRA="--xla_gpu_enable_latency_hiding_scheduler=true" TAG=lhs bash bench/gpu_suite.sh peer
 #
@@ -25,23 +27,30 @@
 # Also: XLA_PYTHON_CLIENT_MEM_FRACTION=.95 for the largest batches; nvidia-smi -q is recorded beside the JSON.
 #
 # A lent machine's minutes are few and its files come back only from $OUT, at most 8 of them: DEADLINE=S gives
-# the whole suite S seconds (each command gets what is left, and none starts with under 30 s), a failed or timed
-# out command is reported and the next one runs, and ARCHIVE=F rewrites the tarball F with RESULTS_DIR after every
-# command, so what finished comes back even when the call is cut off:
-#   RESULTS_DIR=/tmp/results ARCHIVE=$OUT/results.tgz DEADLINE=540 WHEELS=.whl bash bench/gpu_suite.sh peer profile
+# the whole suite S seconds (default 520, under a 10-minute call with its start; 0: none; each command gets what is
+# left, and none starts with under 30 s), a failed or timed out command is reported and the next one runs, and
+# ARCHIVE=F rewrites the tarball F with RESULTS_DIR after every command, so what finished comes back even when the
+# call is cut off:
+#   RESULTS_DIR=/tmp/results ARCHIVE=$OUT/results.tgz WHEELS=.whl bash bench/gpu_suite.sh lead
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 STEPS=${STEPS:-50}
 TAG=${TAG:-gpu}
 RESULTS_DIR=${RESULTS_DIR:-bench/results}
-DEADLINE=${DEADLINE:-0}
+DEADLINE=${DEADLINE:-520}
 ARCHIVE=${ARCHIVE:-}
+DRY_RUN=${DRY_RUN:-}
 # Joined without stray blanks: XLA reads a value that does not start with "--" as a file of flags.
 XLA_FLAGS=$(echo ${XLA_FLAGS:-} ${XLA_EXTRA:-})
 if [[ -n $XLA_FLAGS ]]; then export XLA_FLAGS; else unset XLA_FLAGS; fi
 COMMON=(--dtype bfloat16 --steps "$STEPS" --warmup 10 --block 10 --matmul-size 8192 --results-dir "$RESULTS_DIR")
-PARTS=(peer profile remat capacity tables)
+PARTS=(lead peer profile remat capacity tables)
+DEFAULT_PARTS=(peer profile remat capacity tables)
+# DRY_RUN: the same commands at a tiny size and a few steps (flags given last win), to run their code paths on CPU.
+DRY=()
+[[ -z $DRY_RUN ]] || DRY=(--size tiny --seq-len 32 --predictions 4 --micro-batch 2 --steps 2 --warmup 1 --block 1
+                           --matmul-size 64)
 failed=()
 
 run() {
@@ -57,12 +66,29 @@ run() {
   fi
   echo "+ [$(( SECONDS ))s] $*" >&2
   local rc=0
-  "${limit[@]}" "$PY" -m "$@" || rc=$?
+  "${limit[@]}" "$PY" -m "$@" "${DRY[@]}" || rc=$?
   if (( rc )); then
     echo "failed with exit $rc: $*" >&2
     failed+=("exit $rc: $*")
   fi
   if [[ -n $ARCHIVE ]]; then tar czf "$ARCHIVE.tmp" -C "$RESULTS_DIR" . && mv "$ARCHIVE.tmp" "$ARCHIVE"; fi
+}
+
+lead() {
+  # Issue #47's comparison, in one call and interleaved: ours at its GPU default (every layer unrolled, one fused
+  # query/key/value product, cuDNN attention) beside the three separate products, against the peer eager and
+  # torch.compile'd, at ALBERT-base seq 128 and ALBERT-large seq 512; then the largest micro batch bench.gpu_compile
+  # predicts for an 80 GB card (192), and where the large step's time goes (each matmul form timed alone).
+  local XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
+  export XLA_PYTHON_CLIENT_PREALLOCATE
+  run bench.train_step --size base --seq-len 128 --micro-batch 128 --peer --peer-compile both "${COMMON[@]}" \
+    --variant separate:fused_qkv=False --profile "$RESULTS_DIR/profile_base_s128_${TAG}" \
+    --name "train_step_base_s128_${TAG}"
+  run bench.train_step --size large --seq-len 512 --micro-batch 32 --peer --peer-compile both "${COMMON[@]}" \
+    --variant separate:fused_qkv=False --name "train_step_large_s512_${TAG}"
+  run bench.train_step --size large --seq-len 512 --micro-batch 192 "${COMMON[@]}" \
+    --name "train_step_large_s512_b192_${TAG}"
+  run bench.step_parts --size large --seq-len 512 --micro-batch 32 "${COMMON[@]}" --name "step_parts_large_s512_${TAG}"
 }
 
 peer() {
@@ -130,7 +156,7 @@ tables() {
 }
 
 selected=("$@")
-[[ ${#selected[@]} -gt 0 ]] || selected=("${PARTS[@]}")
+[[ ${#selected[@]} -gt 0 ]] || selected=("${DEFAULT_PARTS[@]}")
 for part in "${selected[@]}"; do
   [[ " ${PARTS[*]} " == *" $part "* ]] || { echo "gpu_suite.sh: no part '$part'; the parts: ${PARTS[*]}" >&2; exit 2; }
 done

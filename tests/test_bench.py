@@ -344,7 +344,8 @@ def run_gpu_suite(tmp_path: Path, *parts: str, **env: str) -> tuple[subprocess.C
   return proc, calls
 
 
-@pytest.mark.parametrize("parts, commands", [((), 16), (("peer", "profile"), 7), (("remat",), 4), (("capacity", "tables"), 5)])
+@pytest.mark.parametrize("parts, commands", [((), 16), (("lead",), 4), (("peer", "profile"), 7), (("remat",), 4),
+                                             (("capacity", "tables"), 5)])
 def test_every_gpu_suite_command_parses_and_builds_its_models(tmp_path, monkeypatch, parts, commands):
   """The suite has never run where it is meant to (a lent GPU, with minutes of device time): its commands are
   logged by a stand-in interpreter, then each one's flags go through its own parser and its model configs are
@@ -393,7 +394,7 @@ def test_gpu_suite_installs_the_carried_wheels_first_and_refuses_an_unknown_part
 
   proc, calls = run_gpu_suite(tmp_path, "peer", "speed")
   assert proc.returncode == 2 and calls == []
-  assert "no part 'speed'; the parts: peer profile remat capacity tables" in proc.stderr
+  assert "no part 'speed'; the parts: lead peer profile remat capacity tables" in proc.stderr
 
 
 def test_gpu_suite_goes_on_past_a_failed_command_and_archives_what_finished(tmp_path):
@@ -410,6 +411,16 @@ def test_gpu_suite_goes_on_past_a_failed_command_and_archives_what_finished(tmp_
   assert names == ["saved_activations_gpu.json", "train_step_base_s128_gpu.json",
                    "train_step_base_s128_variants_gpu.json", "train_step_base_s512_gpu.json",
                    "train_step_large_s512_b192_gpu.json", "train_step_large_s512_gpu.json"]
+
+
+def test_gpu_suite_dry_run_gives_every_command_a_tiny_size_and_a_few_steps(tmp_path):
+  """DRY_RUN=1 runs the lead part's code paths on a CPU before a GPU call: its flags come last, so they win."""
+  proc, calls = run_gpu_suite(tmp_path, "lead", DRY_RUN="1")
+  assert proc.returncode == 0, proc.stderr
+  dry = ["--size", "tiny", "--seq-len", "32", "--predictions", "4", "--micro-batch", "2", "--steps", "2", "--warmup",
+         "1", "--block", "1", "--matmul-size", "64"]
+  assert len(calls) == 4 and all(c["argv"][-len(dry):] == dry for c in calls)
+  assert "--variant" in calls[0]["argv"] and "separate:fused_qkv=False" in calls[0]["argv"]
 
 
 def test_gpu_suite_skips_what_its_deadline_leaves_no_time_for(tmp_path):

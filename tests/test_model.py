@@ -1,4 +1,5 @@
 """Model core: exact parameter counts, sharing semantics, scan == loop, dtypes, remat, clear errors."""
+import collections
 import dataclasses
 import json
 import subprocess
@@ -178,6 +179,52 @@ def test_flat_matmuls_give_the_same_numbers_with_one_dimension_contracted():
   (loss, grads), (reference_loss, reference_grads) = flat(params), nd(params)
   assert loss == reference_loss
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
+
+
+def _kernel_shapes(jaxpr) -> list[tuple[int, ...]]:
+  """The right operand's shape of each dot_general without batch dimensions in a (nested) jaxpr."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general" and not eqn.params["dimension_numbers"][1][0]:
+      found.append(tuple(eqn.invars[1].aval.shape))
+    for sub in jax.core.jaxprs_in_params(eqn.params):
+      found += _kernel_shapes(sub)
+  return found
+
+
+def test_fused_qkv_is_one_product_of_the_same_parameters_with_the_same_numbers():
+  """The query/key/value projections as one [H, 3, H] product: the parameters (tree, initial values) of three
+  nn.Dense layers, the forward bit for bit, the gradients to float32 rounding (dx sums one K=3H product instead of
+  three), as 3-D and as 2-D products (flat_matmuls)."""
+  h = TINY.hidden_size
+  model = lambda fused, flat=None: AlbertForPreTraining(TINY.replace(fused_qkv=fused, flat_matmuls=flat))
+  params = init_params(model(True), jax.random.key(1))
+  jax.tree.map(np.testing.assert_array_equal, nn.unbox(params), nn.unbox(init_params(model(False), jax.random.key(1))))
+  attention = params["albert"]["encoder"]["group_0"]["inner_0"]["attention"]
+  assert {n: attention[n]["kernel"].names for n in ("query", "key", "value")} == {
+      n: ("embed", "qkv") for n in ("query", "key", "value")}
+  params = nn.unbox(params)
+  for flat in (True, False):
+    loss_and_grad = lambda fused: jax.jit(jax.value_and_grad(
+        lambda p: model(fused, flat).apply({"params": p}, **batch())["mlm_logits"].std()))(params)
+    kernels = lambda fused: collections.Counter(_kernel_shapes(jax.make_jaxpr(model(fused, flat).apply)(
+        {"params": params}, **batch()).jaxpr))
+    # The forward's layer body (one scan iteration) and pooler: the stacked kernel [H, 3, H] ([H, 3H] as 2-D
+    # products); H x H: attention's output dense, the pooler, and the three projections when separate.
+    stacked = (h, 3 * h) if flat else (h, 3, h)
+    assert (kernels(True)[stacked], kernels(True)[(h, h)]) == (1, 2), flat
+    assert (kernels(False)[stacked], kernels(False)[(h, h)]) == (0, 5), flat
+    (loss, grads), (reference_loss, reference_grads) = loss_and_grad(True), loss_and_grad(False)
+    assert loss == reference_loss
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7, rtol=1e-5), grads, reference_grads)
+
+
+def test_fused_qkv_none_is_one_product_except_where_the_step_is_traced_for_a_tpu(monkeypatch):
+  from albert_jax import model
+  for backend, expected in (("cpu", True), ("gpu", True), ("tpu", False)):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert TINY.fused_qkv is None and model.fused_qkv(TINY) is expected
+    assert [model.fused_qkv(TINY.replace(fused_qkv=v)) for v in (True, False)] == [True, False]
 
 
 def test_attention_auto_is_cudnn_on_a_gpu_in_half_precision_where_cudnn_takes_the_shapes(monkeypatch):

@@ -18,18 +18,20 @@ def libtpu():
   require_module("libtpu", extra="tpu")
 
 
+@pytest.mark.parametrize("field", ["flat_matmuls", "fused_qkv"])
 @pytest.mark.parametrize("setting, compiled_with", [(None, False), (True, True), (False, False)])
-def test_the_slice_gets_flat_matmuls_only_when_asked(monkeypatch, setting, compiled_with):
-  """flat_matmuls=None means "on for CPU", read from the backend at trace time: on this CPU host compiling for a
-  TPU, the job must be built with it off (it costs TPU memory), and an explicit setting must pass through."""
+def test_the_slice_gets_flat_matmuls_and_fused_qkv_only_when_asked(monkeypatch, field, setting, compiled_with):
+  """flat_matmuls=None means "on for CPU" and fused_qkv=None "on but for a TPU", read from the backend at trace
+  time: on this CPU host compiling for a TPU, the job must be built with both off (they cost TPU memory), and an
+  explicit setting must pass through."""
   from albert_jax import job_kinds, pretrain, tpu_compile
   from experiments import pretrain_tiny
   seen = []
-  monkeypatch.setattr(pretrain, "make_job", lambda config, workdir=None: seen.append(config.model.flat_matmuls))
+  monkeypatch.setattr(pretrain, "make_job", lambda config, workdir=None: seen.append(config.model[field]))
   config = pretrain_tiny.get_config("synthetic")
-  config.model.flat_matmuls = setting
+  config.model[field] = setting
   tpu_compile.job_for(config, job_kinds.kind_for(config))
-  assert seen == [compiled_with] and config.model.flat_matmuls is setting
+  assert seen == [compiled_with] and config.model[field] is setting
 
 
 @pytest.fixture(scope="module")
