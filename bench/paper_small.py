@@ -121,16 +121,12 @@ class Pretraining:
   def steps(self, scale: Scale) -> int:
     return scale.steps
 
-  def config(self) -> str:
-    """The run's `--config`; `recipe` adds what another pretraining recipe sets after the study's settings."""
-    return (f"experiments/ablation.py:size=tiny,embedding_size={self.embedding_size},sharing={self.sharing},"
-            f"sentence_task={self.sentence_task}")
+  def config_args(self, scale: Scale) -> list[str]:
+    """Its `--config` and what its recipe sets that the study's arguments (`Study.argv`) do not."""
+    return [f"--config=experiments/ablation.py:size=tiny,embedding_size={self.embedding_size},sharing={self.sharing},"
+            f"sentence_task={self.sentence_task}"]
 
-  def recipe(self, scale: Scale) -> list[str]:
-    return []
-
-  def held_out_tasks(self) -> tuple[str, ...]:
-    """The sentence tasks its held-out examples are built for: its own first (where its MLM accuracy is read)."""
+  def held_out_tasks(self) -> tuple[str, ...]:   # its own first: its MLM accuracy is read there
     return tuple(dict.fromkeys((self.sentence_task, "sop", "nsp")))
 
 
@@ -224,7 +220,7 @@ class Study:
   def _pretraining(self, run: Pretraining, shared: list[str]) -> list[str]:
     s, steps = self.scale, run.steps(self.scale)
     every = max(1, steps // 4)
-    return [f"--config={run.config()}", *shared, f"--config.model.dtype={s.dtype}",
+    return [*run.config_args(s), *shared, f"--config.model.dtype={s.dtype}",
             "--config.model.remat_policy=none", "--config.data.kind=prepared", f"--config.data.path={self.prepared}",
             f"--config.data.spm_model={self.spm_model}", f"--config.data.max_predictions_per_seq={s.max_predictions}",
             f"--config.train.global_batch_size={s.batch}", f"--config.train.num_train_steps={steps}",
@@ -232,7 +228,7 @@ class Study:
             f"--config.train.learning_rate={run.learning_rate(s)}",
             f"--config.train.eval_every={every}", f"--config.train.eval_batches={s.eval_batches}",
             f"--config.checkpoint.every={every}", "--config.checkpoint.keep=2",
-            f"--config.log.every={max(1, steps // 24)}", "--config.seed=0", *run.recipe(s)]
+            f"--config.log.every={max(1, steps // 24)}", "--config.seed=0"]
 
   def _finetuning(self, run: Finetuning, shared: list[str]) -> list[str]:
     s, every = self.scale, max(1, self.scale.finetune_steps // 4)
@@ -457,8 +453,7 @@ def runs_of(table: Table, scale: Scale) -> set[str]:
 
 
 def selected_runs(scale: Scale, table_keys: str, tables_of=tables, plan_of=plan) -> list[Pretraining | Finetuning]:
-  """The runs of the tables named in `table_keys` (comma-separated; empty: all) of `tables_of(scale)`, in the
-  order of `plan_of(scale)`."""
+  """The runs of the tables of `tables_of(scale)` named in `table_keys` (comma-separated; empty: all), in order."""
   from albert_jax.errors import InputError
   by_key = {table.key: table for table in tables_of(scale)}
   keys = [k for k in table_keys.split(",") if k] or list(by_key)
@@ -468,8 +463,7 @@ def selected_runs(scale: Scale, table_keys: str, tables_of=tables, plan_of=plan)
   return [run for run in plan_of(scale) if run.name in names]
 
 
-def cell(records: dict[str, dict], counts: dict[str, dict[str, float]], init: str, measure: str, scale: Scale
-         ) -> dict[str, Any]:
+def cell(records: dict[str, dict], counts: dict[str, dict], init: str, measure: str, scale: Scale) -> dict[str, Any]:
   """Our value of `measure` for the runs from `init`, in %: a GLUE task's median over the seeds with their range,
   or a held-out accuracy with the number of examples it was measured on; or a count (`COUNTED`) from `counts`."""
   if measure in COUNTED:

@@ -61,23 +61,19 @@ class RecipeRun(ps.Pretraining):
     s = self.settings
     return s.roberta_learning_rate if self.recipe_name == "roberta" else s.electra_learning_rate
 
-  def config(self) -> str:
-    if self.recipe_name == "electra":
-      return f"experiments/pretrain_electra.py:size=tiny,sharing=none,embedding_size={self.embedding_size}"
+  def config_args(self, scale: ps.Scale) -> list[str]:
     if self.recipe_name == "roberta":
-      return "experiments/pretrain_roberta.py:size=tiny"
-    return f"experiments/ablation.py:size=tiny,embedding_size={self.embedding_size},sharing=none,sentence_task=none"
-
-  def recipe(self, scale: ps.Scale) -> list[str]:
-    if self.recipe_name == "roberta":
-      return [f"--config.model.embedding_size={self.embedding_size}", "--config.train.optimizer=adamw",
+      return ["--config=experiments/pretrain_roberta.py:size=tiny",
+              f"--config.model.embedding_size={self.embedding_size}", "--config.train.optimizer=adamw",
               "--config.train.b1=0.9", "--config.train.b2=0.98", "--config.train.eps=1e-06",
               "--config.train.weight_decay=0.01", "--config.train.clip_grad_norm=0.0"]
     optimizer = [f"--config.train.optimizer={self.settings.electra_optimizer}", "--config.train.b2=0.999",
                  "--config.train.eps=1e-06", "--config.train.weight_decay=0.01"]
     if self.recipe_name == "electra":
-      return [f"--config.electra.generator_fraction={self.settings.generator_fraction}", *optimizer]
-    return ["--config.model.hidden_act=gelu", "--config.data.ngram=1", *optimizer]   # as pretrain_electra.py sets
+      return [f"--config=experiments/pretrain_electra.py:size=tiny,sharing=none,embedding_size={self.embedding_size}",
+              f"--config.electra.generator_fraction={self.settings.generator_fraction}", *optimizer]
+    return [f"--config=experiments/ablation.py:size=tiny,embedding_size={self.embedding_size},sharing=none,"   # mlm
+            "sentence_task=none", "--config.model.hidden_act=gelu", "--config.data.ngram=1", *optimizer]
 
   def held_out_tasks(self) -> tuple[str, ...]:
     return ("none",)
@@ -146,7 +142,8 @@ def tables(scale: ps.Scale) -> list[ps.Table]:
   settings = SETTINGS[scale_name(scale)]
   return [
       ps.Table("electra", f"ELECTRA's Table 1 at equal pretraining FLOPs (L={scale.num_hidden_layers}, "
-               f"H={scale.hidden_size}, E={scale.embedding_size}, not shared; generator ×{settings.generator_fraction:g})",
+               f"H={scale.hidden_size}, E={scale.embedding_size}, not shared; generator "
+               f"×{settings.generator_fraction:g})",
                {"mlm": (f"MLM only, {mlm.steps(scale)} steps", mlm.name),
                 "electra": (f"ELECTRA, {electra.steps(scale)} steps", electra.name)}, ("flops", *tasks)),
       ps.Table("roberta", "RoBERTa's recipe against ALBERT's SOP baseline (paper: RoBERTa's Table 2, with NSP "
