@@ -51,8 +51,10 @@ class RecipeRun(ps.Pretraining):
 
   @property
   def name(self) -> str:
+    """With what sets its steps: the pair's generator width (g4: a quarter) and the twin's steps."""
+    generator = f"_g{1 / self.settings.generator_fraction:g}" if self.recipe_name == "electra" else ""
     steps = f"_{self.train_steps}steps" if self.train_steps else ""
-    return f"{self.recipe_name}_e{self.embedding_size}{steps}"
+    return f"{self.recipe_name}_e{self.embedding_size}{generator}{steps}"
 
   def steps(self, scale: ps.Scale) -> int:
     return self.train_steps or scale.steps

@@ -57,7 +57,7 @@ def test_each_run_is_its_recipe_and_the_mlm_twin_matches_the_pairs_flops(tmp_pat
 
 def test_the_electra_table_runs_alone_and_first_reaches_a_comparison():
   names = [run.name for run in ps.selected_runs(CPU, "electra", recipes.tables, recipes.plan)]
-  pair = ["electra_e128", "mlm_e128_2605steps"]
+  pair = ["electra_e128_g4", "mlm_e128_2605steps"]
   assert names[:8] == [pair[0], *(f"{pair[0]}/sst-2/seed{s}" for s in range(3)),
                        pair[1], *(f"{pair[1]}/sst-2/seed{s}" for s in range(3))]
   assert len(names) == 2 + 2 * 3 * 3 and all(name.split("/")[0] in pair for name in names)
@@ -70,7 +70,7 @@ def test_the_report_reads_the_records_into_the_json_and_doc_of_the_study(tmp_pat
   results, doc = tmp_path / "cpu.json", tmp_path / "doc.md"
   results.write_text(json.dumps({"benchmark": "paper_small", "tables": {"transfer": "kept"}}))
   doc.write_text("<!-- bench.paper_small cpu: begin -->\nkept\n<!-- bench.paper_small cpu: end -->\n")
-  finetuned = {("electra_e128", "sst-2"): [0.70, 0.60, 0.65], ("mlm_e128_2605steps", "sst-2"): [0.50, 0.55],
+  finetuned = {("electra_e128_g4", "sst-2"): [0.70, 0.60, 0.65], ("mlm_e128_2605steps", "sst-2"): [0.50, 0.55],
                ("e128_all_sop", "rte"): [0.52, 0.52, 0.52], ("roberta_e192", "rte"): [0.55, 0.47, 0.50]}
   for (init, task), values in finetuned.items():
     for seed, value in enumerate(values):
