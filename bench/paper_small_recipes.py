@@ -183,7 +183,7 @@ def report(args: argparse.Namespace, study: ps.Study) -> dict[str, Any]:
 def markdown(scale: str, payload: dict[str, Any]) -> str:
   lines = [f"Scale `{scale}`, corpus: {payload['corpus']}; {payload['runs_done']} of {payload['runs_total']} runs "
            f"done, {payload['wall_s_done'] / 3600:.2f} h of runs",
-           f"(regenerate: `python -m {MODULE} --scale={scale} --report_only`).", "",
+           f"(regenerate: `python -m {MODULE} --scale={scale} --root={payload['root']} --report_only`).", "",
            "| pretraining run | FLOPs per token | steps | pretraining FLOPs |", "|---|---|---|---|"]
   lines += [f"| {name} | {f['per_token']:,.0f} | {f['steps']:,} | {f['total']:.3g} |"
             for name, f in payload["flops"].items()]
