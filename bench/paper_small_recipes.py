@@ -37,14 +37,15 @@ class Settings:
   roberta_learning_rate: float    # AdamW, RoBERTa's β2 0.98, ε 1e-6, weight decay 0.01
 
 
-SETTINGS = {"cpu": Settings(0.25, "lamb", 1e-2, 1e-3), "gpu": Settings(0.25, "adamw", 1e-3, 1e-3),
-            "toy": Settings(0.5, "lamb", 5e-3, 1e-3)}
+SETTINGS = {"cpu": Settings(0.25, "lamb", 1e-2, 1e-3),
+            "gpu": Settings(0.25, "adamw", 1e-3, 1e-3),   # not calibrated, as the gpu scale
+            "toy": Settings(0.5, "lamb", 5e-3, 1e-3)}     # H=32, two heads: a generator of one head, H=16
 
 
 @dataclasses.dataclass(frozen=True)
 class RecipeRun(ps.Pretraining):
-  """A pretraining run of another recipe on the study's model: `recipe` is electra, mlm (the pair's MLM-only twin)
-  or roberta; `train_steps` 0 is the scale's."""
+  """A pretraining run of another recipe on the study's model: `recipe_name` is electra, mlm (the pair's MLM-only
+  twin) or roberta; `train_steps` 0 is the scale's."""
   recipe_name: str = "mlm"
   settings: Settings = SETTINGS["cpu"]
   train_steps: int = 0
