@@ -280,7 +280,7 @@ def check_settings(study: Study, record: bool) -> None:
         raise InputError(f"--root={study.root} holds a study of other settings ({path}); pass another --root, or "
                          "remove that folder to start afresh.")
   elif record:
-    write_json(path, settings)
+    common.write_json_file(path, settings)
 
 
 def glue_root(scale: Scale, shared_data: str, root: str) -> str:
@@ -386,11 +386,6 @@ def run_and_record(study: Study, run: Pretraining | Finetuning) -> dict[str, Any
   return record
 
 
-def write_json(path: str, record: dict[str, Any]) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=1)
-  os.replace(path + ".tmp", path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -635,20 +630,6 @@ def table_lines(table: dict[str, Any]) -> list[str]:
   return lines
 
 
-def write_markdown(path: str, scale_name: str, text: str, module: str = MODULE) -> None:
-  """Replaces the section of `module` at this scale in the doc (between its markers), keeping the rest; a new file
-  gets the section."""
-  begin, end = f"<!-- {module} {scale_name}: begin -->", f"<!-- {module} {scale_name}: end -->"
-  doc = open(path).read() if os.path.isfile(path) else ""
-  section = f"{begin}\n{text}\n{end}"
-  if begin in doc and end in doc:
-    doc = doc[:doc.index(begin)] + section + doc[doc.index(end) + len(end):]
-  else:
-    doc += ("\n" if doc else "") + section + "\n"
-  with open(path + ".tmp", "w") as f:
-    f.write(doc)
-  os.replace(path + ".tmp", path)
-
 
 def report(args: argparse.Namespace, study: Study) -> dict[str, Any]:
   """The JSON and the markdown section, from the records under --root (runs without one: pending)."""
@@ -663,8 +644,8 @@ def report(args: argparse.Namespace, study: Study) -> dict[str, Any]:
              "commands": {r.name: "python -m albert_jax.main " + " ".join(study.argv(r)) for r in runs},
              "environment": common.environment(MODULE)}
   payload["acceptance"] = acceptance(payload["tables"])
-  write_json(args.results, payload)
-  write_markdown(args.doc, args.scale, markdown(args.scale, payload))
+  common.write_shared_json(args.results, payload, keep=lambda key: key == "recipes")
+  common.write_doc_section(args.doc, f"{MODULE} {args.scale}", markdown(args.scale, payload))
   print(f"wrote {args.results} and {args.doc}: {len(records)} of {len(runs)} runs done", flush=True)
   return payload
 
@@ -711,7 +692,7 @@ def main(argv: list[str] | None = None, plan_of=plan, tables_of=tables, report_o
       try:
         for run in runs:
           if not os.path.isfile(study.record_path(run.name)):
-            write_json(study.record_path(run.name), run_and_record(study, run))
+            common.write_json_file(study.record_path(run.name), run_and_record(study, run))
             report_of(args, study)
       except KeyboardInterrupt:
         print("Interrupted: rerun the same command to go on (recorded runs are kept, the others resume).",

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
-import os
 from typing import Any
 
 from bench import common
@@ -171,12 +169,8 @@ def report(args: argparse.Namespace, study: ps.Study) -> dict[str, Any]:
              "runs": {r.name: records.get(r.name, {"status": "pending"}) for r in runs},
              "commands": {r.name: "python -m albert_jax.main " + " ".join(study.argv(r)) for r in runs},
              "environment": common.environment(MODULE)}
-  results = {}
-  if os.path.isfile(args.results):
-    with open(args.results) as f:
-      results = json.load(f)
-  ps.write_json(args.results, {**results, "recipes": payload})
-  ps.write_markdown(args.doc, args.scale, markdown(args.scale, payload), MODULE)
+  common.write_shared_json(args.results, {"recipes": payload}, keep=lambda key: key != "recipes")
+  common.write_doc_section(args.doc, f"{MODULE} {args.scale}", markdown(args.scale, payload))
   print(f"wrote {args.results} (its `recipes`) and {args.doc}: {len(records)} of {len(runs)} runs done", flush=True)
   return payload
 

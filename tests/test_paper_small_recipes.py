@@ -7,6 +7,7 @@ import pytest
 
 from albert_jax import cli
 from albert_jax.loop import SHAPE_FIELDS
+from bench import common
 from bench import paper_small as ps
 from bench import paper_small_recipes as recipes
 
@@ -75,9 +76,9 @@ def test_the_report_reads_the_records_into_the_json_and_doc_of_the_study(tmp_pat
   for (init, task), values in finetuned.items():
     for seed, value in enumerate(values):
       name = f"{init}/{task}/seed{seed}"
-      ps.write_json(str(root / "results" / f"{name.replace('/', '-')}.json"),
+      common.write_json_file(str(root / "results" / f"{name.replace('/', '-')}.json"),
                     {"name": name, "wall_s": 10.0, "best": {"metric": "accuracy", "value": value}})
-  ps.write_json(str(root / "results" / "roberta_e192.json"),
+  common.write_json_file(str(root / "results" / "roberta_e192.json"),
                 {"name": "roberta_e192", "wall_s": 100.0, "held_out": {"none": {"mlm_accuracy": 0.125}}})
   payload = recipes.main(["--scale=cpu", f"--root={root}", f"--results={results}", f"--doc={doc}",
                           f"--shared_data={shared_data}", "--report_only"])
