@@ -6,7 +6,8 @@
 - runners with one blocking `step()` each: `Ours` (the real jitted, donated, sharded train step), `Peer`
   (transformers' PyTorch ALBERT), `Matmul` (the machine's achievable matmul rate);
 - `interleave`: alternates blocks of the runners' steps, so a noisy shared machine slows them alike;
-- `summarize`, `print_table`, `write_json`.
+- `summarize`, `print_table`, `write_json`; for bench.paper_small's files: `write_json_file`, `write_shared_json`,
+  `write_doc_section`.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -514,3 +515,38 @@ def write_json(args: argparse.Namespace, default_name: str, module: str, payload
   os.replace(path + ".tmp", path)
   print(f"wrote {path}", flush=True)
   return path
+
+
+def write_json_file(path: str, record: dict[str, Any]) -> None:
+  """`record` as the JSON file at `path`, replaced at once (a reader never sees half of it)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(record, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def write_shared_json(path: str, entries: dict[str, Any], keep: Callable[[str], bool]) -> None:
+  """`entries` into the JSON file at `path`, with those of its entries that `keep` accepts: another script's share
+  of the file (bench.paper_small_recipes's `recipes` in bench.paper_small's); the file's order is kept, new entries
+  go last."""
+  old = {}
+  if os.path.isfile(path):
+    with open(path) as f:
+      old = json.load(f)
+  merged = dict.fromkeys(key for key in old if keep(key) or key in entries)
+  write_json_file(path, {**merged, **entries, **{key: value for key, value in old.items() if keep(key)}})
+
+
+def write_doc_section(path: str, name: str, text: str) -> None:
+  """Replaces the section `name` of the markdown file at `path` (between `<!-- NAME: begin -->` and
+  `<!-- NAME: end -->`), keeping the rest; a file without it gets it at its end."""
+  begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+  doc = open(path).read() if os.path.isfile(path) else ""
+  section = f"{begin}\n{text}\n{end}"
+  if begin in doc and end in doc:
+    doc = doc[:doc.index(begin)] + section + doc[doc.index(end) + len(end):]
+  else:
+    doc += ("\n" if doc else "") + section + "\n"
+  with open(path + ".tmp", "w") as f:
+    f.write(doc)
+  os.replace(path + ".tmp", path)

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 from bench import common, machine
 
@@ -35,7 +35,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = "bench.paper_small"
 RANDOM = "random"   # the init of the fine-tuning runs that start from random weights
 BUNDLED_CORPUS = os.path.join(REPO, "data_pipeline", "assets")
-HELD_OUT = ("mlm", "sop", "nsp")   # held-out accuracies of a pretraining run; the other measures are GLUE tasks
+HELD_OUT = ("mlm", "sop", "nsp")   # held-out accuracies of a pretraining run
+COUNTED = ("params", "flops")       # counted from the run's shapes, not measured; the other measures are GLUE tasks
 # The runs get the environment this process started with; `main` then makes this process's own JAX work (the
 # held-out scoring) hand accelerator memory back when done, rather than hold a preallocated share of the device
 # while the runs it launches train.
@@ -117,6 +118,17 @@ class Pretraining:
     """Table 4's deep pair has its own (`Scale.sharing_learning_rate`), where the scale sets one."""
     return (self.num_hidden_layers and scale.sharing_learning_rate) or scale.learning_rate
 
+  def steps(self, scale: Scale) -> int:
+    return scale.steps
+
+  def config_args(self, scale: Scale) -> list[str]:
+    """Its `--config` and what its recipe sets that the study's arguments (`Study.argv`) do not."""
+    return [f"--config=experiments/ablation.py:size=tiny,embedding_size={self.embedding_size},sharing={self.sharing},"
+            f"sentence_task={self.sentence_task}"]
+
+  def held_out_tasks(self) -> tuple[str, ...]:   # its own first: its MLM accuracy is read there
+    return tuple(dict.fromkeys((self.sentence_task, "sop", "nsp")))
+
 
 @dataclasses.dataclass(frozen=True)
 class Finetuning:
@@ -131,11 +143,6 @@ class Finetuning:
 
 def baseline(scale: Scale) -> Pretraining:
   return Pretraining(scale.embedding_size)
-
-
-def shape_of(scale: Scale, run: Finetuning) -> Pretraining:
-  """The pretraining run whose model `run` fine-tunes (from random weights: the baseline's)."""
-  return baseline(scale) if run.init == RANDOM else next(p for p in pretraining_runs(scale) if p.name == run.init)
 
 
 def sharing_pair(scale: Scale) -> tuple[Pretraining, Pretraining]:
@@ -178,6 +185,11 @@ class Study:
   root: str
   glue: str        # the GLUE root the fine-tuning runs read
   corpus: str      # "shared" or "bundled"
+  plan: Callable[[Scale], list[Pretraining | Finetuning]] = plan   # the study's runs, in order
+
+  def shape_of(self, run: Finetuning) -> Pretraining:
+    """The pretraining run whose model `run` fine-tunes (from random weights: the baseline's)."""
+    return baseline(self.scale) if run.init == RANDOM else next(p for p in self.plan(self.scale) if p.name == run.init)
 
   def workdir(self, name: str) -> str:
     return os.path.join(self.root, "runs", name)
@@ -196,7 +208,7 @@ class Study:
   def argv(self, run: Pretraining | Finetuning) -> list[str]:
     """The run's `python -m albert_jax.main` arguments: the model every run shares, then the run's own."""
     s = self.scale
-    layers = (run if isinstance(run, Pretraining) else shape_of(s, run)).layers(s)
+    layers = (run if isinstance(run, Pretraining) else self.shape_of(run)).layers(s)
     model = dict(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=4 * s.hidden_size,
                  num_hidden_layers=layers, num_attention_heads=s.num_attention_heads,
                  max_position_embeddings=s.seq_len, scan_unroll=layers)
@@ -206,21 +218,21 @@ class Study:
     return self._pretraining(run, shared) if isinstance(run, Pretraining) else self._finetuning(run, shared)
 
   def _pretraining(self, run: Pretraining, shared: list[str]) -> list[str]:
-    s, every = self.scale, max(1, self.scale.steps // 4)
-    return [f"--config=experiments/ablation.py:size=tiny,embedding_size={run.embedding_size},sharing={run.sharing},"
-            f"sentence_task={run.sentence_task}", *shared, f"--config.model.dtype={s.dtype}",
+    s, steps = self.scale, run.steps(self.scale)
+    every = max(1, steps // 4)
+    return [*run.config_args(s), *shared, f"--config.model.dtype={s.dtype}",
             "--config.model.remat_policy=none", "--config.data.kind=prepared", f"--config.data.path={self.prepared}",
             f"--config.data.spm_model={self.spm_model}", f"--config.data.max_predictions_per_seq={s.max_predictions}",
-            f"--config.train.global_batch_size={s.batch}", f"--config.train.num_train_steps={s.steps}",
+            f"--config.train.global_batch_size={s.batch}", f"--config.train.num_train_steps={steps}",
             f"--config.train.warmup_steps={max(1, s.steps // 20)}",
             f"--config.train.learning_rate={run.learning_rate(s)}",
             f"--config.train.eval_every={every}", f"--config.train.eval_batches={s.eval_batches}",
             f"--config.checkpoint.every={every}", "--config.checkpoint.keep=2",
-            f"--config.log.every={max(1, s.steps // 24)}", "--config.seed=0"]
+            f"--config.log.every={max(1, steps // 24)}", "--config.seed=0"]
 
   def _finetuning(self, run: Finetuning, shared: list[str]) -> list[str]:
     s, every = self.scale, max(1, self.scale.finetune_steps // 4)
-    shape = shape_of(s, run)
+    shape = self.shape_of(run)
     init = (["--config.allow_random_init=True"] if run.init == RANDOM
             else [f"--config.init_checkpoint={self.workdir(run.init)}"])
     return [f"--config=experiments/glue.py:task={run.task},size=tiny,data={self.glue},spm={self.spm_model}",
@@ -268,7 +280,7 @@ def check_settings(study: Study, record: bool) -> None:
         raise InputError(f"--root={study.root} holds a study of other settings ({path}); pass another --root, or "
                          "remove that folder to start afresh.")
   elif record:
-    write_json(path, settings)
+    common.write_json_file(path, settings)
 
 
 def glue_root(scale: Scale, shared_data: str, root: str) -> str:
@@ -367,19 +379,13 @@ def run_and_record(study: Study, run: Pretraining | Finetuning) -> dict[str, Any
   from albert_jax.head_identity import read_best
   record = launch(study, run)
   if isinstance(run, Pretraining):
-    tasks = dict.fromkeys((run.sentence_task, "sop", "nsp"))
-    record.update(kind="pretraining", held_out={task: score(study, run, task) for task in tasks},
+    record.update(kind="pretraining", held_out={task: score(study, run, task) for task in run.held_out_tasks()},
                   curve=held_out_curve(study.workdir(run.name)))
   else:
     record.update(kind="finetuning", best=read_best(study.workdir(run.name)))
   return record
 
 
-def write_json(path: str, record: dict[str, Any]) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=1)
-  os.replace(path + ".tmp", path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -397,7 +403,8 @@ PAPER = {   # Tables 3 (all-shared), 4 (E=128) and 5; "avg": the mean over its S
                   "eH": {"params": 31e6, "sst-2": 90.6, "avg": 79.8}},
 }
 LABELS = {"params": "backbone params", "mlm": "MLM acc.", "sop": "SOP acc.", "nsp": "NSP acc.", "sst-2": "SST-2 acc.",
-          "mrpc": "MRPC acc.", "sts-b": "STS-B Pearson", "rte": "RTE acc.", "avg": "avg"}
+          "mrpc": "MRPC acc.", "sts-b": "STS-B Pearson", "rte": "RTE acc.", "avg": "avg", "glue": "GLUE score",
+          "mnli": "MNLI-m acc.", "flops": "pretraining FLOPs"}
 PAPER_MEASURE = {"mrpc": "avg", "sts-b": "avg", "rte": "avg"}   # no MRPC in the paper's ablations: its average
 
 
@@ -435,30 +442,30 @@ def runs_of(table: Table, scale: Scale) -> set[str]:
   names = set()
   for _, init in table.rows.values():
     names |= {init} - {RANDOM}
-    names |= {Finetuning(init, m, seed).name for m in table.measures if m not in ("params", *HELD_OUT)
+    names |= {Finetuning(init, m, seed).name for m in table.measures if m not in (*COUNTED, *HELD_OUT)
               for seed in range(scale.seeds)}
   return names
 
 
-def selected_runs(scale: Scale, table_keys: str) -> list[Pretraining | Finetuning]:
-  """The runs of the tables named in `table_keys` (comma-separated; empty: all), in the study's order."""
+def selected_runs(scale: Scale, table_keys: str, tables_of=tables, plan_of=plan) -> list[Pretraining | Finetuning]:
+  """The runs of the tables of `tables_of(scale)` named in `table_keys` (comma-separated; empty: all), in order."""
   from albert_jax.errors import InputError
-  by_key = {table.key: table for table in tables(scale)}
+  by_key = {table.key: table for table in tables_of(scale)}
   keys = [k for k in table_keys.split(",") if k] or list(by_key)
   if unknown := [k for k in keys if k not in by_key]:
     raise InputError(f"--tables={table_keys}: no table {unknown[0]!r}; choose among {', '.join(by_key)}.")
   names = set().union(*(runs_of(by_key[k], scale) for k in keys))
-  return [run for run in plan(scale) if run.name in names]
+  return [run for run in plan_of(scale) if run.name in names]
 
 
-def cell(records: dict[str, dict], params: dict[str, int], init: str, measure: str, scale: Scale) -> dict[str, Any]:
+def cell(records: dict[str, dict], counts: dict[str, dict], init: str, measure: str, scale: Scale) -> dict[str, Any]:
   """Our value of `measure` for the runs from `init`, in %: a GLUE task's median over the seeds with their range,
-  or a held-out accuracy with the number of examples it was measured on; or the backbone's parameter count."""
-  if measure == "params":
-    return {"status": "done", "value": params[init]}
-  if measure not in ("params", *HELD_OUT):
-    values = [100 * records[r.name]["best"]["value"] for r in finetuning_runs(scale, init)
-              if r.task == measure and r.name in records]
+  or a held-out accuracy with the number of examples it was measured on; or a count (`COUNTED`) from `counts`."""
+  if measure in COUNTED:
+    return {"status": "done", "value": counts[measure][init]}
+  if measure not in HELD_OUT:
+    values = [100 * records[name]["best"]["value"] for seed in range(scale.seeds)
+              if (name := Finetuning(init, measure, seed).name) in records]
     if not values:
       return {"status": "pending"}
     return {"status": "done" if len(values) == scale.seeds else "partial", "value": statistics.median(values),
@@ -493,19 +500,21 @@ def compare(a: dict, b: dict, paper_sign: int) -> dict[str, Any]:
           "same_direction": ours == paper_sign, "inside_noise": inside, "noise": noise, "status": "done"}
 
 
-def build_tables(scale: Scale, records: dict[str, dict], params: dict[str, int]) -> dict[str, Any]:
+def build_tables(scale: Scale, records: dict[str, dict], counts: dict[str, dict], table_list: list[Table] | None = None,
+                 papers: dict[str, dict] = PAPER, paper_measures: dict[str, dict] | None = None) -> dict[str, Any]:
   """Each table's cells, the paper's figures, and every row compared with the first on each measure the paper has
-  for both (the transfer table: pretraining's premise, pretrained > random, as the paper has no random-init run)."""
+  for both (the transfer table: pretraining's premise, pretrained > random, as the paper has no random-init run).
+  `paper_measures`: per table, our measure -> the paper's figure it is compared with (default: `PAPER_MEASURE`)."""
   out = {}
-  for table in tables(scale):
-    paper = PAPER[table.key]
-    rows = {key: {m: cell(records, params, init, m, scale) for m in table.measures}
+  for table in tables(scale) if table_list is None else table_list:
+    paper, to_paper = papers[table.key], (paper_measures or {}).get(table.key, PAPER_MEASURE)
+    rows = {key: {m: cell(records, counts, init, m, scale) for m in table.measures}
             for key, (_, init) in table.rows.items()}
     reference, *others = table.rows
     comparisons = []
     for key in others:
       for m in table.measures:
-        paper_a, paper_b = (paper[row].get(PAPER_MEASURE.get(m, m)) for row in (key, reference))
+        paper_a, paper_b = (paper[row].get(to_paper.get(m, m)) for row in (key, reference))
         if table.key == "transfer":   # random < pretrained
           paper_sign = -1
         elif paper_a is None or paper_b is None:
@@ -513,6 +522,7 @@ def build_tables(scale: Scale, records: dict[str, dict], params: dict[str, int])
         else:
           paper_sign = (paper_a > paper_b) - (paper_a < paper_b)
         comparisons.append({"row": key, "against": reference, "measure": m,
+                            "paper_measure": "premise" if table.key == "transfer" else to_paper.get(m, m),
                             **compare(rows[key][m], rows[reference][m], paper_sign)})
     out[table.key] = {"title": table.title, "labels": {k: label for k, (label, _) in table.rows.items()},
                       "runs": {k: init for k, (_, init) in table.rows.items()}, "rows": rows, "paper": paper,
@@ -553,7 +563,7 @@ def acceptance(tables_payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 def read_records(study: Study) -> dict[str, dict]:
   records = {}
-  for run in plan(study.scale):
+  for run in study.plan(study.scale):
     if os.path.isfile(study.record_path(run.name)):
       with open(study.record_path(run.name)) as f:
         records[run.name] = json.load(f)
@@ -573,6 +583,8 @@ def fmt(value: dict | float | None, measure: str) -> str:
     return fmt(value["value"], measure) + spread + partial
   if value is None:
     return "—"
+  if measure == "flops":
+    return f"{value:.3g}"
   return f"{value / 1e6:.2f}M" if measure == "params" else f"{value:.1f}"
 
 
@@ -587,44 +599,36 @@ def markdown(scale_name: str, payload: dict[str, Any]) -> str:
     ours = " vs ".join("pending" if v is None else fmt(v, measure) for v in t["values"])
     lines.append(f"| {t['claim']} | {ours} | {'—' if t['met'] is None else 'yes' if t['met'] else '**no**'} |")
   for table in payload["tables"].values():
-    measures = list(next(iter(table["rows"].values())))
-    paper_measures = list(dict.fromkeys(m for row in table["paper"].values() for m in row))
-    header = ["", *(LABELS[m] for m in measures), *(f"paper: {LABELS[m]}" for m in paper_measures)]
-    lines += ["", f"**{table['title']}**", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for key, row in table["rows"].items():
-      cells = [fmt(row[m], m) for m in measures] + [fmt(table["paper"][key].get(m), m) for m in paper_measures]
-      lines.append(f"| {table['labels'][key]} | " + " | ".join(cells) + " |")
-    if chances := [f"{LABELS[m]} {fmt(cell['chance'], m)}" for m, cell in next(iter(table["rows"].values())).items()
-                   if cell.get("chance")]:
-      lines += ["", "Chance on these held-out examples (always answering the commoner label; one-sentence chunks "
-                f"always take label 1): {', '.join(chances)}."]
-    lines += ["", "| comparison | paper | ours | same direction | inside the noise |", "|---|---|---|---|---|"]
-    for c in table["comparisons"]:
-      done, measure = c["status"] == "done", c["measure"]
-      paper_measure = "pretraining's premise" if table is payload["tables"]["transfer"] else LABELS[
-          PAPER_MEASURE.get(measure, measure)]
-      difference = fmt(abs(c["difference"]), measure) if done else ""
-      lines.append(" | ".join([
-          f"| {LABELS[measure]}: {table['labels'][c['row']]} vs {table['labels'][c['against']]}",
-          SIGN[c["paper_sign"]] + (f" ({paper_measure})" if paper_measure != LABELS[measure] else ""),
-          f"{SIGN[c['our_sign']]} (by {difference})" if done else "pending",
-          ("yes" if c["same_direction"] else "**no**") if done else "—",
-          f"{'yes' if c['inside_noise'] else 'no'} ({c['noise']})" if done else "—"]) + " |")
+    lines += table_lines(table)
   return "\n".join(lines)
 
 
-def write_markdown(path: str, scale_name: str, text: str) -> None:
-  """Replaces this scale's section of the doc (between its markers), keeping the rest; a new file gets the section."""
-  begin, end = f"<!-- {MODULE} {scale_name}: begin -->", f"<!-- {MODULE} {scale_name}: end -->"
-  doc = open(path).read() if os.path.isfile(path) else ""
-  section = f"{begin}\n{text}\n{end}"
-  if begin in doc and end in doc:
-    doc = doc[:doc.index(begin)] + section + doc[doc.index(end) + len(end):]
-  else:
-    doc += ("\n" if doc else "") + section + "\n"
-  with open(path + ".tmp", "w") as f:
-    f.write(doc)
-  os.replace(path + ".tmp", path)
+def table_lines(table: dict[str, Any]) -> list[str]:
+  """One table of the JSON in markdown: ours beside the paper's, the chance levels, each row against the first."""
+  measures, lines = list(next(iter(table["rows"].values()))), []
+  paper_measures = list(dict.fromkeys(m for row in table["paper"].values() for m in row))
+  header = ["", *(LABELS[m] for m in measures), *(f"paper: {LABELS[m]}" for m in paper_measures)]
+  lines += ["", f"**{table['title']}**", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+  for key, row in table["rows"].items():
+    cells = [fmt(row[m], m) for m in measures] + [fmt(table["paper"][key].get(m), m) for m in paper_measures]
+    lines.append(f"| {table['labels'][key]} | " + " | ".join(cells) + " |")
+  if chances := [f"{LABELS[m]} {fmt(cell['chance'], m)}" for m, cell in next(iter(table["rows"].values())).items()
+                 if cell.get("chance")]:
+    lines += ["", "Chance on these held-out examples (always answering the commoner label; one-sentence chunks "
+              f"always take label 1): {', '.join(chances)}."]
+  lines += ["", "| comparison | paper | ours | same direction | inside the noise |", "|---|---|---|---|---|"]
+  for c in table["comparisons"]:
+    done, measure = c["status"] == "done", c["measure"]
+    paper_measure = "pretraining's premise" if c["paper_measure"] == "premise" else LABELS[c["paper_measure"]]
+    difference = fmt(abs(c["difference"]), measure) if done else ""
+    lines.append(" | ".join([
+        f"| {LABELS[measure]}: {table['labels'][c['row']]} vs {table['labels'][c['against']]}",
+        SIGN[c["paper_sign"]] + (f" ({paper_measure})" if paper_measure != LABELS[measure] else ""),
+        f"{SIGN[c['our_sign']]} (by {difference})" if done else "pending",
+        ("yes" if c["same_direction"] else "**no**") if done else "—",
+        f"{'yes' if c['inside_noise'] else 'no'} ({c['noise']})" if done else "—"]) + " |")
+  return lines
+
 
 
 def report(args: argparse.Namespace, study: Study) -> dict[str, Any]:
@@ -634,14 +638,14 @@ def report(args: argparse.Namespace, study: Study) -> dict[str, Any]:
   payload = {"benchmark": "paper_small", "scale": args.scale, "settings": dataclasses.asdict(study.scale),
              "corpus": study.corpus, "root": study.root, "runs_total": len(runs), "runs_done": len(records),
              "wall_s_done": sum(r["wall_s"] for r in records.values()),
-             "tables": build_tables(study.scale, records, {
-                 run.name: backbone_params(study, run) for run in pretraining_runs(study.scale)}),
+             "tables": build_tables(study.scale, records, {"params": {
+                 run.name: backbone_params(study, run) for run in pretraining_runs(study.scale)}}),
              "runs": {r.name: records.get(r.name, {"status": "pending"}) for r in runs},
              "commands": {r.name: "python -m albert_jax.main " + " ".join(study.argv(r)) for r in runs},
              "environment": common.environment(MODULE)}
   payload["acceptance"] = acceptance(payload["tables"])
-  write_json(args.results, payload)
-  write_markdown(args.doc, args.scale, markdown(args.scale, payload))
+  common.write_shared_json(args.results, payload, keep=lambda key: key == "recipes")
+  common.write_doc_section(args.doc, f"{MODULE} {args.scale}", markdown(args.scale, payload))
   print(f"wrote {args.results} and {args.doc}: {len(records)} of {len(runs)} runs done", flush=True)
   return payload
 
@@ -667,7 +671,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None, plan_of=plan, tables_of=tables, report_of=None) -> dict[str, Any]:
+  """The study of `plan_of` and `tables_of`, reported by `report_of` (default: this module's; bench.paper_small_recipes
+  passes its own)."""
   from albert_jax import console
   from albert_jax.errors import one_line_user_errors
   console.install()
@@ -675,9 +681,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
   scale = SCALES[args.scale]
   files, corpus = corpus_files(scale, args.shared_data)
-  study = Study(scale, args.root, glue_root(scale, args.shared_data, args.root), corpus)
+  study = Study(scale, args.root, glue_root(scale, args.shared_data, args.root), corpus, plan_of)
+  report_of = report_of or report
   with one_line_user_errors():
-    runs = selected_runs(scale, args.tables)
+    runs = selected_runs(scale, args.tables, tables_of, plan_of)
     check_settings(study, record=not args.report_only)
     if not args.report_only:
       copy_glue(study, args.shared_data)
@@ -685,13 +692,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       try:
         for run in runs:
           if not os.path.isfile(study.record_path(run.name)):
-            write_json(study.record_path(run.name), run_and_record(study, run))
-            report(args, study)
+            common.write_json_file(study.record_path(run.name), run_and_record(study, run))
+            report_of(args, study)
       except KeyboardInterrupt:
         print("Interrupted: rerun the same command to go on (recorded runs are kept, the others resume).",
               file=sys.stderr, flush=True)
         raise SystemExit(130) from None
-    return report(args, study)
+    return report_of(args, study)
 
 
 if __name__ == "__main__":

@@ -86,8 +86,8 @@ def test_the_toy_study_reports_what_is_done_and_resumes_without_running_it_again
       (TOY.sharing_layers - 1) * layer_params(h, 4 * h))
   assert embedding["e128"]["params"]["value"] - embedding["e64"]["params"]["value"] == (v + p + 2 + 2 + h) * 8
   assert sharing["comparisons"][0] | {"difference": None} == {
-      "row": "none", "against": "all", "measure": "params", "paper_sign": 1, "our_sign": 1, "difference": None,
-      "same_direction": True, "inside_noise": False, "noise": "exact", "status": "done"}
+      "row": "none", "against": "all", "measure": "params", "paper_measure": "params", "paper_sign": 1, "our_sign": 1,
+      "difference": None, "same_direction": True, "inside_noise": False, "noise": "exact", "status": "done"}
   doc = (tmp_path / "doc.md").read_text()
   assert doc.startswith("Prose kept.\n<!-- bench.paper_small toy: begin -->\nScale `toy`, corpus: bundled; 3 of 9")
   assert doc.endswith("<!-- bench.paper_small toy: end -->\nMore prose.\n") and "\nold\n" not in doc
@@ -104,13 +104,17 @@ def test_the_toy_study_reports_what_is_done_and_resumes_without_running_it_again
     best = payload["runs"][name]["best"]
     assert best["metric"] == "accuracy" and 0 <= best["value"] <= 1
   comparison = payload["tables"]["transfer"]["comparisons"][0]
-  assert (comparison["row"], comparison["paper_sign"], comparison["noise"]) == ("random", -1, "seed ranges")
+  assert (comparison["row"], comparison["paper_sign"], comparison["paper_measure"], comparison["noise"]) == (
+      "random", -1, "premise", "seed ranges")
 
 
 def test_with_nothing_run_every_table_is_pending(tmp_path, shared_data):
+  # The file also holds bench.paper_small_recipes's entry, which is kept; an entry of this study is rewritten.
+  (tmp_path / "cpu.json").write_text(json.dumps({"runs": "stale", "recipes": {"tables": "kept"}}))
   payload = paper_small.main(["--scale=cpu", f"--root={tmp_path / 'study'}", f"--results={tmp_path / 'cpu.json'}",
                               f"--doc={tmp_path / 'doc.md'}", f"--shared_data={shared_data}", "--report_only"])
-  assert json.loads(json.dumps(payload)) == json.loads((tmp_path / "cpu.json").read_text())
+  assert json.loads((tmp_path / "cpu.json").read_text()) == {**json.loads(json.dumps(payload)),
+                                                             "recipes": {"tables": "kept"}}
   assert payload["runs_done"] == 0 and payload["runs_total"] == 7 + 2 * 4 * 3 + 6 * 2 * 3
   assert all(record == {"status": "pending"} for record in payload["runs"].values())
   cells = [(m, c) for t in payload["tables"].values() for row in t["rows"].values() for m, c in row.items()]
