@@ -35,6 +35,8 @@ ROWS = {
     "xxlarge_v5p-256": ("pretrain_xxlarge", "v5p-256", 1, {}),
     "large_v3-512": ("pretrain_large", "v3-512", 1, {}),
     "bert_large_v3-512": ("bert_large", "v3-512", 1, {}),
+    "electra_base_v3-8": ("pretrain_electra:size=base", "v3-8", 1, {}),    # ELECTRA's pair, as `--fit` chose
+    "electra_large_v3-256": ("pretrain_electra:size=large", "v3-256", 1, {}),
 }
 # Fine-tuning recipes on the original's slice (8 TPU v3 cores): the largest batch (MNLI/QQP 128), SQuAD's two v2
 # heads and RACE's 4 x 512 tokens per example, at every ALBERT size.
