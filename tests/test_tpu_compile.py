@@ -148,17 +148,20 @@ def test_fine_tuning_recipes_fit_the_originals_eight_v3_cores(experiment, micro_
   assert 0.99 * state / 3 < report["collective_bytes"]["all-reduce"]["within_slice"] < 1.01 * state / 3
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("experiment, slice_name", [
-    ("pretrain_base", "v3-128"), ("pretrain_large", "v3-256"), ("pretrain_xlarge", "v3-512"),
-    ("pretrain_xxlarge", "v3-1024")])
-def test_each_pretraining_recipe_is_what_fit_chooses_for_its_slice(experiment, slice_name):
-  """A recipe that recomputes what fits, or a micro batch smaller than fits, wastes its slice: `--fit` (least
-  recompute first, micro batches from the largest down) must stop at the recipe's own setting."""
+def shipped_recipe(experiment: str):
   import importlib
   module, _, arg = experiment.partition(":")
   recipe = importlib.import_module(f"experiments.{module}").get_config(arg or None)
   assert recipe.train.micro_batch_size == recipe.train.max_micro_batch_size == 0  # the whole per-device share
+  return module, arg, recipe
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment, slice_name", [("pretrain_base", "v3-128"), ("pretrain_xxlarge", "v3-1024")])
+def test_each_pretraining_recipe_is_what_fit_chooses_for_its_slice(experiment, slice_name):
+  """A recipe that recomputes what fits, or a micro batch smaller than fits, wastes its slice: `--fit` (least
+  recompute first, micro batches from the largest down) must stop at the recipe's own setting."""
+  module, arg, recipe = shipped_recipe(experiment)
   result, report = compile_cli(f"--topology={slice_name}", "--fit",
                                config=f"experiments/{module}.py" + (f":{arg}" if arg else ""))
   assert result.returncode == 0, result.stderr[-3000:]
@@ -166,6 +169,26 @@ def test_each_pretraining_recipe_is_what_fit_chooses_for_its_slice(experiment, s
   assert (report["remat_policy"], report["micro_batch"], report["accumulation_steps"]) == (
       recipe.model.remat_policy, share, 1)
   assert report["peak_bytes_per_device"] < 0.9 * report["hbm_bytes_per_device"]
+
+
+@pytest.mark.parametrize("row", ["large_v3-256", "xlarge_v3-512", "electra_base_v3-8", "electra_large_v3-256"])
+def test_the_other_pretraining_recipes_are_fits_first_choice_as_bench_tpu_recipes_compiled_them(row):
+  """The recipes whose compile takes minutes are `bench.tpu_recipes` rows: the compile it recorded must be of the
+  shipped settings (a recipe changed since fails here until the row is compiled again) and be `--fit`'s first
+  candidate, no recomputation and the whole per-device share in one micro step, within its 10% headroom."""
+  import json
+  from bench import tpu_recipes
+  from tests.helpers import REPO
+  experiment, slice_name, slices, overrides = tpu_recipes.ROWS[row]
+  _, _, recipe = shipped_recipe(experiment)
+  with open(REPO / "bench" / "results" / f"tpu_compile_{row}.json") as f:
+    report = json.load(f)
+  assert (report["row"], report["name"], report["num_slices"], overrides) == (row, slice_name, slices, {})
+  assert recipe.model.remat_policy == "none" and (report["remat_policy"], report["micro_batch"],
+                                                  report["accumulation_steps"]) == (
+      "none", recipe.train.global_batch_size // report["devices"], 1)
+  assert report["dtype"] == recipe.model.dtype
+  assert report["fits"] and report["peak_bytes_per_device"] < 0.9 * report["hbm_bytes_per_device"]
 
 
 def test_unknown_topology_names_the_valid_forms():
