@@ -242,9 +242,10 @@ def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.Trai
 def _resume_data(train_iter, data: checkpointing.DataStates, where: str, config) -> None:
   """Puts the loader at the checkpoint's position. Another process count than the writer's (like another mesh, a
   legitimate change) continues exactly when the loader declares its position global (`position_is_global`: a
-  function of the step, the same on every process, as fine-tuning's and synthetic data's); a position kept per
-  process (pretraining data, each process reading its own share of the documents) is refused, or with
-  resume_with_changes left behind: the data is read from its start."""
+  function of the step, the same on every process, as fine-tuning's and synthetic data's, or a place in one global
+  stream, as full_sentences pretraining data's); a position kept per process (segment-pair pretraining data, each
+  process reading its own share of the documents) is refused, or with resume_with_changes left behind: the data is
+  read from its start."""
   count = jax.process_count()
   if data.process_count == count:
     train_iter.set_state(data.states[jax.process_index()])

@@ -139,9 +139,10 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, workd
     _build_tiny_dataset_on_process_0_first(data_config.path)
   batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
                                              seed=config.seed, vocab_size=config.model.vocab_size)
+  global_position = loader.position_is_global(data_config)
   if kind == "tiny":  # bundled and built the same way every time
-    return batches
-  return PreparedDataPosition(batches, config.data.path, config.get("resume_with_changes", False))
+    return LoaderPosition(batches, global_position)
+  return PreparedDataPosition(batches, global_position, config.data.path, config.get("resume_with_changes", False))
 
 
 def _build_tiny_dataset_on_process_0_first(path: str) -> None:
@@ -153,20 +154,35 @@ def _build_tiny_dataset_on_process_0_first(path: str) -> None:
   multihost_utils.sync_global_devices("albert_jax_tiny_dataset")
 
 
-class PreparedDataPosition:
-  """The loader's iterator, its saved position tagged with the preparation it is a position in (the sha256 of
-  its manifest): a resume on data prepared again into the same folder (other inputs, other shards) is refused,
-  where the position alone would silently continue somewhere in other data."""
+class LoaderPosition:
+  """The loader's iterator, declaring whether its saved position is the same on every process
+  (`loader.position_is_global`: full_sentences packing), which lets `loop` resume it on another process count."""
 
-  def __init__(self, batches, path: str, resume_with_changes: bool):
-    self.batches, self.path, self.resume_with_changes = batches, path, resume_with_changes
-    self.manifest_sha256 = hashlib.sha256((storage.path(path) / "manifest.json").read_bytes()).hexdigest()
+  def __init__(self, batches, position_is_global: bool):
+    self.batches, self.position_is_global = batches, position_is_global
 
   def __iter__(self):
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
     return next(self.batches)
+
+  def get_state(self) -> dict[str, Any]:
+    return self.batches.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self.batches.set_state(state)
+
+
+class PreparedDataPosition(LoaderPosition):
+  """The loader's iterator, its saved position tagged with the preparation it is a position in (the sha256 of
+  its manifest): a resume on data prepared again into the same folder (other inputs, other shards) is refused,
+  where the position alone would silently continue somewhere in other data."""
+
+  def __init__(self, batches, position_is_global: bool, path: str, resume_with_changes: bool):
+    super().__init__(batches, position_is_global)
+    self.path, self.resume_with_changes = path, resume_with_changes
+    self.manifest_sha256 = hashlib.sha256((storage.path(path) / "manifest.json").read_bytes()).hexdigest()
 
   def get_state(self) -> dict[str, Any]:
     return {"loader": self.batches.get_state(), "manifest_sha256": self.manifest_sha256}

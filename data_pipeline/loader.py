@@ -304,6 +304,14 @@ def make_pretraining_dataset(data_config: Mapping[str, Any], split: str, host_ba
   return ds
 
 
+def position_is_global(data_config: Mapping[str, Any]) -> bool:
+  """Whether the iterator's saved position is the same on every host, so that it continues exactly on another host
+  count: with full_sentences every host reads the one global stream and its state is a place in it (the packing
+  cursor of a shuffle window, and how far into the window); with segment pairs each host reads its own share of the
+  documents, and its state is a place in that share."""
+  return ExampleConfig.from_config(data_config).packing == "full_sentences"
+
+
 def make_pretraining_iterator(data_config: Mapping[str, Any], split: str, global_batch_size: int, seed: int,
                               process_index: int | None = None, process_count: int | None = None,
                               vocab_size: int | None = None,

@@ -1,10 +1,14 @@
 """data.packing=full_sentences (RoBERTa's FULL-SENTENCES): a hand-packed corpus, every token of an epoch once,
 sequences across documents, exact resume, the same global batches for any host count, today's batch layout."""
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
+from albert_jax import checkpointing, engine, loop, pretrain
+from albert_jax.cli import experiment_config
+from albert_jax.errors import InputError
 from data_pipeline import records, rng, tiny
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.loader import DocumentSource, document_stream, make_pretraining_iterator
@@ -128,25 +132,82 @@ def test_batches_have_the_layout_of_segment_pair_batches(tiny_prepared):
   assert not np.isin(packed["masked_lm_ids"][packed["masked_lm_weights"] > 0], [CLS, SEP]).any()
 
 
-def test_exact_resume_mid_epoch_and_the_same_global_batches_for_any_host_count(tiny_prepared):
-  """A restored iterator continues with the next batch, on one host or on two (the saved position is global);
-  two hosts' rows, concatenated, are the one host's batch. Behind a prefetch thread, as a training run reads."""
+def _hosts(config, count, seed=3):
+  """The iterators of `count` simulated hosts of one run (global batch 8)."""
+  return [make_pretraining_iterator(config, "train", 8, seed, h, count, vocab_size=tiny.VOCAB_SIZE)
+          for h in range(count)]
+
+
+def _global_batch(hosts):
+  halves = [next(h) for h in hosts]
+  return {key: np.concatenate([h[key] for h in halves]) for key in halves[0]}
+
+
+def test_a_position_saved_on_two_hosts_resumes_exactly_on_one_host_or_four(tiny_prepared):
+  """The saved position is a place in the one global stream: two hosts save the same state, the one a single
+  uninterrupted host has there, and restored on one host or on four it continues with that host's next global
+  batches, every field exactly (the hosts' rows concatenated). Behind a prefetch thread, as a training run reads."""
   config = _config(tiny_prepared, prefetch=2)
-  one = make_pretraining_iterator(config, "train", 8, 3, 0, 1, vocab_size=tiny.VOCAB_SIZE)
+  (straight,), two = _hosts(config, 1), _hosts(config, 2)
   for _ in range(5):
-    next(one)
-  state = json.loads(json.dumps(one.get_state()))
-  expected = [next(one) for _ in range(30)]             # 240 sequences: across 15 shuffle windows
-  restored = make_pretraining_iterator(config, "train", 8, 3, 0, 1, vocab_size=tiny.VOCAB_SIZE)
-  restored.set_state(state)
-  hosts = [make_pretraining_iterator(config, "train", 8, 3, h, 2, vocab_size=tiny.VOCAB_SIZE) for h in (0, 1)]
-  for host in hosts:
-    host.set_state(state)
-  for batch in expected:
-    again, halves = next(restored), [next(h) for h in hosts]
-    for key in batch:
-      assert np.array_equal(batch[key], again[key]), key
-      assert np.array_equal(batch[key], np.concatenate([h[key] for h in halves])), key
+    batch, rows = next(straight), _global_batch(two)
+    assert all(np.array_equal(batch[key], rows[key]) for key in batch)
+  states = [json.loads(json.dumps(h.get_state())) for h in two]   # as a checkpoint writes them
+  assert states[0] == states[1] == straight.get_state()
+  expected = [next(straight) for _ in range(20)]             # 160 sequences: across 10 shuffle windows
+  for count in (1, 4):
+    resumed = _hosts(config, count)
+    for host in resumed:
+      host.set_state(states[0])
+    for step, batch in enumerate(expected):
+      again = _global_batch(resumed)
+      for key in batch:
+        assert batch[key].dtype == again[key].dtype and np.array_equal(batch[key], again[key]), (count, step, key)
+
+
+def _run_config(path, *overrides):
+  """RoBERTa's tiny recipe (full_sentences) reading the prepared tiny corpus at `path`."""
+  recipe = pathlib.Path(__file__).resolve().parents[1] / "experiments/pretrain_roberta.py"
+  return experiment_config(["main", f"--config={recipe}:size=tiny", f"--config.data.path={path}", *overrides])
+
+
+def _resume_on_one_process(config, position, tmp_path):
+  """A fresh run's batches, put by the loop at `position` as saved by both processes of a 2-process run."""
+  batches = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), str(tmp_path))
+  loop._resume_data(batches, checkpointing.DataStates(2, {0: position, 1: position}), "Step 3 in ckpt", config)
+  return batches
+
+
+@pytest.mark.parametrize("kind", ["prepared", "tiny"])
+def test_a_run_resumes_a_full_sentences_position_on_another_process_count(tiny_prepared, kind, tmp_path, capsys):
+  """The position that two processes saved (the same, as the test above shows) continues a run on one process with
+  the batches of a run never interrupted."""
+  # data.kind=tiny takes the folder the bundled corpus is prepared in (found built, here)
+  path = tiny_prepared if kind == "prepared" else pathlib.Path(tiny_prepared).parent
+  config = _run_config(path, f"--config.data.kind={kind}")
+  straight = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), str(tmp_path))
+  assert straight.position_is_global
+  for _ in range(3):
+    next(straight)
+  resumed = _resume_on_one_process(config, json.loads(json.dumps(straight.get_state())), tmp_path)
+  assert ("Step 3 in ckpt was written by 2 processes and this run has 1; the data position is the same on every "
+          "process, so the run continues exactly.") in capsys.readouterr().out
+  for _ in range(2):
+    batch, again = next(straight), next(resumed)
+    assert all(np.array_equal(batch[key], again[key]) for key in batch)
+
+
+def test_a_segment_pairs_position_is_still_refused_on_another_process_count(tiny_prepared, tmp_path):
+  config = _run_config(tiny_prepared, "--config.data.kind=prepared", "--config.data.packing=segment_pairs",
+                       "--config.data.sentence_task=sop")
+  position = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), str(tmp_path))
+  assert not position.position_is_global
+  with pytest.raises(InputError) as error:
+    _resume_on_one_process(config, position.get_state(), tmp_path)
+  assert str(error.value) == (
+      "Step 3 in ckpt was written by 2 processes and this run has 1: the data loader keeps a position per process, "
+      "which means nothing on another process count. Resume with 2 processes, or pass "
+      "--config.resume_with_changes=True to continue the model from there with the data read from its start.")
 
 
 @pytest.mark.parametrize("fields, message", [
