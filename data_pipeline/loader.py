@@ -13,7 +13,8 @@ so `set_state` rebuilds that window and continues with exactly the next example.
 
 `data.packing=full_sentences` (data_pipeline.packing) replaces the first two steps: every host reads every
 document in one global order per epoch and packs the same sequences; the global batches are shuffled and cut as
-above and each host builds and masks its own rows of them, so the global batches do not depend on the host count.
+above and each host builds and masks its own rows of them, so the global batches do not depend on the host count,
+and neither does the saved position (`position_is_global`): it resumes exactly on another host count.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """data.packing=full_sentences (RoBERTa's FULL-SENTENCES): a hand-packed corpus, every token of an epoch once,
-sequences across documents, exact resume, the same global batches for any host count, today's batch layout."""
+sequences across documents, exact resume, the same global batches for any host count, a saved position that
+resumes on another host count (a run's too, where segment pairs' is refused), today's batch layout."""
 import json
 import pathlib
 
