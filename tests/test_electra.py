@@ -112,6 +112,50 @@ def test_no_gradient_flows_through_the_sampling(tiny_pair):
       assert not same, path
 
 
+def _detectable_batch(rng, vocab_size, b=16, s=12, m=3):
+  """Originals drawn from ids 5-19, three positions a row "masked" and given uniform samples over the other ids:
+  replacements a discriminator can tell apart by the token alone."""
+  ids = rng.integers(5, 20, (b, s)).astype(np.int32)
+  positions = np.argsort(rng.random((b, s)), axis=1)[:, :m].astype(np.int32)
+  batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones((b, s), jnp.int32),
+           "token_type_ids": jnp.zeros((b, s), jnp.int32), "masked_lm_positions": jnp.asarray(positions),
+           "masked_lm_ids": jnp.asarray(np.take_along_axis(ids, positions, 1)),
+           "masked_lm_weights": jnp.ones((b, m), jnp.float32)}
+  return batch, jnp.asarray(rng.integers(20, vocab_size, (b, m)), jnp.int32)
+
+
+def test_the_discriminator_learns_replacements_it_can_tell_apart():
+  """The discriminator's path (`corrupt`, its logits, `electra_objective` at weight 50) trains: on replacements
+  told apart by the token alone, 60 AdamW steps take its held-out loss below a tenth of chance (the loss of knowing
+  only the replaced share). A generator's samples at the CPU study's scale are much harder to tell apart
+  (docs/paper_small_scale.md)."""
+  model = ElectraForPreTraining(TINY_MODEL.replace(sharing="none", num_hidden_layers=1), 0.25)
+  params = jax.jit(lambda rng: flax.linen.unbox(model.init(rng, **dummy_inputs(1, 12))["params"]))(jax.random.key(0))
+  optimizer = optax.adamw(1e-2)
+
+  def objective(p, batch, samples):
+    replaced_input, labels = electra.corrupt(batch, samples)
+    disc_logits = model.apply({"params": p}, replaced_input, batch["attention_mask"], batch["token_type_ids"],
+                              method=model.discriminator_logits)
+    mlm_logits = jnp.zeros((*samples.shape, model.config.vocab_size))   # the generator's part stays constant
+    return electra.electra_objective(mlm_logits, disc_logits, labels, batch, electra.electra_totals(batch), 50.0)
+
+  @jax.jit
+  def step(p, opt_state, batch, samples):
+    grads = jax.grad(lambda p: objective(p, batch, samples)[0])(p)
+    updates, opt_state = optimizer.update(grads, opt_state, p)
+    return optax.apply_updates(p, updates), opt_state
+
+  rng, opt_state = np.random.default_rng(0), optimizer.init(params)
+  for _ in range(60):
+    params, opt_state = step(params, opt_state, *_detectable_batch(rng, model.config.vocab_size))
+  _, sums = jax.jit(objective)(params, *_detectable_batch(rng, model.config.vocab_size, b=64))
+  metrics = electra.summarize_electra(50.0, jax.tree.map(float, sums))
+  assert metrics["replaced_share"] > 0.2
+  assert metrics["disc_loss"] < 0.1 * metrics["disc_chance_loss"]
+  assert metrics["disc_recall"] > 0.9 and metrics["disc_precision"] > 0.9
+
+
 def test_generator_width_and_refusals():
   small = pretrain_electra.get_config("size=small")
   model = electra.make_model(small)
