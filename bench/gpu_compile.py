@@ -30,7 +30,7 @@ import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host runs on its CPU; the plugin is loaded to compile only
 
-from albert_jax import compile_stats, flops, job_kinds, pretrain, tpu_compile  # noqa: E402
+from albert_jax import flops, hlo_text, job_kinds, pretrain, tpu_compile  # noqa: E402
 from albert_jax.errors import InputError, one_line_user_errors  # noqa: E402
 from bench import common, roofline, train_step  # noqa: E402
 
@@ -96,7 +96,7 @@ def _plain(shape: str) -> str:
 def matmul_forms(hlo: str, program: roofline.Program) -> list[dict]:
   """The step's matmuls grouped by form (operand and result shapes, layouts left out), with their launches per step
   and FLOPs: where a product such as the fused query/key/value one shows up in the compiled step."""
-  computations, _, _ = compile_stats.parse_module(hlo)
+  computations, _, _ = hlo_text.parse_module(hlo)
   forms = collections.defaultdict(lambda: {"launches": 0, "gflop": 0.0})
   for launch in program.launches.values():
     if launch.category != "matmul":

@@ -4,7 +4,7 @@ DIR` writes the HLO beside its trace; without a GPU, `compiled.as_text()` of the
 (`bench.gpu_compile`'s `tpu_compile.compile_for(..., keep_compiled=True)`) is the same text.
 
 Each instruction that launches a kernel (a fusion, a library call such as a cuBLAS GEMM or cuDNN attention, a
-copy, ...) counts once per execution of its computation, while-loop trips included (compile_stats.executions; XLA
+copy, ...) counts once per execution of its computation, while-loop trips included (hlo_text.executions; XLA
 runs a loop whose trip count it knows without evaluating its condition). Its time is max(FLOPs / peak, bytes / HBM
 bandwidth) (+ --launch-us): FLOPs of its dots (compile_stats.dot_flops) or of cuDNN flash attention (4 B heads T T
 d forward, 2.5x that backward); bytes are what it must read and write, a lower bound on its HBM traffic: each
@@ -34,7 +34,7 @@ import os
 import re
 from typing import Any, Sequence
 
-from albert_jax import compile_stats
+from albert_jax import compile_stats, hlo_text
 from albert_jax.errors import InputError, MissingFileError, one_line_user_errors
 from bench import gpu_trace
 
@@ -87,7 +87,7 @@ class Program:
   unknown_trip_counts: tuple[str, ...]
 
 
-def _size(instr: compile_stats.Instr) -> int:
+def _size(instr: hlo_text.Instr) -> int:
   return sum(b for b, _ in instr.arrays)
 
 
@@ -95,13 +95,13 @@ def _ints(text: str) -> list[int]:
   return [int(d) for d in re.findall(r"\d+", text)]
 
 
-def _callees(i: compile_stats.Instr) -> list[str]:
+def _callees(i: hlo_text.Instr) -> list[str]:
   """The computations a control-flow instruction runs, in order, as kernels of their own; a while loop's once per
   trip (its condition first, unless XLA knows the trip count and runs the body only)."""
   if i.opcode == "while":
     condition = [] if _known_trips(i) else re.findall(r"condition=%([\w.\-]+)", i.rest)
     return condition + re.findall(r"body=%([\w.\-]+)", i.rest)
-  if i.opcode == "conditional":   # every branch: an upper bound, as compile_stats counts it
+  if i.opcode == "conditional":   # every branch: an upper bound, as hlo_text.executions counts it
     branches = re.search(r"branch_computations=\{([^}]*)\}", i.rest)
     return (re.findall(r"(?:true|false)_computation=%([\w.\-]+)", i.rest)
             + (re.findall(r"%([\w.\-]+)", branches[1]) if branches else []))
@@ -110,11 +110,11 @@ def _callees(i: compile_stats.Instr) -> list[str]:
   return []
 
 
-def _known_trips(i: compile_stats.Instr) -> bool:
+def _known_trips(i: hlo_text.Instr) -> bool:
   return '"known_trip_count"' in i.rest
 
 
-def _fused_flops(name: str, computations: dict[str, list[compile_stats.Instr]]) -> int:
+def _fused_flops(name: str, computations: dict[str, list[hlo_text.Instr]]) -> int:
   body = computations[name]
   table = {i.name: i for i in body}
   total = 0
@@ -125,7 +125,7 @@ def _fused_flops(name: str, computations: dict[str, list[compile_stats.Instr]]) 
   return total
 
 
-def _fused_bytes(fusion: compile_stats.Instr, table: dict[str, compile_stats.Instr], body: list) -> tuple[int, list]:
+def _fused_bytes(fusion: hlo_text.Instr, table: dict[str, hlo_text.Instr], body: list) -> tuple[int, list]:
   """(bytes read and written, the fusion's outputs) of a fusion with operands in `table` and computation `body`."""
   local = {i.name: i for i in body}
   uses = collections.defaultdict(list)   # name -> [(user, operand index)]
@@ -136,7 +136,7 @@ def _fused_bytes(fusion: compile_stats.Instr, table: dict[str, compile_stats.Ins
   def users(name: str) -> list:   # looking through bitcasts
     return [u for user, k in uses[name] for u in (users(user.name) if user.opcode == "bitcast" else [(user, k)])]
 
-  def source(name: str) -> compile_stats.Instr:
+  def source(name: str) -> hlo_text.Instr:
     i = local[name]
     return source(i.operands[0]) if i.opcode == "bitcast" else i
 
@@ -166,20 +166,20 @@ def _fused_bytes(fusion: compile_stats.Instr, table: dict[str, compile_stats.Ins
   return sum(read.values()) + written, outputs
 
 
-def _library_flops(i: compile_stats.Instr, table: dict[str, compile_stats.Instr], target: str) -> int:
+def _library_flops(i: hlo_text.Instr, table: dict[str, hlo_text.Instr], target: str) -> int:
   if "fmha" in target:   # cuDNN flash attention: Q K^T and P V forward; with S recomputed, dV, dP, dQ, dK backward
     scores = re.search(r'"intermediate_tensor_shape":\{"dimensions":\[([^\]]*)\]', i.rest)
-    head = compile_stats.array_dims(table[i.operands[0]].shape)[-1]
+    head = hlo_text.array_dims(table[i.operands[0]].shape)[-1]
     forward = 4 * math.prod(_ints(scores[1])) * head if scores else 0
     return forward * 5 // 2 if "Backward" in target else forward
   contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', i.rest)
   if not contracting:
     return 0
-  lhs = compile_stats.array_dims(table[i.operands[0]].shape)
-  return 2 * math.prod(compile_stats.array_dims(i.shape)) * math.prod(lhs[d] for d in _ints(contracting[1]))
+  lhs = hlo_text.array_dims(table[i.operands[0]].shape)
+  return 2 * math.prod(hlo_text.array_dims(i.shape)) * math.prod(lhs[d] for d in _ints(contracting[1]))
 
 
-def _canonical(comp: str, computations: dict[str, list[compile_stats.Instr]]) -> str:
+def _canonical(comp: str, computations: dict[str, list[hlo_text.Instr]]) -> str:
   """A computation's text with its own names numbered and those of the computations it calls replaced by theirs."""
   body = computations[comp]
   number = {b.name: str(k) for k, b in enumerate(body)}
@@ -193,7 +193,7 @@ def _canonical(comp: str, computations: dict[str, list[compile_stats.Instr]]) ->
                    for b in body)
 
 
-def _fingerprint(i: compile_stats.Instr, computations: dict[str, list[compile_stats.Instr]]) -> str:
+def _fingerprint(i: hlo_text.Instr, computations: dict[str, list[hlo_text.Instr]]) -> str:
   """Fusions alike but for names run one kernel, named after one of them (XLA's kernel cache): e.g. the casts of
   the key and value projections' weights run the query's."""
   callee = re.search(r"\bcalls=%([\w.\-]+)", i.rest)[1]
@@ -201,7 +201,7 @@ def _fingerprint(i: compile_stats.Instr, computations: dict[str, list[compile_st
   return f"{i.opcode} {kind} {i.shape}\n{_canonical(callee, computations)}"
 
 
-def _launch(i: compile_stats.Instr, table: dict, computations: dict) -> tuple[str, int, int]:
+def _launch(i: hlo_text.Instr, table: dict, computations: dict) -> tuple[str, int, int]:
   """(category, FLOPs, bytes) of one execution of a kernel-launching instruction."""
   operands = sum(_size(table[n]) for n in dict.fromkeys(i.operands) if n in table)
   if i.opcode in ("fusion", "fusion-start"):
@@ -239,8 +239,8 @@ def _launch(i: compile_stats.Instr, table: dict, computations: dict) -> tuple[st
 
 def read_program(text: str) -> Program:
   """Every kernel-launching instruction of an optimized HLO module, with its executions per step, and their order."""
-  computations, entry, _ = compile_stats.parse_module(text)
-  counts, unknown = compile_stats.executions(computations, entry)
+  computations, entry, _ = hlo_text.parse_module(text)
+  counts, unknown = hlo_text.executions(computations, entry)
   for comp in computations.values():   # executions() counts a condition once per trip; see _callees
     for i in comp:
       if i.opcode == "while" and _known_trips(i):
@@ -252,7 +252,7 @@ def read_program(text: str) -> Program:
     table = {i.name: i for i in computations[comp]}
     for i in computations[comp]:
       if callees := _callees(i):
-        trips = (compile_stats.trip_count(i, computations, table) or 1) if i.opcode == "while" else 1
+        trips = (hlo_text.trip_count(i, computations, table) or 1) if i.opcode == "while" else 1
         for _ in range(trips):
           for callee in callees:
             walk(callee)

@@ -37,22 +37,16 @@ import multiprocessing
 import os
 import resource
 import sys
-import tempfile
 import threading
 import time
 
-from array_record.python.array_record_module import ArrayRecordWriter
-
 from albert_jax import storage
 from albert_jax.errors import InputError
-from data_pipeline import cli, fingerprints, records, rng, sources, writers
-from data_pipeline.progress import Progress
-from data_pipeline.sentences import split_sentences
-from data_pipeline.sources import Source, absolute_input
+from data_pipeline import cli, fingerprints, records, sources, writers
+from data_pipeline.prepare_outputs import SPLITS, absolute_paths, check_or_record_identity, delete_outputs, is_done
+from data_pipeline.prepare_shards import write_shards
+from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
-
-SPLITS = ("train", "eval")
-CONFIG_FILE = "prepare_config.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,150 +102,10 @@ class PrepareConfig:
     fields = dataclasses.asdict(self)
     for transient in ("workers", "output_dir"):
       fields.pop(transient)
-    return _absolute_paths(fields)
+    return absolute_paths(fields)
 
-
-def _absolute_paths(identity: dict) -> dict:
-  """`identity` with its local paths made absolute (URLs and tfds: names as they are)."""
-  data_dir = identity.get("tfds_data_dir")
-  return {**identity, "input": absolute_input(identity["input"]), "spm_model": storage.absolute(identity["spm_model"]),
-          "tfds_data_dir": data_dir and storage.absolute(data_dir)}
-
-
-def assign(seed: int, doc_index: int, eval_fraction: float, counts: dict[str, int]) -> tuple[str, int]:
-  key = rng.mix(seed, doc_index)
-  split = "eval" if (key & 0xFFFFFFFF) < eval_fraction * 2**32 else "train"
-  return split, (key >> 32) % counts[split]
-
-
-def _tokenize(doc, source: Source, tokenizer: Tokenizer, config: PrepareConfig, stats) -> list[list[int]]:
-  units = [s for u in doc.units for s in split_sentences(u)] if source.splits_sentences else doc.units
-  sentences = []
-  for ids in tokenizer.encode_batch(units):
-    if not ids:
-      stats["empty_sentences"] += 1
-    elif len(ids) > config.max_sentence_tokens:
-      stats["long_sentences_split"] += 1
-      sentences.extend(ids[i:i + config.max_sentence_tokens] for i in range(0, len(ids), config.max_sentence_tokens))
-    else:
-      sentences.append(ids)
-  return sentences
 
 FILES_BESIDE_SHARDS = 64  # what else a worker may hold open: the input, the tokenizer, Python's own
-
-# A record per chunk, stored uncompressed: the loader reads one random document at a time, and zstd (ArrayRecord's
-# default) costs about half of such a read (~15 us a document, ~4% of the loader's rate at seq 512) to save a
-# third of the disk.
-_SHARD_OPTIONS = "group_size:1,uncompressed"
-
-
-def _write_shards(config: PrepareConfig, shards: list[tuple[str, int]], reports: bool = True) -> None:
-  """Stream the input once and write the given (split, shard) files: locally under a temporary name, then
-  renamed, or uploaded for a gs:// output (ArrayRecord writes local files only). `reports`: show progress (one
-  worker does, for all: each reads the whole input at about the same pace)."""
-  tokenizer = Tokenizer(config.spm_model, config.do_lower_case)
-  dtype = records.token_dtype(tokenizer.vocab_size)
-  counts, source = config.shard_counts(), config.source()
-  final = {s: os.path.join(config.output_dir, records.shard_name(s[0], s[1], counts[s[0]])) for s in shards}
-  staging = tempfile.mkdtemp(prefix="albert_jax_shards_") if storage.is_remote(config.output_dir) else None
-  written = {s: os.path.join(staging, os.path.basename(final[s])) if staging else final[s] + ".tmp" for s in shards}
-  writers = {s: ArrayRecordWriter(_fresh(written[s]), _SHARD_OPTIONS) for s in shards}
-  stats = {s: collections.Counter() for s in shards}
-  progress = Progress("data_pipeline.prepare", "documents read", source.total()) if reports else None
-  for doc_index, doc in enumerate(source.documents()):
-    if progress:
-      progress.update(doc_index + 1, doc.position)
-    shard = assign(config.seed, doc_index, config.eval_fraction, counts)
-    if shard not in writers:
-      continue
-    st = stats[shard]
-    st["non_utf8_lines"] += doc.non_utf8_lines
-    st["units"] += len(doc.units)
-    st["documents_cut"] += doc.cut
-    st["lines_cut"] += doc.lines_cut
-    if doc.unreadable:
-      st["unreadable_records"] += 1
-      continue
-    sentences = _tokenize(doc, source, tokenizer, config, st)
-    if not sentences:
-      st["empty_documents_skipped"] += 1
-      continue
-    st["single_sentence_documents"] += len(sentences) == 1
-    st["documents"] += 1
-    st["sentences"] += len(sentences)
-    st["tokens"] += sum(map(len, sentences))
-    writers[shard].write(records.encode_document(sentences, dtype))
-  if progress:
-    progress.done()
-  for shard in shards:
-    writers[shard].close()
-    storage.write_atomic(final[shard] + ".stats.json", json.dumps(dict(stats[shard]), indent=1))
-    if staging:
-      storage.copy_atomic(written[shard], final[shard])
-      os.unlink(written[shard])
-    else:
-      os.replace(written[shard], final[shard])
-  if staging:
-    os.rmdir(staging)
-
-
-def _fresh(path: str) -> str:
-  """`path` with whatever was there (a symlink included) removed, so writing to it cannot go through a link."""
-  if os.path.lexists(path):
-    os.unlink(path)
-  return path
-
-
-def _is_done(path: str) -> bool:
-  """A finished output file; a symlink placed there is not one (it is replaced)."""
-  return storage.path(path).is_file() and not os.path.islink(path)
-
-
-def _outputs(config: PrepareConfig) -> list[str]:
-  """Every file this preparation writes, temporary ones included, in deletion order (manifest first, settings
-  last)."""
-  counts = config.shard_counts()
-  shards = [os.path.join(config.output_dir, records.shard_name(split, i, counts[split]))
-            for split in SPLITS for i in range(counts[split])]
-  return [os.path.join(config.output_dir, name) for name in (records.MANIFEST, records.MANIFEST + ".tmp",
-                                                             records.SPM_MODEL, records.SPM_MODEL + ".tmp")] + [
-      shard + suffix for shard in shards for suffix in ("", ".tmp", ".stats.json", ".stats.json.tmp")] + [
-      os.path.join(config.output_dir, CONFIG_FILE)]
-
-
-def _delete_outputs(config: PrepareConfig) -> None:
-  for output in _outputs(config):   # the manifest first: an interrupted deletion leaves no complete-looking data
-    storage.remove(output)
-
-
-def _check_or_record_identity(config: PrepareConfig, identity: dict) -> dict:
-  """Refuse other settings; over changed inputs or tokenizer, delete the stale outputs (see the module docstring).
-  Returns the identity recorded, its inputs' fingerprints with their contents' sha256."""
-  path = os.path.join(config.output_dir, CONFIG_FILE)
-  previous = None
-  if storage.path(path).exists():
-    previous = _absolute_paths(json.loads(storage.path(path).read_text()))   # earlier versions kept them as given
-  identity = {**identity, "inputs": fingerprints.with_contents_sha256(identity["inputs"], previous)}
-  if previous == identity:
-    return identity
-  if previous is not None:
-    changed = sorted(k for k in set(previous) | set(identity) if not fingerprints.same_entry(k, previous, identity))
-    settings = [k for k in changed if k not in _CONTENT_KEYS]
-    if settings:
-      raise InputError(f"{config.output_dir!r} holds a preparation with different settings ({', '.join(settings)}); "
-                       "use a new --output_dir, or delete it to start over.")
-    if changed:
-      print(f"data_pipeline.prepare: {fingerprints.describe_change(previous, identity)} since the preparation in "
-            f"{config.output_dir!r}; deleting its shards and preparing again.", file=sys.stderr, flush=True)
-      _delete_outputs(config)
-    elif touched := sum(a.get("mtime_ns") != b["mtime_ns"] for a, b in zip(previous["inputs"], identity["inputs"])):
-      print(f"data_pipeline.prepare: {touched} input file(s) have new mtimes but the same contents (sha256) as "
-            f"when {config.output_dir!r} was prepared; reusing it.", file=sys.stderr, flush=True)
-  storage.write_atomic(path, json.dumps(identity, indent=1))
-  return identity
-
-
-_CONTENT_KEYS = ("inputs", "tokenizer_sha256")
 
 
 def _watch_parent(parent: int) -> None:
@@ -279,30 +133,30 @@ def prepare(config: PrepareConfig) -> dict:
 
 
 def _prepare(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inputs: list[dict]) -> dict:
-  identity = _check_or_record_identity(config, {**config.identity(), "inputs": inputs,
-                                                "tokenizer_sha256": tokenizer.sha256})
+  identity = check_or_record_identity(config, {**config.identity(), "inputs": inputs,
+                                               "tokenizer_sha256": tokenizer.sha256})
   counts = config.shard_counts()
   todo = [(split, i) for split in SPLITS for i in range(counts[split])
-          if not _is_done(os.path.join(config.output_dir, records.shard_name(split, i, counts[split])))]
+          if not is_done(os.path.join(config.output_dir, records.shard_name(split, i, counts[split])))]
   if todo:
     workers = min(config.workers, len(todo))
     print(f"data_pipeline.prepare: {len(files)} input file(s), {sum(i['size'] for i in inputs) / 1e6:,.1f} "
           f"MB -> {len(todo)} shard(s) in {config.output_dir} with {workers} worker(s)...", file=sys.stderr,
           flush=True)
     if workers == 1:
-      _write_shards(config, todo)
+      write_shards(config, todo)
     else:
       with multiprocessing.get_context("spawn").Pool(workers, _watch_parent, (os.getpid(),)) as pool:
-        pool.starmap(_write_shards, [(config, todo[k::workers], k == 0) for k in range(workers)])
+        pool.starmap(write_shards, [(config, todo[k::workers], k == 0) for k in range(workers)])
   model_copy = os.path.join(config.output_dir, records.SPM_MODEL)
-  if not _is_done(model_copy) or fingerprints.sha256(model_copy) != tokenizer.sha256:
+  if not is_done(model_copy) or fingerprints.sha256(model_copy) != tokenizer.sha256:
     storage.copy_atomic(config.spm_model, model_copy)
   manifest_path = os.path.join(config.output_dir, records.MANIFEST)
-  complete = not todo and _is_done(manifest_path)   # then kept byte for byte: a run that read it resumes
+  complete = not todo and is_done(manifest_path)   # then kept byte for byte: a run that read it resumes
   manifest = (json.loads(storage.path(manifest_path).read_text()) if complete
               else _manifest(config, tokenizer, files, identity["inputs"]))
   if not sum(manifest["splits"][s]["documents"] for s in SPLITS):
-    _delete_outputs(config)   # nothing worth resuming: the corrected command (another --format) starts afresh
+    delete_outputs(config)   # nothing worth resuming: the corrected command (another --format) starts afresh
     raise InputError(f"No documents in --input={config.input!r} ({manifest['totals']}); check --format "
                      f"(now {config.source().format!r}) and that the files hold text.")
   for split in SPLITS:

@@ -58,7 +58,7 @@ def _tools(shared_data, tmp_path):
   run = run_dir(tmp_path / "run", 0.5, [("RTE.tsv", ["entailment"] * 3)])
   (tmp_path / "weights").mkdir()
   return {
-      "prepare": ("data_pipeline.prepare", "_write_shards", functools.partial(
+      "prepare": ("data_pipeline.prepare", "write_shards", functools.partial(
           prepare, PrepareConfig(input=str(corpus), spm_model=spm, output_dir=str(tmp_path / "out"), num_shards=2,
                            eval_fraction=0.2))),
       "train_spm": ("data_pipeline.train_spm", "sample", functools.partial(
