@@ -7,178 +7,24 @@ The final state stays in `workdir/checkpoints/` (resumable like pretraining).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-from typing import Any, Callable
+from typing import Callable
 
 import flax.linen as nn
 import jax
-from jax.experimental import multihost_utils
-import numpy as np
 
-from albert_jax import buckets, console, engine, loop, pretrained, provenance, storage
+from albert_jax import buckets, console, engine, loop, pretrained, provenance, storage, workdir_config
+from albert_jax.best_checkpoint import BestKeeper
 from albert_jax.errors import InputError
+from albert_jax.feature_batches import FeatureBatches, length_buckets, predict_features
 from albert_jax.head_identity import (best_weights, check_head_trained_for, check_identity, describe, head_trained_for,
                                       read_best, recorded_identity, task_for_weights, weights_identity)
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run
 from albert_jax.tasks import Split, get_task, make_tokenizer
 from albert_jax.workdir_lock import WorkdirLock
-from data_pipeline.progress import Progress
-
-
-class FeatureBatches:
-  """Shuffled epochs over fixed-shape features, a pure function of (seed, step): the resume state is the step."""
-
-  position_is_global = True  # the same on every process: a resume on another process count is exact
-
-  def __init__(self, features: dict[str, np.ndarray], split: engine.BatchSplit, seed: int):
-    self.features, self.split, self.seed, self.step = features, split, seed, 0
-    self.num_rows = len(next(iter(features.values())))
-    if self.num_rows < split.global_batch:
-      raise InputError(f"The train split has {self.num_rows} features, fewer than train.global_batch_size="
-                       f"{split.global_batch}; lower the batch size.")
-    self.steps_per_epoch = self.num_rows // split.global_batch
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    epoch, index = divmod(self.step, self.steps_per_epoch)
-    order = np.random.default_rng((self.seed, epoch)).permutation(self.num_rows)
-    rows = self.split.local(order[index * self.split.global_batch:(index + 1) * self.split.global_batch])
-    self.step += 1
-    return {name: array[rows] for name, array in self.features.items()}
-
-  def get_state(self) -> dict[str, int]:
-    return {"step": self.step}
-
-  def set_state(self, state: dict[str, int]) -> None:
-    self.step = int(state["step"])
-
-
-def prediction_split(split: engine.BatchSplit) -> engine.BatchSplit:
-  """Batches of prediction: `micro_batch` rows per data-parallel device (`train.micro_batch_size`, the memory of
-  one accumulation step of training), not the whole global batch at once."""
-  rows = split.micro_batch * split.data_parallel
-  if rows % split.process_count:
-    raise InputError(f"train.micro_batch_size={split.micro_batch} x {split.data_parallel} data-parallel devices = "
-                     f"{rows} rows per prediction call do not divide over {split.process_count} processes; pick a "
-                     "micro batch that makes them divide.")
-  return dataclasses.replace(split, global_batch=rows, accumulation_steps=1)
-
-
-def length_buckets(config, task=None) -> tuple[int, ...]:
-  """The lengths batches are cut to (`data.length_buckets`, albert_jax/buckets.py): only max_seq_length for a task
-  whose outputs are per token. `--mode=embed` passes no task."""
-  max_len = config.data.max_seq_length
-  if task is not None and not task.length_buckets_apply:
-    return (max_len,)
-  return buckets.parse(config.data.get("length_buckets", buckets.DEFAULT), max_len)
-
-
-def predict_features(predict_fn: Callable, params, features: dict[str, np.ndarray], s: engine.Setup,
-                     label: str | None = None, lengths: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
-  """Runs `predict_fn(params, batch)` over every feature row in `prediction_split` batches of one length bucket
-  each (`lengths`; default: the rows' full length), the last batch of a bucket padded, padding dropped, outputs
-  in row order. A row's outputs depend neither on the rows beside it nor on the padding after it, so the micro
-  batch and the buckets change no number beyond float rounding. `label`: show progress under that name on process
-  0 (a whole test split takes minutes on a CPU)."""
-  predict = jax.jit(predict_fn, out_shardings=s.replicated)
-  num_rows = len(next(iter(features.values())))
-  full = features["input_ids"].shape[-1]
-  split = prediction_split(s.split)
-  progress = Progress(label, "rows predicted", (num_rows, "rows")) if label and jax.process_index() == 0 else None
-  outputs: dict[str, np.ndarray] = {}
-  done = 0
-  for length, bucket_rows in buckets.prediction_groups(features, lengths or (full,)):
-    bucket = buckets.cut({k: v[bucket_rows] for k, v in features.items()}, length, full)
-    for start in range(0, len(bucket_rows), split.global_batch):
-      chunk = np.arange(start, start + split.global_batch) % len(bucket_rows)  # wrap to pad the last batch
-      batch = s.global_batch({k: v[split.local(chunk)] for k, v in bucket.items()})
-      kept = chunk[:len(bucket_rows) - start]
-      for name, value in jax.device_get(predict(params, batch)).items():
-        if name not in outputs:
-          outputs[name] = np.zeros((num_rows, *np.shape(value)[1:]), np.asarray(value).dtype)
-        outputs[name][bucket_rows[kept]] = np.asarray(value)[:len(kept)]
-      done += len(kept)
-      if progress:
-        progress.update(done, done)
-  if progress:
-    progress.done()
-  return outputs
-
-
-class BestKeeper:
-  """Keeps the best checkpoint by the task metric: `best/step_N/` (weights), then `best/best.json` names it.
-  The pointer is written only after the weights are complete, and older steps are deleted after it.
-
-  A run that continues from checkpoint step `resume_step` (0: a fresh start) scores every later step again, so
-  a record of a later step is dropped: those weights belong to a run that died before its checkpoint (perhaps
-  with another seed or learning rate), and keeping them would report and predict with them."""
-
-  def __init__(self, workdir: str, task, model_config, resume_step: int):
-    self.run = Run(workdir)
-    self.directory = self.run.best
-    self.task, self.model_config = task, model_config
-    self.record = read_best(workdir)
-    if _on_every_process(self.record is not None and self.record["step"] > resume_step):
-      if jax.process_index() == 0:
-        print(f"Dropping {self.directory} (step {self.record['step']}): this run continues from step "
-              f"{resume_step} and scores the steps after it again.", flush=True)
-        storage.path(self.run.best_record).unlink(missing_ok=True)  # the pointer first
-        self._remove_steps_except(None)
-      self.record = None
-
-  def is_better(self, value: float) -> bool:
-    """A record by another metric (a tagging run from before tag sets other than entities were scored by word
-    accuracy) is replaced by the first score: the two numbers do not compare."""
-    if self.record is None or self.record["metric"] != self.task.metric_name:
-      return True
-    return value > self.record["value"] if self.task.higher_is_better else value < self.record["value"]
-
-  def update(self, step: int, metrics: dict[str, float], params: Any, predictions: dict[str, tuple[Split, Any]]):
-    value = metrics[self.task.metric_name]
-    if not _on_every_process(self.is_better(value)):
-      return
-    step_dir = self.run.best_step(step)
-    pretrained.save_pretrained(step_dir, self.model_config, params)  # collective: every process enters it
-    # Every process keeps the same record, so the next decision (and its collective save) agrees across hosts.
-    self.record = {"step": step, "metric": self.task.metric_name, "value": value, "metrics": metrics,
-                   "weights": step_dir, "head": self.task.identity(),
-                   "selection": "best dev checkpoint of one run, scored every train.eval_every steps"}
-    if jax.process_index() == 0:
-      self.task.tune(predictions, step_dir)
-      for split_name, (split, split_predictions) in predictions.items():
-        self.task.write_predictions(split, split_predictions,
-                                    os.path.join(step_dir, self.task.predictions_name(split_name)))
-      storage.write_atomic(self.run.best_record, json.dumps(self.record, indent=2))
-      self._remove_steps_except(os.path.basename(step_dir))
-
-  def stops_early(self, step: int, config) -> bool:
-    """train.early_stopping_patience evaluations since the best found none better (said); a rerun stops as it did."""
-    patience = config.train.get("early_stopping_patience", 0)
-    stop = bool(patience and self.record and step - self.record["step"] >= patience * config.train.eval_every)
-    if stop and jax.process_index() == 0:
-      print(f"Early stopping at step {step}: no better dev {self.record['metric']} than step {self.record['step']}'s "
-            f"{self.record['value']:.4f} in train.early_stopping_patience={patience} evaluations.", flush=True)
-    return stop
-
-  def _remove_steps_except(self, keep: str | None) -> None:
-    if storage.path(self.directory).is_dir():
-      for old in storage.path(self.directory).glob("step_*"):
-        if old.name != keep:
-          old.rmtree(missing_ok=True)
-
-
-def _on_every_process(decision: bool) -> bool:
-  """Process 0's decision, on every process: a collective save entered by some processes only deadlocks, and a
-  metric that differs in its last bit between hosts (host-side postprocessing) must not split the decision."""
-  if jax.process_count() == 1:
-    return decision
-  return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
 
 
 def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup, lengths: tuple[int, ...]):
@@ -301,7 +147,7 @@ def train(config, workdir: str, args=None) -> None:
                  if storage.path(task.split_path(name)).exists()]
   warm_start = _warm_start(config, task, model)  # weights refused before the workdir is written
   with WorkdirLock(workdir, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
-    start = loop.latest_step(workdir) or 0  # the checkpoint step this run continues from; 0: a fresh start
+    start = workdir_config.latest_step(workdir) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
       check_identity(task, recorded_identity(workdir), f"Workdir {workdir} (checkpoint step {start})")
       provenance.check_resume(workdir, provenance.fine_tuning_inputs(config, task), config)

@@ -25,7 +25,7 @@ from albert_jax.errors import InputError
 from albert_jax.run import BEST_DIR, Run
 
 
-# The fields of a best record that the readers use, and their types (finetune.BestKeeper writes them).
+# The fields of a best record that the readers use, and their types (best_checkpoint.BestKeeper writes them).
 BEST_FIELDS = {"step": int, "metric": str, "value": (int, float), "weights": str}
 
 

@@ -226,9 +226,9 @@ class FineTuning(EncoderJob):
     return dataclasses.replace(job, init_params=lambda rng: init_params(backbone, rng))
 
   def bucket_lengths(self, config: ml_collections.ConfigDict) -> tuple[int, ...]:
-    from albert_jax import finetune
+    from albert_jax import feature_batches
     from albert_jax.tasks import get_task
-    return finetune.length_buckets(config, get_task(config))
+    return feature_batches.length_buckets(config, get_task(config))
 
 
 def kind_for(config: ml_collections.ConfigDict) -> JobKind:

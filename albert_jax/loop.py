@@ -4,9 +4,6 @@ non-finite step. Pretraining and fine-tuning both run through `fit`."""
 from __future__ import annotations
 
 import errno
-import itertools
-import json
-import os
 import signal
 import sys
 import time
@@ -19,147 +16,9 @@ import numpy as np
 from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, provenance, storage
 from albert_jax.errors import InputError, NotFiniteError
 from albert_jax.run import Run
+from albert_jax.stop_signals import StopSignals
+from albert_jax.workdir_config import check_workdir_config, write_workdir_config
 from albert_jax.workdir_lock import WorkdirLock
-
-# Fields that fix the shapes of the parameters: a workdir's saved run must agree on them to resume.
-SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "num_hidden_groups", "inner_group_num", "max_position_embeddings",
-                "type_vocab_size", "sharing", "embedding_projection")
-
-
-# Settings whose change breaks an exact resume (data order, dropout, the function the weights compute, what a step
-# means): refused unless `resume_with_changes` is set. Every other change (schedule length, logging, checkpoints,
-# mesh, micro batch) is legitimate: said on the console and recorded.
-EXACT_RESUME_FIELDS = ("seed", "train.global_batch_size", "train.optimizer", "data.", "model.hidden_act",
-                       "model.layer_norm_eps", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob")
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
-def check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Before a run writes into `workdir`: refuses a different model shape, and settings changed in ways that break
-  an exact resume; says and records legitimate changes (the previous resolved config is kept as
-  `config.<step>.json`, or `config.<step>.<n>.json` after earlier resumes at that step). Every process must decide
-  alike (opening the checkpoints is a barrier), so the new config.json is written later, by
-  `write_workdir_config`, once all of them are past this check."""
-  path = storage.path(Run(workdir).config)
-  latest = latest_step(workdir) if path.exists() else None
-  if latest is not None:
-    text = path.read_text()
-    saved = json.loads(text)
-    model = saved.get("model", {})   # without the fields of a later albert_jax, whose defaults keep the shapes
-    diffs = {k: (model[k], config.model.get(k)) for k in SHAPE_FIELDS if k in model and model[k] != config.model.get(k)}
-    if diffs:
-      listed = ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
-      raise InputError(f"Workdir {workdir} holds checkpoints of a different model ({listed}). Use a new --workdir, "
-                       "or the saved config (config.json there) to resume.")
-    before, now = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
-    changed = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)}
-    if changed:
-      listed = ", ".join(f"{k}: {a!r} -> {b!r}" if k in before else f"{k}: {b!r} (new field)" for k, (a, b) in
-                         changed.items())   # a field of a later albert_jax: no saved value to restore, not refused
-      breaking = [k for k in changed if k.startswith(EXACT_RESUME_FIELDS) and k in before and k in now]
-      if breaking and not config.get("resume_with_changes", False):
-        raise InputError(f"Resuming {workdir} at step {latest} with changed {', '.join(breaking)} would not continue "
-                         f"the same run (data order, dropout or step size change). Restore the saved values "
-                         f"(config.json there), use a new --workdir, or pass --config.resume_with_changes=True.")
-      if jax.process_index() == 0:
-        print(f"Resuming at step {latest} with changed settings: {listed} (the previous config is kept as "
-              f"{_keep_config(workdir, latest, text)}).", flush=True)
-
-
-def _keep_config(workdir: str, step: int, text: str) -> str:
-  """The name of the file that keeps `text`, the config.json a resume with changes replaces: the first free one of
-  `config.<step>.json`, `config.<step>.1.json`, ..., since writing over an earlier one would lose its settings
-  (unless one of them holds `text` already)."""
-  for n in itertools.count():
-    kept = storage.path(Run(workdir).config_history(step, n))
-    if not kept.exists():
-      storage.write_atomic(os.fspath(kept), text)
-      return kept.name
-    if kept.read_text() == text:
-      return kept.name
-
-
-def latest_step(workdir: str) -> int | None:
-  """The step of the workdir's newest checkpoint, None without one (opening the checkpoints is a barrier of all
-  processes; a workdir without checkpoints/ is left without it)."""
-  directory = checkpointing.checkpoint_dir(workdir)
-  return checkpointing.Checkpointer(directory, 1, 1).latest_step() if storage.path(directory).is_dir() else None
-
-
-def write_workdir_config(workdir: str, config: ml_collections.ConfigDict, made_of: dict | None = None) -> None:
-  if jax.process_index() == 0:
-    storage.write_atomic(Run(workdir).config, config.to_json_best_effort(indent=2))
-    provenance.record(workdir, made_of or {})  # what it is made from (`provenance`), with the config
-
-
-class _StopSignals:
-  """SIGTERM (a TPU VM preemption notice) and a first Ctrl-C (SIGINT) set a flag: the loop saves at the next step
-  boundary and exits. A second Ctrl-C stops at once, without saving.
-
-  With several processes a flag of one process cannot decide the stop: the others would go on into the next
-  step's collectives while it saves, and the job hangs; notices reach a pod's hosts at different steps. So SIGTERM
-  is left to JAX's preemption notifier (jax.distributed.initialize installs it; a Python handler would replace
-  it), whose sync agrees on one step for all processes (`Checkpointer.reached_preemption`), and a first Ctrl-C is
-  passed on to it as a SIGTERM of this process. A second Ctrl-C ends this process at once (exit 130); the others
-  fail when they miss it (at once if it was process 0, which holds the coordinator, else after JAX's heartbeat
-  timeout), as after a kill. With jax_enable_preemption_service off both signals keep their defaults."""
-
-  def __init__(self):
-    self.received: int | None = None
-    self.agreed = jax.process_count() > 1
-    if not self.agreed:
-      signums = (signal.SIGTERM, signal.SIGINT)
-    elif jax.config.jax_enable_preemption_service:
-      signums = (signal.SIGINT,)
-    else:  # no agreement to be had: SIGTERM and Ctrl-C keep their defaults and end this process, saving nothing
-      signums = ()
-    self._previous = {signum: signal.signal(signum, self._handle) for signum in signums}
-
-  def _handle(self, signum, frame):
-    del frame
-    self.received = signum
-    if signum == signal.SIGINT:
-      if not self.agreed:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        print("\nCtrl-C: saving a checkpoint at the end of this step (Ctrl-C again stops now, without saving).",
-              flush=True)
-        return
-      signal.signal(signal.SIGINT, _exit_now)
-      print("\nCtrl-C: every process saves a checkpoint at a step they agree on, then exits (Ctrl-C again stops "
-            "this process now, without saving).", flush=True)
-      signal.raise_signal(signal.SIGTERM)  # to JAX's notifier, which starts the preemption sync of all processes
-
-  def stop(self, ckpt: checkpointing.Checkpointer, done: int) -> bool:
-    """Whether to save at `done` and exit; with several processes, the same answer on every one."""
-    if self.agreed:
-      return ckpt.reached_preemption(done)
-    return self.received is not None or ckpt.reached_preemption(done)
-
-  def exit_code(self) -> int:
-    """0 after a preemption notice (the job ended cleanly and resumes), 130 after Ctrl-C (the shell's code)."""
-    return 128 + signal.SIGINT if self.received == signal.SIGINT else 0
-
-  def restore(self):
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
-
-
-def _exit_now(signum, frame) -> None:
-  """A second Ctrl-C of a multi-process run: ends this process at once. A KeyboardInterrupt would leave it waiting
-  minutes in JAX's shutdown barrier for processes that wait for it in a collective."""
-  del signum, frame
-  print("\nCtrl-C again: stopping this process now, without saving.", flush=True)
-  os._exit(128 + signal.SIGINT)
 
 
 def fetch(device_metrics: Any) -> Any:
@@ -303,7 +162,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
     write_workdir_config(workdir, config, provenance.fingerprint(job.inputs))
     train_step = _StepPerShape(s)
     writer = metrics_lib.MetricWriter(workdir, total_steps, config)
-    signals = _StopSignals()
+    signals = StopSignals()
     window, last, stop = _Window(ckpt), {}, False
     try:
       for step in range(first_step, total_steps):
@@ -389,7 +248,7 @@ class _StepPerShape:
     return self.compiled[shape](state, self.s.global_batch(host_batch), rng)
 
 
-def _close_quietly(ckpt: checkpointing.Checkpointer, writer, signals: _StopSignals) -> None:
+def _close_quietly(ckpt: checkpointing.Checkpointer, writer, signals: StopSignals) -> None:
   """Ends the run's resources after a failure, never hiding it behind an error of the clean-up."""
   for close in (ckpt.wait, ckpt.close, writer.close, signals.restore):
     try:

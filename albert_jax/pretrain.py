@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import checkpointing, console, engine, flops, loop, pretrained, provenance, storage
+from albert_jax import checkpointing, console, engine, flops, loop, pretrained, provenance, storage, workdir_config
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
@@ -271,15 +271,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, args=None, job_for=ma
   (config, workdir) -> the objective's job (ELECTRA's: `electra.make_job`)."""
   check_data(config)
   job = job_for(config, workdir)
-  if loop.latest_step(workdir) is not None:
+  if workdir_config.latest_step(workdir) is not None:
     provenance.check_resume(workdir, job.inputs, config)
   elif config.init_checkpoint:  # a warm start; a resume goes on from its own weights
     provenance.check_reader(config.init_checkpoint, "init_checkpoint", config)
     loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
     job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
   last = loop.fit(config, workdir, job)
-  console.say_done(f"checkpoint {os.path.join(checkpointing.checkpoint_dir(workdir), str(loop.latest_step(workdir)))}",
-                _fine_tuning_command(workdir))
+  latest = workdir_config.latest_step(workdir)
+  console.say_done(f"checkpoint {os.path.join(checkpointing.checkpoint_dir(workdir), str(latest))}",
+                   _fine_tuning_command(workdir))
   return last
 
 
@@ -311,7 +312,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=No
   """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, also printed as one JSON line."""
   pretrained.check_same_function(workdir, config.model, "--workdir")
   provenance.check_reader(workdir, "--workdir", config, provenance.pretraining_inputs(config))
-  if loop.latest_step(workdir) is None:  # asked before `setup` opens checkpoints/, which would create it
+  if workdir_config.latest_step(workdir) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(checkpointing.checkpoint_dir(workdir))}; train "
                            "first (--mode=train).")
   s = engine.setup(config, job_for(config, workdir), workdir)

@@ -34,6 +34,7 @@ from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import SHAPELESS_FIELDS, best_weights, check_shapeless_fields, read_best
 from albert_jax.model_config import ModelConfig
 from albert_jax.run import BEST_DIR, CONFIG_FILE as RUN_CONFIG_FILE, HEAD_FILE, Run
+from albert_jax.workdir_config import SHAPE_FIELDS
 from data_pipeline import records, tiny, wordpiece
 
 CONFIG_FILE = "model_config.json"
@@ -201,7 +202,6 @@ def take_recorded(config: ml_collections.ConfigDict, path: str, explicit: Collec
   they were trained with; data.max_seq_length is capped at the model's max_position_embeddings. An explicit value
   stays, to be refused where it conflicts with the weights. Every process takes process 0's values. Returns
   (the config, one line saying what was taken from where, None when nothing was)."""
-  from albert_jax.loop import SHAPE_FIELDS  # imported here: `convert` reads weights without the engine's imports
   model, model_file = recorded_model(path)
   fixed = dict.fromkeys(SHAPE_FIELDS + SHAPELESS_FIELDS)  # the shapes, and what no shape shows
   model = {k: model[k] for k in fixed if model and k in model and f"model.{k}" not in explicit}

@@ -1,7 +1,7 @@
-"""A training workdir's resolved config (`config.json`, written by `loop.write_workdir_config`) as an experiment file:
-`--config=albert_jax/run_config.py:WORKDIR`. `main` passes it when `--config` is left out, so eval, predict, embed
-and a resume run with the settings the run was trained with, and `--config.<field>` overrides still go through
-ml_collections (typed, misspelt fields named).
+"""A training workdir's resolved config (`config.json`, written by `workdir_config.write_workdir_config`) as an
+experiment file: `--config=albert_jax/run_config.py:WORKDIR`. `main` passes it when `--config` is left out, so eval,
+predict, embed and a resume run with the settings the run was trained with, and `--config.<field>` overrides still
+go through ml_collections (typed, misspelt fields named).
 
 JSON drops two things that a ConfigDict's overrides and the resume checks rely on, restored here: tuples (saved as
 lists; every sequence of an experiment config is a tuple) and the type of a `bool | None` model field left at None

@@ -155,10 +155,10 @@ def table(result: dict[str, Any]) -> str:
 def finished_seeds(config, workdir: str) -> set[int]:
   """The seeds a previous command recorded in DIR/seeds.json (each written once its run had ended, test predictions
   included) whose checkpoint is still at the recipe's last step (not when train.num_train_steps was raised since)."""
-  from albert_jax import loop
+  from albert_jax import workdir_config
   recorded = _recorded_seeds(workdir)
   return {seed for seed in recorded
-          if (loop.latest_step(seed_workdir(workdir, seed)) or 0) >= config.train.num_train_steps}
+          if (workdir_config.latest_step(seed_workdir(workdir, seed)) or 0) >= config.train.num_train_steps}
 
 
 def _recorded_seeds(workdir: str) -> set[int]:

@@ -44,7 +44,7 @@ def glue_config(task: str, args: argparse.Namespace, buckets_spec: str):
 
 def step_speeds(task: str, split_name: str, args: argparse.Namespace) -> dict:
   """Median step time per batch length, interleaved, and the examples/s each way over one epoch's batch mix."""
-  from albert_jax import buckets, engine, finetune
+  from albert_jax import buckets, engine, feature_batches, finetune
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import get_task, make_tokenizer
   config = glue_config(task, args, args.buckets)
@@ -54,7 +54,7 @@ def step_speeds(task: str, split_name: str, args: argparse.Namespace) -> dict:
   model = task_obj.build_model(model_config_from(config))
   job = finetune.make_job(config, task_obj, model, lambda: None)
   s = engine.setup(config, job)
-  lengths = finetune.length_buckets(config, task_obj)
+  lengths = feature_batches.length_buckets(config, task_obj)
   epoch = buckets.BucketedBatches(features, lengths, s.split, config.seed)
   per_bucket = {length: 0 for length in lengths}
   batches: dict[int, list] = {}
@@ -65,7 +65,7 @@ def step_speeds(task: str, split_name: str, args: argparse.Namespace) -> dict:
     if len(batches.setdefault(width, [])) < args.block:
       batches[width].append(batch)
   full = lengths[-1]
-  unbucketed = finetune.FeatureBatches(features, s.split, config.seed)
+  unbucketed = feature_batches.FeatureBatches(features, s.split, config.seed)
   batches[full] = [next(unbucketed) for _ in range(args.block)]
   times: dict[int, list[float]] = {width: [] for width in batches}
   with s.context():
@@ -113,7 +113,7 @@ def train_run(workdir: str, buckets_spec: str, args: argparse.Namespace) -> dict
 
 
 def prediction_check(weights: str, args: argparse.Namespace) -> dict:
-  from albert_jax import engine, finetune, pretrained
+  from albert_jax import engine, feature_batches, finetune, pretrained
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import get_task, make_tokenizer
   config = glue_config("sst-2", args, args.buckets)
@@ -126,9 +126,10 @@ def prediction_check(weights: str, args: argparse.Namespace) -> dict:
   with s.context():
     params = s.replicate(params)
     for name, lengths in (("padded", (config.data.max_seq_length,)),
-                          ("bucketed", finetune.length_buckets(config, task))):
+                          ("bucketed", feature_batches.length_buckets(config, task))):
       start = time.perf_counter()
-      logits = finetune.predict_features(task.predictor(model), params, split.features, s, lengths=lengths)["logits"]
+      logits = feature_batches.predict_features(task.predictor(model), params, split.features, s,
+                                                lengths=lengths)["logits"]
       probabilities[name] = (jax.nn.softmax(np.asarray(logits, np.float64), -1), time.perf_counter() - start)
   (padded, padded_s), (bucketed, bucketed_s) = probabilities["padded"], probabilities["bucketed"]
   return {"examples": int(len(padded)), "labels_identical": bool((padded.argmax(-1) == bucketed.argmax(-1)).all()),

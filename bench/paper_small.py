@@ -312,9 +312,9 @@ def launch(study: Study, run: Pretraining | Finetuning) -> dict[str, Any]:
   """`python -m albert_jax.main` for the run, its output in ROOT/logs: its wall time, the step it started from and
   the other processes' CPU share meanwhile. A Ctrl-C reaches the run too, which is waited for while it saves its
   step; a failed run stops the study, naming its log."""
-  from albert_jax import loop
+  from albert_jax import workdir_config
   argv, workdir = study.argv(run), study.workdir(run.name)
-  start_step = loop.latest_step(workdir) if os.path.isdir(workdir) else None
+  start_step = workdir_config.latest_step(workdir) if os.path.isdir(workdir) else None
   log = os.path.join(study.root, "logs", run.name.replace("/", "-") + ".log")
   os.makedirs(os.path.dirname(log), exist_ok=True)
   print(f"[{time.strftime('%H:%M:%S')}] {run.name}: python -m albert_jax.main {' '.join(argv)}", flush=True)

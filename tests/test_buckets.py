@@ -145,7 +145,7 @@ def rte_config(root, spm_model, *overrides):
 @pytest.mark.slow
 def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predicts_as_unbucketed(shared_data,
                                                                                                    tmp_path):
-  from albert_jax import engine, finetune, pretrained
+  from albert_jax import engine, feature_batches, finetune, pretrained
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import get_task, make_tokenizer
   root, spm_model = glue_data(shared_data, "rte", tmp_path / "glue"), spm(shared_data)
@@ -174,8 +174,9 @@ def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predict
   weights = json.load(open(tmp_path / "straight" / "best" / "best.json"))["weights"]
   with s.context():
     params = s.replicate(pretrained.load_pretrained(weights)[1])
-    logits = [finetune.predict_features(task.predictor(model), params, dev.features, s, lengths=lengths)["logits"]
-              for lengths in ((128,), finetune.length_buckets(config, task))]
+    logits = [feature_batches.predict_features(task.predictor(model), params, dev.features, s,
+                                               lengths=lengths)["logits"]
+              for lengths in ((128,), feature_batches.length_buckets(config, task))]
   assert len(set(buckets.assign(buckets.row_lengths(dev.features), (32, 64, 128)).tolist())) > 1
   probabilities = [jax.nn.softmax(np.asarray(x, np.float64), -1) for x in logits]
   np.testing.assert_array_equal(probabilities[0].argmax(-1), probabilities[1].argmax(-1))
@@ -183,11 +184,11 @@ def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predict
 
 
 def test_tasks_with_outputs_per_token_keep_the_full_length():
-  from albert_jax import finetune
+  from albert_jax import feature_batches
   from albert_jax.tasks import TaskSettings, get_task
   config = rte_config("/nowhere", "/nowhere.model")
-  assert finetune.length_buckets(config, get_task(config)) == (32, 64, 128)
+  assert feature_batches.length_buckets(config, get_task(config)) == (32, 64, 128)
   for task in ("squad_v1", "token_classification"):
-    assert finetune.length_buckets(config, get_task(TaskSettings(task=task))) == (128,)
+    assert feature_batches.length_buckets(config, get_task(TaskSettings(task=task))) == (128,)
   config.data.length_buckets = "none"
-  assert finetune.length_buckets(config, get_task(config)) == (128,)
+  assert feature_batches.length_buckets(config, get_task(config)) == (128,)

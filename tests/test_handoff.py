@@ -30,7 +30,8 @@ def said_model(model: dict) -> str:
 
 
 def training_workdir(path, data: dict) -> str:
-  """A training workdir's config.json as `loop.write_workdir_config` writes it, with the default run's model."""
+  """A training workdir's config.json as `workdir_config.write_workdir_config` writes it, with the default run's
+  model."""
   path.mkdir(parents=True, exist_ok=True)
   model = {**model_config_for("tiny").to_dict(), **TINY_RUN_MODEL}
   (path / "config.json").write_text(json.dumps({"task": "pretrain", "model": model, "data": data}))

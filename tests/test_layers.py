@@ -21,10 +21,11 @@ LAYERS = {
                          "albert_jax.flops", "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology",
                          "albert_jax.hlo_text", "albert_jax.compile_stats", "albert_jax.step_bound",
                          "albert_jax.host_memory", "albert_jax.checkpointing", "albert_jax.compilation_cache",
-                         "albert_jax.workdir_lock",
-                         "albert_jax.trackers", "albert_jax.metrics", "albert_jax.engine", "albert_jax.loop",
+                         "albert_jax.workdir_lock", "albert_jax.trackers", "albert_jax.metrics", "albert_jax.engine",
+                         "albert_jax.workdir_config", "albert_jax.stop_signals", "albert_jax.loop",
                          "albert_jax.run_config"),
-    "tasks and weights": ("albert_jax.tasks", "albert_jax.buckets", "albert_jax.head_identity", "albert_jax.pretrained",
+    "tasks and weights": ("albert_jax.tasks", "albert_jax.buckets", "albert_jax.feature_batches",
+                          "albert_jax.head_identity", "albert_jax.best_checkpoint", "albert_jax.pretrained",
                           "albert_jax.interop", "albert_jax.electra_interop", "albert_jax.tf1", "albert_jax.hf_export",
                           "albert_jax.hf_import"),
     "process set-up": ("albert_jax.console",),
@@ -139,7 +140,7 @@ def test_the_engine_knows_no_task():
     ("set_verbosity", {"albert_jax.console"}),
     ("register_event_listener", {"albert_jax.compilation_cache"}),
     # a signal handler that must not wait for threads, and a data-preparation worker whose parent is gone
-    ("os._exit", {"albert_jax.loop", "data_pipeline.prepare"}),
+    ("os._exit", {"albert_jax.stop_signals", "data_pipeline.prepare"}),
 ])
 def test_process_wide_changes_are_made_in_one_place(call, allowed):
   users = {name for name, path in MODULES.items() if call in path.read_text()}

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import engine, finetune
+from albert_jax import engine, feature_batches, finetune
 from albert_jax.tasks import get_task
 from experiments import glue
 
@@ -32,10 +32,10 @@ def test_prediction_runs_micro_batches_with_identical_outputs():
   for micro, per_device in ((0, 4), (1, 1)):  # 0: the whole global batch at once (4 per device), 1: one row
     config.train.micro_batch_size = micro
     s = _setup(config, task, model)
-    calls[micro] = finetune.prediction_split(s.split).global_batch
+    calls[micro] = feature_batches.prediction_split(s.split).global_batch
     with s.context():
-      outputs[micro] = finetune.predict_features(task.predictor(model), s.replicate(host_params),
-                                                 features, s)["logits"]
+      outputs[micro] = feature_batches.predict_features(task.predictor(model), s.replicate(host_params),
+                                                        features, s)["logits"]
     padded = {k: np.concatenate([v, v[:per_device]]) for k, v in features.items()}  # the last chunk filled up
     reference = np.concatenate([apply(host_params, {k: v[i:i + per_device] for k, v in padded.items()})["logits"]
                                 for i in range(0, 23, per_device)])[:23]
@@ -48,4 +48,4 @@ def test_a_micro_batch_that_does_not_divide_over_processes_is_refused():
   split = engine.BatchSplit(global_batch=12, micro_batch=1, data_parallel=3, accumulation_steps=4, process_count=2,
                             process_index=0)
   with pytest.raises(ValueError, match="do not divide over 2 processes"):
-    finetune.prediction_split(split)
+    feature_batches.prediction_split(split)

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import finetune, pretrained
+from albert_jax import best_checkpoint, finetune, pretrained
 from albert_jax.model_config import model_config_from
 from albert_jax.tasks import get_task
 from experiments import glue
@@ -53,8 +53,8 @@ def test_a_resumed_run_keeps_the_best_of_steps_before_its_checkpoint(shared_data
   (workdir / "best" / "best.json").write_text(json.dumps(record))
   config = config_for(tmp_path, spm(shared_data), labels="neg|pos")
   task = get_task(config)
-  assert finetune.BestKeeper(str(workdir), task, model_config_from(config), 2).record == record
-  assert finetune.BestKeeper(str(workdir), task, model_config_from(config), 1).record is None
+  assert best_checkpoint.BestKeeper(str(workdir), task, model_config_from(config), 2).record == record
+  assert best_checkpoint.BestKeeper(str(workdir), task, model_config_from(config), 1).record is None
   assert not (workdir / "best" / "best.json").exists() and not (workdir / "best" / "step_2").exists()
 
 
@@ -65,8 +65,8 @@ def test_a_best_record_by_another_metric_is_replaced_by_the_first_score(shared_d
   (workdir / "best").mkdir(parents=True)
   (workdir / "best" / "best.json").write_text(json.dumps({"step": 2, "metric": "f1", "value": 0.9,
                                                           "weights": str(workdir / "best" / "step_2")}))
-  keeper = finetune.BestKeeper(str(workdir), get_task(config_for(tmp_path, spm(shared_data), labels="neg|pos")),
-                               None, 2)
+  keeper = best_checkpoint.BestKeeper(str(workdir), get_task(config_for(tmp_path, spm(shared_data), labels="neg|pos")),
+                                      None, 2)
   assert keeper.record["metric"] == "f1" and keeper.is_better(0.3)
   keeper.record = {"step": 2, "metric": "accuracy", "value": 0.9}
   assert not keeper.is_better(0.3) and keeper.is_better(0.95)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import convert, engine, finetune
+from albert_jax import convert, engine, feature_batches, finetune
 from albert_jax.model import AlbertModel
 from albert_jax.tasks import get_task
 from albert_jax.tasks.base import Split, TaskSettings, pack
@@ -199,7 +199,7 @@ def test_prediction_is_the_same_at_every_micro_batch():
     config.train.micro_batch_size = micro
     s = engine.setup(config, finetune.make_job(config, task, model), devices=jax.devices()[:4])
     with s.context():
-      outputs = finetune.predict_features(task.predictor(model), s.replicate(params), features, s)
+      outputs = feature_batches.predict_features(task.predictor(model), s.replicate(params), features, s)
     for name, value in reference.items():
       if value.dtype.kind == "i":
         np.testing.assert_array_equal(outputs[name], value)

@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from albert_jax import convert, finetune, job_kinds, loop, run_config, runner
+from albert_jax import convert, finetune, job_kinds, run_config, runner, workdir_config
 from albert_jax.cli import experiment_config
 from tests.helpers import REPO, quietly, spm, write_split
 
@@ -72,7 +72,7 @@ def leaves(config, prefix=""):
 def test_the_run_config_reads_back_typed_and_overrides_change_only_their_fields(tmp_path):
   written = experiment_config(["main", "--config=experiments/classification.py:size=tiny,labels=pos|neg",
                                "--config.train.learning_rate=0.25", "--config.mesh.shape=(('data', 2),)"])
-  loop.write_workdir_config(str(tmp_path), written)
+  workdir_config.write_workdir_config(str(tmp_path), written)
   back = experiment_config(["main", run_spec(tmp_path)])
   assert leaves(back) == leaves(written) and back.to_json_best_effort() == written.to_json_best_effort()
   assert back.model.embedding_projection is None and back.data.labels == ("pos", "neg")
@@ -149,7 +149,7 @@ def test_a_resume_with_only_the_workdir_sees_only_the_changes_asked_for(finetune
   """The config read back writes the JSON it was read from: the resume checks see no change; an override is the
   one change said, and the previous config is kept."""
   workdir = shutil.copytree(finetuned.workdir, tmp_path / "run")
-  assert quietly(loop.check_workdir_config, str(workdir), run_config.get_config(str(workdir))) == ""
+  assert quietly(workdir_config.check_workdir_config, str(workdir), run_config.get_config(str(workdir))) == ""
   result = cli(f"--workdir={workdir}", "--config.log.every=2")
   assert said(result) == f"config: {workdir}/config.json (the run's resolved config); overrides: log.every=2"
   assert ("Resuming at step 2 with changed settings: log.every: 1 -> 2 (the previous config is kept as "
@@ -183,7 +183,8 @@ REFUSALS = [
                                                          "describe", "compile", "misspelt_override"])
 def test_without_a_readable_run_config_one_line_names_the_fix(tmp_path, args, message):
   """A fresh run, describe and compile need an experiment file even beside a run's config.json."""
-  loop.write_workdir_config(str(tmp_path / "run"), experiment_config(["main", "--config=experiments/pretrain_tiny.py"]))
+  workdir_config.write_workdir_config(str(tmp_path / "run"),
+                                     experiment_config(["main", "--config=experiments/pretrain_tiny.py"]))
   (tmp_path / "garbled").mkdir()
   (tmp_path / "garbled" / "config.json").write_text('{"task": "glue", "model": {"vocab_si')
   result = cli(*[arg.format(tmp=tmp_path) for arg in args])
@@ -202,20 +203,20 @@ def test_convert_names_a_garbled_run_config_in_one_line(tmp_path):
 def test_a_workdir_of_an_earlier_version_resumes_with_the_fields_added_since(tmp_path, monkeypatch, capsys):
   """Its config.json lacks the fields added since: they are new, not changed (no saved value could be restored),
   so the resume goes on and says so; the fields it holds are compared as ever."""
-  monkeypatch.setattr(loop, "latest_step", lambda workdir: 2)
+  monkeypatch.setattr(workdir_config, "latest_step", lambda workdir: 2)
   config = experiment_config(["main", "--config=experiments/pretrain_tiny.py"])
   older = json.loads(config.to_json_best_effort())
   del older["data"]["sentence_task"], older["model"]["sharing"]   # an exact-resume field and a shape field
   (tmp_path / "config.json").write_text(json.dumps(older))
-  loop.check_workdir_config(str(tmp_path), config)
+  workdir_config.check_workdir_config(str(tmp_path), config)
   assert capsys.readouterr().out == ("Resuming at step 2 with changed settings: data.sentence_task: 'sop' (new "
                                      "field), model.sharing: 'all' (new field) (the previous config is kept as "
                                      "config.2.json).\n")
   (tmp_path / "config.json").write_text(json.dumps(older))
   config.data.short_seq_prob = 0.2
   with pytest.raises(ValueError, match=r"with changed data\.short_seq_prob would not continue the same run"):
-    loop.check_workdir_config(str(tmp_path), config)
+    workdir_config.check_workdir_config(str(tmp_path), config)
   older["model"]["hidden_size"] *= 2
   (tmp_path / "config.json").write_text(json.dumps(older))
   with pytest.raises(ValueError, match=r"holds checkpoints of a different model \(model\.hidden_size: saved "):
-    loop.check_workdir_config(str(tmp_path), config)
+    workdir_config.check_workdir_config(str(tmp_path), config)

@@ -122,15 +122,15 @@ def test_another_hosts_lock_from_the_future_names_the_clocks_and_the_fix(tmp_pat
 
 def test_every_resume_with_changes_keeps_the_config_it_replaced(tmp_path, monkeypatch, capsys):
   import ml_collections
-  from albert_jax import loop
-  monkeypatch.setattr(loop, "latest_step", lambda workdir: 2)
+  from albert_jax import workdir_config
+  monkeypatch.setattr(workdir_config, "latest_step", lambda workdir: 2)
   config = lambda every: ml_collections.ConfigDict({"model": {"hidden_size": 8}, "log": {"every": every}})
   saved = lambda name: json.loads((tmp_path / name).read_text())["log"]["every"]
-  loop.write_workdir_config(str(tmp_path), config(1))
+  workdir_config.write_workdir_config(str(tmp_path), config(1))
   for every, kept in ((2, "config.2.json"), (3, "config.2.1.json")):  # two resumes at step 2, nothing saved between
-    loop.check_workdir_config(str(tmp_path), config(every))
+    workdir_config.check_workdir_config(str(tmp_path), config(every))
     assert f"(the previous config is kept as {kept})" in capsys.readouterr().out
-    loop.write_workdir_config(str(tmp_path), config(every))
+    workdir_config.write_workdir_config(str(tmp_path), config(every))
   assert (saved("config.2.json"), saved("config.2.1.json"), saved("config.json")) == (1, 2, 3)
 
 
