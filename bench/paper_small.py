@@ -135,10 +135,12 @@ class Finetuning:
   init: str        # a Pretraining name, or RANDOM
   task: str
   seed: int
+  learning_rate: float = 0.0   # 0: the scale's `finetune_learning_rate`
 
   @property
   def name(self) -> str:
-    return f"{self.init}/{self.task}/seed{self.seed}"
+    rate = f"/lr{self.learning_rate:g}" if self.learning_rate else ""
+    return f"{self.init}/{self.task}{rate}/seed{self.seed}"
 
 
 def baseline(scale: Scale) -> Pretraining:
@@ -240,7 +242,8 @@ class Study:
             f"--config.model.sharing={shape.sharing}", f"--config.train.global_batch_size={s.finetune_batch}",
             f"--config.train.num_train_steps={s.finetune_steps}",
             f"--config.train.warmup_steps={max(1, s.finetune_steps // 10)}",
-            f"--config.train.learning_rate={s.finetune_learning_rate}", f"--config.train.eval_every={every}",
+            f"--config.train.learning_rate={run.learning_rate or s.finetune_learning_rate}",
+            f"--config.train.eval_every={every}",
             f"--config.checkpoint.every={s.finetune_steps}", f"--config.log.every={every}", f"--config.seed={run.seed}"]
 
 
@@ -414,6 +417,9 @@ class Table:
   title: str
   rows: dict[str, tuple[str, str]]   # row key -> (label, its pretraining run or RANDOM); the first: the reference
   measures: tuple[str, ...]
+  # The fine-tuning learning rates each row runs at (0: the scale's); a row's GLUE cell is its best rate's, chosen
+  # by the median over the seeds on the dev set, as the papers choose theirs per task.
+  learning_rates: tuple[float, ...] = (0.0,)
 
 
 def tables(scale: Scale) -> list[Table]:
@@ -442,8 +448,8 @@ def runs_of(table: Table, scale: Scale) -> set[str]:
   names = set()
   for _, init in table.rows.values():
     names |= {init} - {RANDOM}
-    names |= {Finetuning(init, m, seed).name for m in table.measures if m not in (*COUNTED, *HELD_OUT)
-              for seed in range(scale.seeds)}
+    names |= {Finetuning(init, m, seed, rate).name for m in table.measures if m not in (*COUNTED, *HELD_OUT)
+              for rate in table.learning_rates for seed in range(scale.seeds)}
   return names
 
 
@@ -458,18 +464,29 @@ def selected_runs(scale: Scale, table_keys: str, tables_of=tables, plan_of=plan)
   return [run for run in plan_of(scale) if run.name in names]
 
 
-def cell(records: dict[str, dict], counts: dict[str, dict], init: str, measure: str, scale: Scale) -> dict[str, Any]:
-  """Our value of `measure` for the runs from `init`, in %: a GLUE task's median over the seeds with their range,
-  or a held-out accuracy with the number of examples it was measured on; or a count (`COUNTED`) from `counts`."""
+def cell(records: dict[str, dict], counts: dict[str, dict], init: str, measure: str, scale: Scale,
+         learning_rates: tuple[float, ...] = (0.0,)) -> dict[str, Any]:
+  """Our value of `measure` for the runs from `init`, in %: a GLUE task's median over the seeds with their range
+  (at the best of `learning_rates` by that median, with each rate's median, where there are several), or a held-out
+  accuracy with the number of examples it was measured on; or a count (`COUNTED`) from `counts`."""
   if measure in COUNTED:
     return {"status": "done", "value": counts[measure][init]}
   if measure not in HELD_OUT:
-    values = [100 * records[name]["best"]["value"] for seed in range(scale.seeds)
-              if (name := Finetuning(init, measure, seed).name) in records]
-    if not values:
+    by_rate = {rate: values for rate in learning_rates
+               if (values := [100 * records[name]["best"]["value"] for seed in range(scale.seeds)
+                              if (name := Finetuning(init, measure, seed, rate).name) in records])}
+    if not by_rate:
       return {"status": "pending"}
-    return {"status": "done" if len(values) == scale.seeds else "partial", "value": statistics.median(values),
-            "min": min(values), "max": max(values), "seeds": values}
+    rate, values = max(by_rate.items(), key=lambda item: statistics.median(item[1]))   # ties: the first rate
+    runs = sum(map(len, by_rate.values()))
+    found = {"status": "done" if runs == scale.seeds * len(learning_rates) else "partial",
+             "value": statistics.median(values), "min": min(values), "max": max(values), "seeds": values,
+             "runs": runs, "runs_total": scale.seeds * len(learning_rates)}
+    if len(learning_rates) > 1:
+      found |= {"learning_rate": rate or scale.finetune_learning_rate,
+                "median_by_rate": {f"{r or scale.finetune_learning_rate:g}": statistics.median(v)
+                                   for r, v in by_rate.items()}}
+    return found
   if init not in records:
     return {"status": "pending"}
   held_out = records[init]["held_out"]
@@ -508,7 +525,7 @@ def build_tables(scale: Scale, records: dict[str, dict], counts: dict[str, dict]
   out = {}
   for table in tables(scale) if table_list is None else table_list:
     paper, to_paper = papers[table.key], (paper_measures or {}).get(table.key, PAPER_MEASURE)
-    rows = {key: {m: cell(records, counts, init, m, scale) for m in table.measures}
+    rows = {key: {m: cell(records, counts, init, m, scale, table.learning_rates) for m in table.measures}
             for key, (_, init) in table.rows.items()}
     reference, *others = table.rows
     comparisons = []
@@ -578,9 +595,10 @@ def fmt(value: dict | float | None, measure: str) -> str:
   if isinstance(value, dict):
     if value["status"] == "pending":
       return "pending"
-    partial = f" [{len(value['seeds'])} of the seeds]" if value["status"] == "partial" else ""
+    partial = f" [{value['runs']} of {value['runs_total']} runs]" if value["status"] == "partial" else ""
     spread = f" ({value['min']:.1f}–{value['max']:.1f})" if "min" in value else ""
-    return fmt(value["value"], measure) + spread + partial
+    rate = f" at lr {value['learning_rate']:g}" if "learning_rate" in value else ""
+    return fmt(value["value"], measure) + spread + rate + partial
   if value is None:
     return "—"
   if measure == "flops":

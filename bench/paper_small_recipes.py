@@ -33,9 +33,12 @@ class Settings:
   electra_optimizer: str          # the pair's and its MLM twin's, with ELECTRA's β2 0.999, ε 1e-6, weight decay 0.01
   electra_learning_rate: float
   roberta_learning_rate: float    # AdamW, RoBERTa's β2 0.98, ε 1e-6, weight decay 0.01
+  # Every row is fine-tuned at each; its cells are its best rate's (`paper_small.Table.learning_rates`). Empty: the
+  # scale's `finetune_learning_rate` alone.
+  finetune_learning_rates: tuple[float, ...] = ()
 
 
-SETTINGS = {"cpu": Settings(0.25, "lamb", 1e-2, 1e-3),
+SETTINGS = {"cpu": Settings(0.25, "lamb", 1e-2, 1e-3, finetune_learning_rates=(3e-4, 1e-4)),
             "gpu": Settings(0.25, "adamw", 1e-3, 1e-3),   # not calibrated, as the gpu scale
             "toy": Settings(0.5, "lamb", 5e-3, 1e-3)}     # H=32, two heads: a generator of one head, H=16
 
@@ -84,6 +87,12 @@ def finetune_tasks(scale: ps.Scale) -> tuple[str, ...]:
   return tuple(t for t in scale.transfer_tasks if t != "sts-b")
 
 
+def learning_rates(scale: ps.Scale) -> tuple[float, ...]:
+  """The fine-tuning rates of `Settings`, as `paper_small.Finetuning` names them (0: the scale's own)."""
+  rates = SETTINGS[scale_name(scale)].finetune_learning_rates or (scale.finetune_learning_rate,)
+  return tuple(0.0 if rate == scale.finetune_learning_rate else rate for rate in rates)
+
+
 def flops_per_token(study: ps.Study, run: ps.Pretraining) -> float:
   """Training FLOPs per token of the run's config, as its job counts them (ELECTRA: both towers)."""
   from albert_jax import job_kinds
@@ -115,15 +124,19 @@ def scale_name(scale: ps.Scale) -> str:
 
 def plan(scale: ps.Scale) -> list[ps.Pretraining | ps.Finetuning]:
   """The order that gives a first comparison early: the ELECTRA pair and its twin, each fine-tuned on the first
-  task, then the other tasks; then the SOP baseline and RoBERTa, likewise."""
+  task, then the other tasks; then the SOP baseline and RoBERTa, likewise; then each other fine-tuning rate's runs
+  in the same order."""
   electra, mlm, roberta = pretraining_runs(scale_name(scale))
   tasks, seeds = finetune_tasks(scale), range(scale.seeds)
+  pairs = ((electra, mlm), (ps.baseline(scale), roberta))
+  rate, *other_rates = learning_rates(scale)
   runs = []
-  for pair in ((electra, mlm), (ps.baseline(scale), roberta)):
-    runs += [pair[0], *(ps.Finetuning(pair[0].name, tasks[0], s) for s in seeds), pair[1],
-             *(ps.Finetuning(pair[1].name, tasks[0], s) for s in seeds)]
-    runs += [ps.Finetuning(run.name, t, s) for t in tasks[1:] for run in pair for s in seeds]
-  return runs
+  for pair in pairs:
+    runs += [pair[0], *(ps.Finetuning(pair[0].name, tasks[0], s, rate) for s in seeds), pair[1],
+             *(ps.Finetuning(pair[1].name, tasks[0], s, rate) for s in seeds)]
+    runs += [ps.Finetuning(run.name, t, s, rate) for t in tasks[1:] for run in pair for s in seeds]
+  return runs + [ps.Finetuning(run.name, t, s, r) for r in other_rates for pair in pairs for t in tasks
+                 for run in pair for s in seeds]
 
 
 PAPER = {   # ELECTRA's Table 1 (GLUE dev score, the same compute); RoBERTa's Table 2 (BERT-base size)
@@ -139,18 +152,19 @@ PAPER_MEASURES = {"electra": {"sst-2": "glue", "mrpc": "glue", "rte": "glue"},
 
 def tables(scale: ps.Scale) -> list[ps.Table]:
   electra, mlm, roberta = pretraining_runs(scale_name(scale))
-  base, tasks = ps.baseline(scale), finetune_tasks(scale)
+  base, tasks, rates = ps.baseline(scale), finetune_tasks(scale), learning_rates(scale)
   settings = SETTINGS[scale_name(scale)]
   return [
       ps.Table("electra", f"ELECTRA's Table 1 at equal pretraining FLOPs (L={scale.num_hidden_layers}, "
                f"H={scale.hidden_size}, E={scale.embedding_size}, not shared; generator "
                f"×{settings.generator_fraction:g})",
                {"mlm": (f"MLM only, {mlm.steps(scale)} steps", mlm.name),
-                "electra": (f"ELECTRA, {electra.steps(scale)} steps", electra.name)}, ("flops", *tasks)),
+                "electra": (f"ELECTRA, {electra.steps(scale)} steps", electra.name)}, ("flops", *tasks), rates),
       ps.Table("roberta", "RoBERTa's recipe against ALBERT's SOP baseline (paper: RoBERTa's Table 2, with NSP "
                "against FULL-SENTENCES)",
                {"sop": (f"ALBERT, SOP ({base.name})", base.name),
-                "roberta": (f"RoBERTa, FULL-SENTENCES ({roberta.name})", roberta.name)}, ("params", "mlm", *tasks)),
+                "roberta": (f"RoBERTa, FULL-SENTENCES ({roberta.name})", roberta.name)}, ("params", "mlm", *tasks),
+               rates),
   ]
 
 

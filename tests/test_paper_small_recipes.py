@@ -49,10 +49,13 @@ def test_each_run_is_its_recipe_and_the_mlm_twin_matches_the_pairs_flops(tmp_pat
       "adamw", 0.9, 0.98, 1e-6, 0.01, 0.0)
   configs[ps.baseline(CPU).name] = parse(ps.baseline(CPU))
   finetuning = [run for run in recipes.plan(CPU) if isinstance(run, ps.Finetuning)]
-  assert len(finetuning) == 4 * 3 * 3
-  for run in finetuning:   # each fine-tuning run has the model of the run it starts from
+  assert len(finetuning) == 4 * 3 * 3 * 2   # every row, task and seed at 3e-4 (the scale's) and 1e-4
+  assert {run.name for run in finetuning if run.seed == 0 and run.task == "rte" and run.init == "roberta_e192"} == {
+      "roberta_e192/rte/seed0", "roberta_e192/rte/lr0.0001/seed0"}
+  for run in finetuning:   # each fine-tuning run has the model of the run it starts from, and its own rate
     config = parse(run)
     assert config.init_checkpoint == study.workdir(run.init) and config.task_name == run.task
+    assert config.train.learning_rate == (run.learning_rate or 3e-4) and config.seed == run.seed
     assert {f: config.model[f] for f in SHAPE_FIELDS} == {f: configs[run.init].model[f] for f in SHAPE_FIELDS}
 
 
@@ -61,7 +64,7 @@ def test_the_electra_table_runs_alone_and_first_reaches_a_comparison():
   pair = ["electra_e128_g4", "mlm_e128_2605steps"]
   assert names[:8] == [pair[0], *(f"{pair[0]}/sst-2/seed{s}" for s in range(3)),
                        pair[1], *(f"{pair[1]}/sst-2/seed{s}" for s in range(3))]
-  assert len(names) == 2 + 2 * 3 * 3 and all(name.split("/")[0] in pair for name in names)
+  assert len(names) == 2 + 2 * 3 * 3 * 2 and all(name.split("/")[0] in pair for name in names)
   with pytest.raises(SystemExit, match="--tables=sharing: no table 'sharing'; choose among electra, roberta."):
     recipes.main(["--scale=cpu", "--tables=sharing", "--report_only"])
 
@@ -75,20 +78,27 @@ def test_the_report_reads_the_records_into_the_json_and_doc_of_the_study(tmp_pat
                ("e128_all_sop", "rte"): [0.52, 0.52, 0.52], ("roberta_e192", "rte"): [0.55, 0.47, 0.50]}
   for (init, task), values in finetuned.items():
     for seed, value in enumerate(values):
-      name = f"{init}/{task}/seed{seed}"
+      name = f"{init}/{task}/seed{seed}"   # at the scale's 3e-4; ELECTRA's SST-2 at 1e-4 too, and better there
       common.write_json_file(str(root / "results" / f"{name.replace('/', '-')}.json"),
                     {"name": name, "wall_s": 10.0, "best": {"metric": "accuracy", "value": value}})
+  for seed, value in enumerate([0.80, 0.75, 0.90]):
+    name = f"electra_e128_g4/sst-2/lr0.0001/seed{seed}"
+    common.write_json_file(str(root / "results" / f"{name.replace('/', '-')}.json"),
+                           {"name": name, "wall_s": 10.0, "best": {"metric": "accuracy", "value": value}})
   common.write_json_file(str(root / "results" / "roberta_e192.json"),
                 {"name": "roberta_e192", "wall_s": 100.0, "held_out": {"none": {"mlm_accuracy": 0.125}}})
   payload = recipes.main(["--scale=cpu", f"--root={root}", f"--results={results}", f"--doc={doc}",
                           f"--shared_data={shared_data}", "--report_only"])
   written = json.loads(results.read_text())
   assert written["tables"] == {"transfer": "kept"} and written["recipes"] == json.loads(json.dumps(payload))
-  assert (payload["runs_done"], payload["runs_total"], payload["wall_s_done"]) == (12, 4 + 36, 210.0)
+  assert (payload["runs_done"], payload["runs_total"], payload["wall_s_done"]) == (15, 4 + 72, 240.0)
   electra, roberta = payload["tables"]["electra"], payload["tables"]["roberta"]
-  assert electra["rows"]["electra"]["sst-2"] == {"status": "done", "value": 65.0, "min": 60.0, "max": 70.0,
-                                                 "seeds": pytest.approx([70.0, 60.0, 65.0])}
-  assert electra["rows"]["mlm"]["sst-2"]["status"] == "partial"
+  assert electra["rows"]["electra"]["sst-2"] == {   # the best rate's seeds, by their median
+      "status": "done", "value": 80.0, "min": 75.0, "max": 90.0, "seeds": pytest.approx([80.0, 75.0, 90.0]),
+      "runs": 6, "runs_total": 6, "learning_rate": 1e-4, "median_by_rate": {"0.0003": 65.0, "0.0001": 80.0}}
+  assert electra["rows"]["mlm"]["sst-2"] | {"seeds": None} == {
+      "status": "partial", "value": 52.5, "min": 50.0, "max": pytest.approx(55.0), "seeds": None, "runs": 2, "runs_total": 6,
+      "learning_rate": 3e-4, "median_by_rate": {"0.0003": 52.5}}
   assert electra["rows"]["electra"]["flops"] == {"status": "done", "value": 13_390_080 * 2400 * 32 * 64}
   assert payload["flops"]["mlm_e128_2605steps"] == {"per_token": 12_337_152, "steps": 2605,
                                                     "total": 12_337_152 * 2605 * 32 * 64}
@@ -104,6 +114,8 @@ def test_the_report_reads_the_records_into_the_json_and_doc_of_the_study(tmp_pat
   text = doc.read_text()
   assert text.startswith("<!-- bench.paper_small cpu: begin -->\nkept\n<!-- bench.paper_small cpu: end -->\n")
   assert "| mlm_e128_2605steps | 12,337,152 | 2,605 | 6.58e+13 |" in text
+  assert "| ELECTRA, 2400 steps | 6.58e+13 | 80.0 (75.0–90.0) at lr 0.0001 | pending | pending | 79.9 |" in text
+  assert "| MLM only, 2605 steps | 6.58e+13 | 52.5 (50.0–55.0) at lr 0.0003 [2 of 6 runs] |" in text
   assert ("| RTE acc.: RoBERTa, FULL-SENTENCES (roberta_e192) vs ALBERT, SOP (e128_all_sop) | > (MNLI-m acc.) | "
           "< (by 2.0) | **no** | yes (seed ranges) |") in text
   assert text.rstrip().endswith("<!-- bench.paper_small_recipes cpu: end -->")
