@@ -11,6 +11,7 @@ the rule for which weights a run has.
     compilation_cache/, profile/            XLA's persistent cache; the profiler's traces
     <split predictions>                     eval's dev predictions, predict's benchmark files (named by the task)
     seeds.json, seed_<k>/                   `albert_jax.seeds`: the report, and seed k's own run
+    lr_<r>/                                 `albert_jax.seeds --learning_rates`: rate r's seeds folder (as above)
     tiny_data/                              data.kind=tiny: the bundled corpus built for the run
 
 An output of a tool (predict, embed, seeds, glue_submission) that falls on one of these, in the run it names or in
@@ -45,7 +46,7 @@ TINY_DATA_DIR = "tiny_data"
 WEIGHT_FOLDERS = (CHECKPOINTS_DIR, BEST_DIR)
 OWN_FOLDERS = (*WEIGHT_FOLDERS, TENSORBOARD_DIR, COMPILATION_CACHE_DIR, PROFILE_DIR, TINY_DATA_DIR)
 OWN_FILES = (CONFIG_FILE, HEAD_FILE, LOCK_FILE, METRICS_FILE, WANDB_ID_FILE, PROVENANCE_FILE, SEEDS_FILE)
-OWN_FOLDER_PATTERN = re.compile(r"seed_\d+")
+OWN_FOLDER_PATTERN = re.compile(r"seed_\d+|lr_[0-9.e+-]+")
 OWN_FILE_PATTERN = re.compile(r"config\.\d+(\.\d+)?\.json")
 # What the trackers write into by name: a symlink there would be written through, into whatever it points at.
 WRITTEN_BY_NAME = (METRICS_FILE, TENSORBOARD_DIR)
@@ -136,6 +137,10 @@ class Run:
   def seed(self, seed: int) -> Run:
     """Seed `seed`'s own run in a seeds folder."""
     return Run(self.file(f"seed_{seed}"))
+
+  def learning_rate(self, rate: float) -> Run:
+    """Learning rate `rate`'s own seeds folder in a learning-rate grid's folder."""
+    return Run(self.file(f"lr_{rate:g}"))
 
   def check_no_symlinks(self) -> None:
     """Refuses a symlink where the run writes a file or folder by name (`WRITTEN_BY_NAME`): another run's

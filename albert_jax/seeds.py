@@ -1,6 +1,6 @@
 """Several seeds of one fine-tuning recipe, as the paper reports GLUE (the median of 5 runs):
 `python -m albert_jax.seeds --config FILE[:args] [--config.<field>=...] --workdir=DIR --seeds=5 [--first_seed=0]
-[--rerun_collapsed=N]`.
+[--rerun_collapsed=N] [--learning_rates=1e-5,2e-5,3e-5]`.
 
 Seed k trains the ordinary workdir DIR/seed_<k> with `config.seed=k`, from which the head's initialisation, the
 data order and dropout all derive; the runs go one after another in this process, sharing one compilation cache
@@ -10,13 +10,17 @@ from its checkpoint. A run is collapsed when its best checkpoint's dev predictio
 example, or (regression) have a spread below `REGRESSION_SPREAD` of the gold scores' (fine-tuning small sets
 collapses to one class on some seeds, google-research/albert#197); `--rerun_collapsed=N` trains such a seed
 again as seed k + 1000, k + 2000, ... up to N times, the collapsed run kept in seeds.json as such.
+
+With `--learning_rates`, rate r runs the seeds as above in DIR/lr_<r> (its own seeds.json) with
+`train.learning_rate=r`, rate after rate; DIR/seeds.json then holds every rate's report, the rate whose counted
+runs' median is best (`best_learning_rate`, the first listed of a tie), and at its top level that rate's report.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
-import statistics
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from absl import app, flags
@@ -25,6 +29,7 @@ from albert_jax import cli, hf_import, job_kinds, main, pretrained, runner, stor
 from albert_jax.errors import InputError, one_line_user_errors
 from albert_jax.head_identity import best_weights, check_identity, read_best, recorded_identity, task_for_weights
 from albert_jax.run import SEEDS_FILE as REPORT_FILE, Run, check_output
+from albert_jax.seeds_report import grid_report, grid_table, report, table
 from albert_jax.tasks.classification import MultiLabelClassificationTask
 
 FLAGS = flags.FLAGS
@@ -32,6 +37,8 @@ flags.DEFINE_integer("seeds", None, "How many seeds of the recipe to run (the pa
 flags.DEFINE_integer("first_seed", 0, "The first seed; the others follow it.")
 flags.DEFINE_integer("rerun_collapsed", 0, "Train a collapsed seed k again as k + 1000, k + 2000, ... at most this "
                      "many times.")
+flags.DEFINE_list("learning_rates", None, "Learning rates to run the seeds at, comma-separated (e.g. 1e-5,2e-5,3e-5), "
+                  "rate r in WORKDIR/lr_<r>; the report chooses the one with the best median.")
 
 RERUN_STRIDE = 1000        # a collapsed seed k is trained again as k + RERUN_STRIDE * attempt
 REGRESSION_SPREAD = 1e-3   # a regression whose predictions' std is below this fraction of the gold scores' collapsed
@@ -55,6 +62,40 @@ def check_recipe(config, seeds: int, first_seed: int, rerun_collapsed: int) -> N
   if highest > MAX_SEED:
     raise InputError(f"Seeds up to {highest} are asked for; config.seed goes up to {MAX_SEED:,}: lower "
                      "--first_seed, --seeds or --rerun_collapsed.")
+
+
+def parse_learning_rates(values: list[str] | None) -> list[float] | None:
+  """--learning_rates as floats (None when unset); refuses an empty list, a rate that is not a positive number and
+  a rate listed twice (two spellings of one rate would share its folder)."""
+  if values is None:
+    return None
+  if not values:
+    raise InputError("--learning_rates is empty: list the rates to try, e.g. --learning_rates=1e-5,2e-5,3e-5, or "
+                     "drop the flag to train at the config's train.learning_rate.")
+  rates = []
+  for value in values:
+    try:
+      rate = float(value)
+    except ValueError:
+      rate = math.nan
+    if not (math.isfinite(rate) and rate > 0):
+      raise InputError(f"--learning_rates: {value!r} is not a positive number; list rates such as 1e-5,2e-5,3e-5.")
+    if f"{rate:g}" in {f"{listed:g}" for listed in rates}:
+      raise InputError(f"--learning_rates lists the rate {rate:g} twice; list each rate once.")
+    rates.append(rate)
+  return rates
+
+
+def check_grid(workdir: str, learning_rates: list[float] | None) -> None:
+  """Refuses learning rates other than those DIR/seeds.json records (none: the config's one rate): the folder's
+  runs and report are that grid's."""
+  recorded = _recorded_report(workdir)
+  if recorded is None or recorded.get("learning_rates") == learning_rates:
+    return
+  def grid(rates):
+    return "--learning_rates=" + ",".join(f"{rate:g}" for rate in rates) if rates else "no --learning_rates"
+  raise InputError(f"{Run(workdir).seeds_report} records {grid(recorded.get('learning_rates'))}, this command asks "
+                   f"for {grid(learning_rates)}; a folder's grid does not change: run this one with another --workdir.")
 
 
 # --- collapse ------------------------------------------------------------------------------------------------
@@ -102,13 +143,7 @@ def dev_collapse(task, weights_dir: str) -> str | None:
   return collapse(task, gold, task.read_predictions(os.path.join(weights_dir, task.predictions_name("dev")), gold))
 
 
-# --- the report ----------------------------------------------------------------------------------------------
-def summarize(values: list[float]) -> dict[str, float | None]:
-  """Median, mean, sample standard deviation (n - 1; None for one value), min and max."""
-  return {"median": statistics.median(values), "mean": statistics.mean(values),
-          "std": statistics.stdev(values) if len(values) > 1 else None, "min": min(values), "max": max(values)}
-
-
+# --- a run's record -------------------------------------------------------------------------------------------
 def run_record(config, workdir: str, seed: int) -> dict[str, Any]:
   """Seed `seed`'s finished run: its best dev checkpoint (step, metric, every metric) and whether it collapsed."""
   from albert_jax.tasks import get_task
@@ -125,32 +160,6 @@ def run_record(config, workdir: str, seed: int) -> dict[str, Any]:
           "metrics": best.get("metrics", {}), "collapsed": reason is not None, "collapse": reason}
 
 
-def report(config, workdir: str, slots: list[int], runs: list[dict]) -> dict[str, Any]:
-  """seeds.json: every run (collapsed ones kept), and the statistics of the runs that count: each seed's last."""
-  from albert_jax.tasks import get_task
-  counted = [run for run in runs if run["counted"]]
-  task = get_task(config)
-  return {"metric": task.metric_name, "higher_is_better": task.higher_is_better, "seeds": slots, "runs": runs,
-          "summary": {"seeds": [run["seed"] for run in counted], "collapsed": sum(run["collapsed"] for run in counted),
-                      **(summarize([run["value"] for run in counted]) if counted else {})}}
-
-
-def table(result: dict[str, Any]) -> str:
-  """The report as a table: a row per run, then the statistics over the runs that count."""
-  rows = [f"{'seed':>10}  {'step':>7}  {result['metric']:>10}  collapsed"]
-  for run in result["runs"]:
-    note = run["collapse"] or "no"
-    note += f" (trained again as seed {run['rerun_as']})" if run["rerun_as"] is not None else ""
-    note += "" if run["counted"] else ", not counted"
-    rows.append(f"{run['seed']:>10}  {run['best_step']:>7}  {run['value']:>10.4f}  {note}")
-  summary = result["summary"]
-  if summary["seeds"]:
-    std = "-" if summary["std"] is None else f"{summary['std']:.4f}"
-    rows.append(f"{len(summary['seeds'])} runs: median {summary['median']:.4f}, mean {summary['mean']:.4f}, std {std}, "
-                f"min {summary['min']:.4f}, max {summary['max']:.4f}; {summary['collapsed']} collapsed")
-  return "\n".join(rows)
-
-
 # --- the runs ------------------------------------------------------------------------------------------------
 def finished_seeds(config, workdir: str) -> set[int]:
   """The seeds a previous command recorded in DIR/seeds.json (each written once its run had ended, test predictions
@@ -162,14 +171,23 @@ def finished_seeds(config, workdir: str) -> set[int]:
 
 
 def _recorded_seeds(workdir: str) -> set[int]:
+  recorded = _recorded_report(workdir)
+  return set() if recorded is None else {run["seed"] for run in recorded["runs"]}
+
+
+def _recorded_report(workdir: str) -> dict[str, Any] | None:
+  """DIR/seeds.json, None when there is none; refused in one line when it is not a report."""
   path = storage.path(Run(workdir).seeds_report)
   if not path.exists():
-    return set()
+    return None
   try:
-    return {int(run["seed"]) for run in json.loads(path.read_text())["runs"]}
+    recorded = json.loads(path.read_text())
+    if all(isinstance(run["seed"], int) for run in recorded["runs"]):
+      return recorded
   except (ValueError, KeyError, TypeError):
-    raise InputError(f"{path} is not a seeds report (a JSON object whose `runs` list the finished seeds); remove "
-                     "it: every seed is then checked again, finished ones in seconds.") from None
+    pass
+  raise InputError(f"{path} is not a seeds report (a JSON object whose `runs` list the finished seeds); remove "
+                   "it: every seed is then checked again, finished ones in seconds.")
 
 
 def train_seed(config, workdir: str, seed: int) -> None:
@@ -179,9 +197,11 @@ def train_seed(config, workdir: str, seed: int) -> None:
   runner.run(seed_config, seed_workdir(workdir, seed), "train")
 
 
-def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_collapsed: int = 0) -> dict[str, Any]:
+def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_collapsed: int = 0,
+              on_report: Callable[[dict], None] | None = None) -> dict[str, Any]:
   """Trains seeds first_seed ... first_seed + seeds - 1 of `config`, each collapsed one again up to
-  `rerun_collapsed` times, one after another; writes DIR/seeds.json after each run and returns it."""
+  `rerun_collapsed` times, one after another; writes DIR/seeds.json after each run (then hands it to `on_report`)
+  and returns it."""
   check_recipe(config, seeds, first_seed, rerun_collapsed)
   done = finished_seeds(config, workdir)
   slots, runs = list(range(first_seed, first_seed + seeds)), []
@@ -203,9 +223,32 @@ def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_colla
       result = report(config, workdir, slots, runs)
       if is_process_0():
         storage.write_atomic(Run(workdir).seeds_report, json.dumps(result, indent=2))
+        if on_report:
+          on_report(result)
       if last_try:
         break
   say(table(result))
+  return result
+
+
+def run_grid(config, workdir: str, learning_rates: list[float], seeds: int, first_seed: int = 0,
+             rerun_collapsed: int = 0) -> dict[str, Any]:
+  """`run_seeds` at each learning rate in turn, rate r in DIR/lr_<r>; writes the grid's report (`grid_report`) to
+  DIR/seeds.json after each run and returns it."""
+  reports = {}
+  for rate in learning_rates:
+    rate_config = config.copy_and_resolve_references()
+    rate_config.train.learning_rate = rate
+    rate_dir = Run(workdir).learning_rate(rate).workdir
+    say(f"learning rate {rate:g}: seeds in {rate_dir}")
+
+    def write_grid_report(result: dict[str, Any], rate: float = rate) -> None:
+      grid = grid_report(learning_rates, {**reports, rate: result})
+      storage.write_atomic(Run(workdir).seeds_report, json.dumps(grid, indent=2))
+
+    reports[rate] = run_seeds(rate_config, rate_dir, seeds, first_seed, rerun_collapsed, on_report=write_grid_report)
+  result = grid_report(learning_rates, reports)
+  say(grid_table(result))
   return result
 
 
@@ -245,13 +288,18 @@ def cli_main(argv: list[str]) -> None:
     check_command_line(argv)
     config, workdir = FLAGS.config, FLAGS.workdir
     check_recipe(config, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+    learning_rates = parse_learning_rates(FLAGS.learning_rates)
     # as albert_jax.main's fine-tuning takes them, once for every seed's copy of the config
     hf_import.use_converted_init_checkpoint(config)
     config = pretrained.with_recorded_model(config, config.init_checkpoint)
     cli.check_workdir(workdir, "train")
+    check_grid(workdir, learning_rates)
     main.initialize_distributed()  # once for every seed: jax.distributed.initialize may run once per process
     compilation_cache.use(config, workdir)  # one cache for every seed's run
-    run_seeds(config, workdir, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+    if learning_rates is None:
+      run_seeds(config, workdir, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+    else:
+      run_grid(config, workdir, learning_rates, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ LAYERS = {
              "albert_jax.describe", "albert_jax.evaluate", "albert_jax.glue_submission", "albert_jax.convert",
              "albert_jax.tpu_compile"),
     "job kinds": ("albert_jax.job_kinds",),
-    "command line": ("albert_jax.runner", "albert_jax.cli", "albert_jax.main", "albert_jax.seeds"),
+    "command line": ("albert_jax.runner", "albert_jax.cli", "albert_jax.main", "albert_jax.seeds",
+                     "albert_jax.seeds_report"),
     "experiments": ("experiments",),
     "benchmarks": ("bench",),
 }

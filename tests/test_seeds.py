@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from albert_jax import seeds
+from albert_jax import seeds, seeds_report
 from albert_jax.errors import InputError
 from albert_jax.tasks import get_task
 from albert_jax.tasks.classification import THRESHOLDS_FILE
@@ -45,12 +45,12 @@ def seeds_cli(*args, wait=True):
 def test_summary_statistics_by_hand():
   # 0.5 0.6 0.7 0.9: median (0.6 + 0.7) / 2; mean 2.7 / 4; deviations -0.175 -0.075 0.025 0.225, squares
   # 0.030625 + 0.005625 + 0.000625 + 0.050625 = 0.0875, over n - 1 = 3: std sqrt(0.0291666...) = 0.170782...
-  summary = seeds.summarize([0.6, 0.9, 0.5, 0.7])
+  summary = seeds_report.summarize([0.6, 0.9, 0.5, 0.7])
   assert summary == pytest.approx({"median": 0.65, "mean": 0.675, "std": 0.17078251276599330, "min": 0.5, "max": 0.9},
                                   abs=1e-12)
-  assert seeds.summarize([0.8, 0.2, 0.5]) == pytest.approx({"median": 0.5, "mean": 0.5, "std": 0.3, "min": 0.2,
-                                                            "max": 0.8}, abs=1e-12)
-  assert seeds.summarize([0.7]) == {"median": 0.7, "mean": 0.7, "std": None, "min": 0.7, "max": 0.7}
+  assert seeds_report.summarize([0.8, 0.2, 0.5]) == pytest.approx({"median": 0.5, "mean": 0.5, "std": 0.3,
+                                                                   "min": 0.2, "max": 0.8}, abs=1e-12)
+  assert seeds_report.summarize([0.7]) == {"median": 0.7, "mean": 0.7, "std": None, "min": 0.7, "max": 0.7}
 
 
 def glue_task(shared_data, root, name):
