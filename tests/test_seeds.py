@@ -271,3 +271,142 @@ def test_a_recipe_from_converted_weights_takes_their_model_and_tokenizer_as_main
   assert f"spm_model={weights}/spiece.model" in result.stdout
   run = json.loads((tmp_path / "runs" / "seed_0" / "config.json").read_text())
   assert ({k: run["model"][k] for k in model}, run["data"]["spm_model"]) == (model, f"{weights}/spiece.model")
+
+
+# --- a learning-rate grid ------------------------------------------------------------------------------------------
+def rate_report(values, higher_is_better=True):
+  """A hand-built report of one rate (as `seeds_report.report` writes it), one counted run per value."""
+  runs = [{"seed": seed, "value": value, "collapsed": False, "counted": True} for seed, value in enumerate(values)]
+  return {"metric": "accuracy", "higher_is_better": higher_is_better, "seeds": list(range(len(values))), "runs": runs,
+          "summary": {"seeds": list(range(len(values))), "collapsed": 0, **seeds_report.summarize(values)}}
+
+
+def test_the_best_learning_rate_is_the_best_median_and_the_first_listed_of_a_tie():
+  grid = [{"learning_rate": rate, "summary": {"median": median}} for rate, median in [(1e-5, 0.7), (2e-5, 0.8),
+                                                                                         (3e-5, 0.8), (4e-5, 0.6)]]
+  assert seeds_report.best_learning_rate(grid, higher_is_better=True) == 2e-5
+  assert seeds_report.best_learning_rate(grid, higher_is_better=False) == 4e-5
+  assert seeds_report.best_learning_rate(grid[2:], higher_is_better=True) == 3e-5
+  tie = [{"learning_rate": rate, "summary": {"median": 0.5}} for rate in (3e-5, 1e-5)]
+  assert seeds_report.best_learning_rate(tie, higher_is_better=True) == 3e-5
+
+
+def test_a_grid_s_report_holds_every_rate_and_at_its_top_the_rate_with_the_best_median():
+  # medians: 1e-5 (0.6, 0.9, 0.7) -> 0.7; 2e-5 (0.8, 0.75, 0.5) -> 0.75; 3e-5 (0.75, 0.75, 0.1) -> 0.75, a tie
+  reports = {1e-5: rate_report([0.6, 0.9, 0.7]), 2e-5: rate_report([0.8, 0.75, 0.5]),
+             3e-5: rate_report([0.75, 0.75, 0.1])}
+  result = seeds_report.grid_report([1e-5, 2e-5, 3e-5], reports)
+  assert result == {**reports[2e-5], "learning_rates": [1e-5, 2e-5, 3e-5], "best_learning_rate": 2e-5,
+                    "grid": [{"learning_rate": rate, **report} for rate, report in reports.items()]}
+  assert result["summary"]["median"] == 0.75
+  assert seeds_report.grid_table(result).splitlines() == [
+      "    rate  runs    median      mean       std  collapsed  (accuracy)",
+      "   1e-05     3    0.7000    0.7333    0.1528          0",
+      "   2e-05     3    0.7500    0.6833    0.1607          0  <- best median",
+      "   3e-05     3    0.7500    0.5333    0.3753          0"]
+  # a grid still running: the rates with a run so far, the grid's rates all listed
+  partial = seeds_report.grid_report([1e-5, 2e-5, 3e-5], {1e-5: reports[1e-5]})
+  assert (partial["best_learning_rate"], len(partial["grid"]), partial["learning_rates"]) == (1e-5, 1, [1e-5, 2e-5, 3e-5])
+
+
+@pytest.mark.parametrize("values, message", [
+    ([], "--learning_rates is empty: list the rates to try, e.g. --learning_rates=1e-5,2e-5,3e-5, or drop the flag"),
+    (["1e-5", "fast"], "--learning_rates: 'fast' is not a positive number; list rates such as 1e-5,2e-5,3e-5."),
+    (["0"], "--learning_rates: '0' is not a positive number"),
+    (["-1e-5"], "--learning_rates: '-1e-5' is not a positive number"),
+    (["nan"], "--learning_rates: 'nan' is not a positive number"),
+    (["inf"], "--learning_rates: 'inf' is not a positive number"),
+    (["2e-5", "1e-5", "0.00002"], "--learning_rates lists the rate 2e-05 twice; list each rate once."),
+])
+def test_an_empty_grid_a_rate_that_is_not_a_positive_number_and_a_rate_listed_twice_are_refused(values, message):
+  with pytest.raises(InputError, match=f"^{re.escape(message)}"):
+    seeds.parse_learning_rates(values)
+
+
+def test_the_learning_rates_are_read_in_their_order():
+  assert seeds.parse_learning_rates(["3e-5", " 1e-5", "2E-5"]) == [3e-5, 1e-5, 2e-5]
+  assert seeds.parse_learning_rates(None) is None
+
+
+def test_a_folder_s_grid_does_not_change(tmp_path):
+  grid, single = tmp_path / "grid", tmp_path / "single"
+  for folder, recorded in [(grid, {"learning_rates": [1e-5, 2e-5]}), (single, {})]:
+    folder.mkdir()
+    (folder / "seeds.json").write_text(json.dumps({**recorded, "runs": [{"seed": 0}]}))
+  seeds.check_grid(str(grid), [1e-5, 2e-5])
+  seeds.check_grid(str(single), None)
+  seeds.check_grid(str(tmp_path / "new"), [3e-5])
+  for folder, rates, message in [
+      (grid, [1e-5, 2e-5, 3e-5], "records --learning_rates=1e-05,2e-05, this command asks for "
+                                 "--learning_rates=1e-05,2e-05,3e-05"),
+      (grid, [2e-5, 1e-5], "records --learning_rates=1e-05,2e-05, this command asks for --learning_rates=2e-05,1e-05"),
+      (grid, None, "records --learning_rates=1e-05,2e-05, this command asks for no --learning_rates"),
+      (single, [1e-5], "records no --learning_rates, this command asks for --learning_rates=1e-05")]:
+    with pytest.raises(InputError, match=f"^{re.escape(f'{folder}/seeds.json {message}')}; a folder's grid does not "
+                                         "change: run this one with another --workdir.$"):
+      seeds.check_grid(str(folder), rates)
+
+
+@pytest.fixture(scope="module")
+def grid(shared_data, tmp_path_factory):
+  """`--learning_rates=1e-3,3e-4 --seeds=1` at 2 steps, then the same command again (every run finished), then with
+  another grid (refused). About 30 s: the tests using it are slow."""
+  root = tmp_path_factory.mktemp("grid")
+  data = root / "data"
+  data.mkdir()
+  write_split(data / "train.tsv", 16)
+  write_split(data / "dev.tsv", 6)
+  workdir = root / "runs"
+  command = [f"--config=experiments/classification.py:size=tiny,data={data},spm={spm(shared_data)},text=sentence",
+             *RUN, "--config.train.num_train_steps=2", f"--workdir={workdir}", "--seeds=1"]
+  first = seeds_cli(*command, "--learning_rates=1e-3,3e-4")
+  assert first.returncode == 0, first.stdout + first.stderr
+  finished_at = {rate: os.stat(workdir / f"lr_{rate}" / "seed_0" / "best" / "best.json").st_mtime_ns
+                 for rate in ("0.001", "0.0003")}
+  report = json.loads((workdir / "seeds.json").read_text())
+  again = seeds_cli(*command, "--learning_rates=1e-3,3e-4")
+  changed = seeds_cli(*command, "--learning_rates=1e-3")
+  return types.SimpleNamespace(workdir=workdir, first=first, again=again, changed=changed, finished_at=finished_at,
+                               report=report)
+
+
+@pytest.mark.slow
+def test_each_rate_runs_its_seeds_in_its_folder_and_seeds_json_chooses_the_best_median(grid):
+  report, workdir = grid.report, grid.workdir
+  assert (report["learning_rates"], [entry["learning_rate"] for entry in report["grid"]]) == ([1e-3, 3e-4],) * 2
+  medians = []
+  for entry, name in zip(report["grid"], ("0.001", "0.0003")):
+    run_dir = workdir / f"lr_{name}" / "seed_0"
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["train"]["learning_rate"], config["seed"]) == (entry["learning_rate"], 0)
+    best = json.loads((run_dir / "best" / "best.json").read_text())
+    (run,) = entry["runs"]
+    assert (run["workdir"], run["best_step"], run["value"]) == (str(run_dir), best["step"], best["value"])
+    assert entry["summary"] == {"seeds": [0], "collapsed": int(run["collapsed"]), "median": best["value"],
+                                "mean": best["value"], "std": None, "min": best["value"], "max": best["value"]}
+    rate_report = json.loads((workdir / f"lr_{name}" / "seeds.json").read_text())  # the rate's own seeds folder
+    assert {"learning_rate": entry["learning_rate"], **rate_report} == entry
+    medians.append(best["value"])
+  chosen = [1e-3, 3e-4][medians.index(max(medians))]  # accuracy: higher is better; the first of a tie
+  assert report["best_learning_rate"] == chosen
+  assert {key: report[key] for key in ("metric", "higher_is_better", "seeds", "runs", "summary")} == \
+      {key: value for key, value in report["grid"][[1e-3, 3e-4].index(chosen)].items() if key != "learning_rate"}
+  lines = grid.first.stdout.splitlines()
+  assert lines[-3:] == seeds_report.grid_table(report).splitlines()
+  assert lines[-2].endswith("  <- best median") == (chosen == 1e-3) and lines[-1].endswith("  <- best median") == \
+      (chosen == 3e-4)
+
+
+@pytest.mark.slow
+def test_a_grid_rerun_skips_its_finished_runs_and_another_grid_is_refused(grid):
+  assert grid.again.returncode == 0, grid.again.stdout + grid.again.stderr
+  assert "training in" not in grid.again.stdout
+  for name in ("0.001", "0.0003"):
+    assert f"seed 0: finished (recorded in {grid.workdir / f'lr_{name}' / 'seeds.json'}), skipped" in grid.again.stdout
+    assert os.stat(grid.workdir / f"lr_{name}" / "seed_0" / "best" / "best.json").st_mtime_ns == \
+        grid.finished_at[name]
+  assert json.loads((grid.workdir / "seeds.json").read_text()) == grid.report
+  assert grid.changed.returncode == 1 and not grid.changed.stdout, grid.changed.stdout + grid.changed.stderr
+  assert grid.changed.stderr == (f"error: {grid.workdir / 'seeds.json'} records --learning_rates=0.001,0.0003, this "
+                                 "command asks for --learning_rates=0.001; a folder's grid does not change: run this "
+                                 "one with another --workdir.\n")
