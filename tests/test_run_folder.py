@@ -51,6 +51,19 @@ def test_the_layout_is_named_in_one_place():
       "w/config.40.json", "w/config.40.2.json", "w/best/step_7")
   assert r.best_weights({"weights": "/elsewhere/w/best/step_7/"}) == "w/best/step_7"  # by name: the run moved
   assert (r.seed(3).workdir, r.seed(3).config, r.seeds_report) == ("w/seed_3", "w/seed_3/config.json", "w/seeds.json")
+  assert (r.learning_rate(1e-5).seed(0).workdir, r.learning_rate(3e-4).seeds_report) == ("w/lr_1e-05/seed_0",
+                                                                                          "w/lr_0.0003/seeds.json")
+
+
+def test_an_output_in_a_learning_rate_s_folder_of_a_seeds_folder_is_refused(tmp_path):
+  (tmp_path / "seeds.json").write_text("{}")
+  output = str(tmp_path / "lr_1e-05" / "dev.tsv")
+  with pytest.raises(InputError) as refused:
+    run.check_output("--output", output)
+  real = os.path.realpath(tmp_path)
+  assert str(refused.value) == (f"--output={output} is inside the run's lr_1e-05/ ({real}/lr_1e-05); write it "
+                                "outside the run's own files.")
+  run.check_output("--output", str(tmp_path / "lr_notes" / "dev.tsv"))  # no rate's folder
 
 
 def test_the_weights_of_a_run_are_its_own_else_init_checkpoint(tmp_path, fine_tuned):
