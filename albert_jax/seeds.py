@@ -92,10 +92,15 @@ def check_grid(workdir: str, learning_rates: list[float] | None) -> None:
   recorded = _recorded_report(workdir)
   if recorded is None or recorded.get("learning_rates") == learning_rates:
     return
-  def grid(rates):
-    return "--learning_rates=" + ",".join(f"{rate:g}" for rate in rates) if rates else "no --learning_rates"
-  raise InputError(f"{Run(workdir).seeds_report} records {grid(recorded.get('learning_rates'))}, this command asks "
-                   f"for {grid(learning_rates)}; a folder's grid does not change: run this one with another --workdir.")
+  raise InputError(f"{Run(workdir).seeds_report} records {_grid_flag(recorded.get('learning_rates'))}, this command "
+                   f"asks for {_grid_flag(learning_rates)}; a folder's grid does not change: run this one with another "
+                   "--workdir.")
+
+
+def _grid_flag(learning_rates: list[float] | None) -> str:
+  if not learning_rates:
+    return "no --learning_rates"
+  return "--learning_rates=" + ",".join(f"{rate:g}" for rate in learning_rates)
 
 
 # --- collapse ------------------------------------------------------------------------------------------------
@@ -143,7 +148,7 @@ def dev_collapse(task, weights_dir: str) -> str | None:
   return collapse(task, gold, task.read_predictions(os.path.join(weights_dir, task.predictions_name("dev")), gold))
 
 
-# --- a run's record -------------------------------------------------------------------------------------------
+# --- a run's record ------------------------------------------------------------------------------------------
 def run_record(config, workdir: str, seed: int) -> dict[str, Any]:
   """Seed `seed`'s finished run: its best dev checkpoint (step, metric, every metric) and whether it collapsed."""
   from albert_jax.tasks import get_task
