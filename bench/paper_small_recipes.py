@@ -8,7 +8,8 @@
 2. `roberta`, RoBERTa's Table 2 (Liu et al. 2019, no NSP ≥ with NSP): its recipe (E = H, no sharing, no sentence
    task, FULL-SENTENCES packing, AdamW β2 0.98, ε 1e-6, no clipping) against ALBERT's SOP baseline of the study,
    the scale's steps each.
-Every row is fine-tuned on SST-2, MRPC and RTE (the scale's transfer tasks but STS-B), over the scale's seeds. Runs
+Every row is fine-tuned on SST-2, MRPC and RTE (the scale's transfer tasks but STS-B), over the scale's seeds, at each
+of its `Settings.finetune_learning_rates`; a cell is the rate with the better median. Runs
 go through bench.paper_small's driver: a workdir each under --root, a record once done, a rerun resumes. The
 report adds a `recipes` entry to bench.paper_small's JSON at this scale (its other entries kept) and rewrites this
 module's section of the doc; `--report_only` does only that.
