@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from albert_jax.run import Run, run_of_best
-from albert_jax.run.best import read_best, recorded_identity, weights_identity
+from albert_jax.run import Run, as_run, run_of_best
+from albert_jax.run.best import read_best, recorded_identity
 
 
 # --- transformers' head classes -----------------------------------------------------------------------------
@@ -130,7 +130,7 @@ def finetuned_head(weights_dir: str, run_task: Callable[[Run], Any]) -> HFHead |
   """The HF head of fine-tuned weights: the one a converted directory recorded (HEAD_FILE), or for weights kept in
   a workdir (`WORKDIR/best/step_N`) its task's, `run_task(the run)` (None: no fine-tuning config there), with the
   class order the run recorded; None for any other directory."""
-  recorded = HFHead.from_identity(weights_identity(weights_dir))
+  recorded = HFHead.from_identity(recorded_identity(as_run(weights_dir)))
   if recorded is not None:
     return recorded
   run = run_of_best(storage.absolute(weights_dir))

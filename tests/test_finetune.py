@@ -252,5 +252,5 @@ def test_early_stopping_ends_training_after_patience_evaluations_without_a_bette
     assert said in out, out
     assert "dev at step 4" not in out
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3"]
-  assert finetune.read_best(str(tmp_path / "run"))["step"] == 1
+  assert finetune.read_best(Run(str(tmp_path / "run")))["step"] == 1
   assert config_for(data, spm(shared_data)).train.early_stopping_patience == 0  # off by default

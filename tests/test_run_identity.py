@@ -42,7 +42,7 @@ def run(shared_data, tmp_path_factory):
 @pytest.mark.slow
 def test_a_restart_drops_the_best_of_steps_it_scores_again(run):
   assert "this run continues from step 0 and scores the steps after it again" in run.output
-  best = finetune.read_best(str(run.workdir))
+  best = finetune.read_best(Run(str(run.workdir)))
   assert best["step"] in (2, 4) and "(best: step 60," not in run.output
   assert [p.name for p in (run.workdir / "best").glob("step_*")] == [f"step_{best['step']}"]
   assert best["head"] == {"task": "classification", "task_name": "", "labels": ["pos", "neg"]}
@@ -67,8 +67,7 @@ def test_a_best_record_by_another_metric_is_replaced_by_the_first_score(shared_d
   (workdir / "best").mkdir(parents=True)
   (workdir / "best" / "best.json").write_text(json.dumps({"step": 2, "metric": "f1", "value": 0.9,
                                                           "weights": str(workdir / "best" / "step_2")}))
-  keeper = BestKeeper(Run(str(workdir)), get_task(config_for(tmp_path, spm(shared_data), labels="neg|pos")),
-                                      None, 2)
+  keeper = BestKeeper(Run(str(workdir)), get_task(config_for(tmp_path, spm(shared_data), labels="neg|pos")), None, 2)
   assert keeper.record["metric"] == "f1" and keeper.is_better(0.3)
   keeper.record = {"step": 2, "metric": "accuracy", "value": 0.9}
   assert not keeper.is_better(0.3) and keeper.is_better(0.95)
@@ -111,7 +110,7 @@ def test_resuming_with_another_class_order_is_refused(run):
 
 @pytest.mark.slow
 def test_init_checkpoint_of_a_fine_tuning_run_loads_its_best_weights(run, capsys):
-  best = finetune.read_best(str(run.workdir))
+  best = finetune.read_best(Run(str(run.workdir)))
   loaded = pretrained.load_init_params(str(run.workdir))
   assert f"loading the best dev checkpoint of the fine-tuning run (step {best['step']}," in capsys.readouterr().out
   jax.tree.map(np.testing.assert_array_equal, loaded, pretrained.load_pretrained(best["weights"])[1])
