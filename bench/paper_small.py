@@ -353,9 +353,11 @@ def score(study: Study, run: Pretraining, sentence_task: str) -> dict[str, float
   """`--mode=eval` of the run (the function `albert_jax.main` runs for it, in this process) on held-out examples
   built for `sentence_task`, whatever task the run was trained on."""
   from albert_jax import compilation_cache, runner
+  from albert_jax.run import Run
   config = experiment_config(study, run, f"--config.data.sentence_task={sentence_task}")
-  compilation_cache.use(config, study.workdir(run.name))
-  return runner.run(config, study.workdir(run.name), "eval")
+  folder = Run(study.workdir(run.name))
+  compilation_cache.use(config, folder)
+  return runner.run(config, folder, "eval")
 
 
 @functools.cache
