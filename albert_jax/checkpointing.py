@@ -31,7 +31,6 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from albert_jax import storage
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError, UserError
-from albert_jax.run import Run
 
 
 class SaveError(UserError, RuntimeError):
@@ -364,8 +363,4 @@ def local_restore_target(metadata: Any) -> Any:
   written on any mesh or host count (orbax otherwise insists on the writer's topology)."""
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
-
-
-def checkpoint_dir(workdir: str) -> str:
-  return Run(workdir).checkpoints
 

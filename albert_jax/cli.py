@@ -12,8 +12,8 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from albert_jax import run_config, runner
-from albert_jax.run import check_output
+from albert_jax import runner
+from albert_jax.run import Run, check_output, config as run_config
 from albert_jax.errors import (EnvironmentUserError, InputError, MissingFileError, NotADirectoryUserError,
                                NotWritableError, UserError)
 from data_pipeline import writers
@@ -44,16 +44,16 @@ def _config_spec(argv: list[str]) -> str | None:
   return _flag_value(argv, "config")
 
 
-def _run_workdir(spec: str) -> str | None:
-  """The workdir of a `--config` that reads a run's resolved config (`_with_run_config`), else None."""
+def _spec_run(spec: str) -> Run | None:
+  """The run of a `--config` that reads a run's resolved config (`_with_run_config`), else None."""
   path, _, workdir = spec.partition(":")
-  return workdir if os.path.abspath(path) == run_config.__file__ else None
+  return Run(workdir) if os.path.abspath(path) == run_config.__file__ else None
 
 
 def _config_name(spec: str) -> str:
   """How a message names the config: the experiment file as given, or the run's config.json."""
-  workdir = _run_workdir(spec)
-  return spec if workdir is None else run_config.config_path(workdir)
+  run = _spec_run(spec)
+  return spec if run is None else run.config
 
 
 # Modes that use a trained run's weights: without --config they read its settings from the workdir.
@@ -61,26 +61,26 @@ RUN_CONFIG_MODES = ("eval", "predict", "embed")
 
 
 def _with_run_config(argv: list[str]) -> list[str]:
-  """`argv` with `--config=albert_jax/run_config.py:WORKDIR` where --config is left out and the mode reads a
+  """`argv` with `--config=albert_jax/run/config.py:WORKDIR` where --config is left out and the mode reads a
   workdir: eval, predict and embed always (an unreadable config.json is then refused in one line naming --config),
   train when the workdir holds a run's config.json (a resume; a fresh run needs an experiment file)."""
   workdir, mode_name = _flag_value(argv, "workdir"), _flag_value(argv, "mode") or "train"
   if _config_spec(argv) is not None or not workdir:
     return argv
-  if mode_name in RUN_CONFIG_MODES or (mode_name == "train" and run_config.exists(workdir)):
+  if mode_name in RUN_CONFIG_MODES or (mode_name == "train" and run_config.exists(Run(workdir))):
     return [argv[0], f"--config={run_config.__file__}:{workdir}", *argv[1:]]
   return argv
 
 
 def _say_run_config(spec: str) -> None:
   """One line on where the config came from when it is the run's own, with the overrides given on top of it."""
-  workdir = _run_workdir(spec)
-  if workdir is None:
+  run = _spec_run(spec)
+  if run is None:
     return
   given = [f"{name.removeprefix('config.')}={FLAGS[name].value}" for name in FLAGS
            if name.startswith("config.") and FLAGS[name].present]
   overrides = f"overrides: {', '.join(given)}" if given else "no overrides"
-  print(f"config: {run_config.config_path(workdir)} (the run's resolved config); {overrides}", flush=True)
+  print(f"config: {run.config} (the run's resolved config); {overrides}", flush=True)
 
 
 def _unknown_field(argv: list[str]) -> str | None:
@@ -138,9 +138,9 @@ def _config_file_error(argv: list[str]) -> str | None:
   """A `--config` that names no file; ml_collections would raise it only when the config is first read (as it does
   any OSError of get_config: a run's config.json that cannot be read raises its one-line error here)."""
   spec = _config_spec(argv)
-  workdir = None if spec is None else _run_workdir(spec)
-  if workdir is not None:
-    run_config.read(workdir)
+  run = None if spec is None else _spec_run(spec)
+  if run is not None:
+    run_config.read(run)
     return None
   if spec is None:
     reads_run = (_flag_value(argv, "mode") or "train") in RUN_CONFIG_MODES
@@ -277,4 +277,4 @@ def _check_output_apart(output: str, input_path: str | None, workdir: str | None
   metrics)."""
   if input_path:
     writers.check_apart("--output", output, "--input", input_path, "the output", new="file")
-  check_output("--output", output, workdir)
+  check_output("--output", output, Run(workdir) if workdir else None)

@@ -40,11 +40,11 @@ def hits() -> int:
   return _HITS.count
 
 
-def use(config: ml_collections.ConfigDict, workdir: str) -> str | None:
-  """Turns on JAX's persistent compilation cache (`compilation_cache_dir`, default `workdir/compilation_cache`),
+def use(config: ml_collections.ConfigDict, run: Run) -> str | None:
+  """Turns on JAX's persistent compilation cache (`compilation_cache_dir`, default the run's `compilation_cache`),
   so that a preempted or restarted job skips recompiling the step. "none" turns it off, and so does a local folder
   that cannot be written (the read-only workdir of predict or embed), with one line saying so."""
-  directory = config.get("compilation_cache_dir", "") or Run(workdir).compilation_cache
+  directory = config.get("compilation_cache_dir", "") or run.compilation_cache
   if directory == "none":
     return None
   if not storage.is_remote(directory) and not _can_write(directory):

@@ -20,10 +20,11 @@ import os
 
 from absl import app, flags
 
-from albert_jax import (checkpointing, console, electra_interop, head_identity, hf_export, hf_import, interop,
-                        pretrained, run_config, storage, tf1)
+from albert_jax import console, electra_interop, hf_export, hf_import, interop, pretrained, storage, tf1
 from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.model_config import ModelConfig
+from albert_jax.run import as_run, config as run_config
+from albert_jax.run.best import read_best
 from data_pipeline import writers
 
 FORMATS = ["hf"]
@@ -69,9 +70,9 @@ def from_tf1(src: str, dst: str, clear=lambda: None) -> None:
 def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None, clear=lambda: None) -> None:
   """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids; then
   the folder, loaded as transformers loads it, is checked again (`hf_export.check_loaded`)."""
-  run, best = src, None if pretrained.is_pretrained_dir(src) else head_identity.read_best(src)
+  run, best = src, None if pretrained.is_pretrained_dir(src) else read_best(as_run(src))
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
-    src = head_identity.best_weights(src, best)
+    src = as_run(src).best_weights(best)
   electra = electra_interop.run_weights(src, PASS_WORKDIR)  # an ELECTRA run: both towers and its generator's width
   model_config, params = electra[:2] if electra else _our_weights(src)
   as_electra = electra is not None or electra_interop.holds_electra_heads(params) or (
@@ -105,12 +106,13 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
 def _our_weights(src: str):
   """(ModelConfig, params) of a `convert`/`save_pretrained` directory, or of a pretraining workdir (its newest
   checkpoint, the model from its config.json)."""
-  if pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir():
+  training_run = as_run(src)
+  if pretrained.is_pretrained_dir(src) or not storage.path(training_run.checkpoints).is_dir():
     return pretrained.load_pretrained(src)
-  if not run_config.exists(src):
+  if not run_config.exists(training_run):
     raise MissingFileError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: "
                            f"{PASS_WORKDIR} (config.json next to checkpoints/).")
-  model = run_config.read(src, "--src", PASS_WORKDIR)["model"]
+  model = run_config.read(training_run, "--src", PASS_WORKDIR)["model"]
   return ModelConfig.from_mapping(model), pretrained.load_init_params(src, name="--src")
 
 
@@ -122,7 +124,7 @@ def _check_dst_apart(src: str, dst: str) -> None:
   while (parent := os.path.dirname(folders[-1])) != folders[-1] and storage.is_remote(parent) == storage.is_remote(dst):
     folders.append(parent)
   for folder in folders:
-    if storage.path(checkpointing.checkpoint_dir(folder)).is_dir():
+    if storage.path(as_run(folder).checkpoints).is_dir():
       where = "is" if folder == folders[0] else "is inside"
       raise InputError(f"--dst={dst} {where} the training workdir {folder} (it has checkpoints/); writing there would "
                        "overwrite the run's files: choose a directory outside it.")

@@ -21,6 +21,7 @@ from albert_jax import describe, engine, flops, pretrain
 from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
 from albert_jax.errors import InputError
 from albert_jax.model import count_params, dummy_inputs
+from albert_jax.run import Run
 
 def electra_totals(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """Pretraining's normalisers over the global batch, and its non-pad tokens: the discriminator's."""
@@ -113,8 +114,8 @@ def make_model(config: ml_collections.ConfigDict) -> ElectraForPreTraining:
   return ElectraForPreTraining(model_config, config.electra.generator_fraction)
 
 
-def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> engine.Job:
-  """ELECTRA pretraining of `config` as an engine job (data read from `workdir` only when batches are asked for)."""
+def make_job(config: ml_collections.ConfigDict, run: Run | None = None) -> engine.Job:
+  """ELECTRA pretraining of `config` as an engine job (data read for `run` only when batches are asked for)."""
   model = make_model(config)
   seq_len, weight = config.data.max_seq_length, config.electra.discriminator_weight
   loss_fn = lambda params, batch, rng, totals, deterministic=False: electra_loss(
@@ -122,7 +123,7 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
   return engine.Job(
       init_params=lambda rng: model.init(rng, **dummy_inputs(1, seq_len))["params"],
       loss_fn=loss_fn, totals_fn=electra_totals, summarize=lambda sums, steps: summarize_electra(weight, sums),
-      flops_per_token=train_flops_per_token(config), **pretrain.data_fields(config, workdir))
+      flops_per_token=train_flops_per_token(config), **pretrain.data_fields(config, run))
 
 
 def train_flops_per_token(config: ml_collections.ConfigDict) -> float:
@@ -131,14 +132,14 @@ def train_flops_per_token(config: ml_collections.ConfigDict) -> float:
                                              config.data.max_seq_length, pretrain.prediction_slots(config.data))
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
-  """Pretrains the pair from scratch or the workdir's latest checkpoint (`pretrain.train` with this job)."""
-  return pretrain.train(config, workdir, args, job_for=make_job)
+def train(config: ml_collections.ConfigDict, run: Run, args=None) -> dict[str, float]:
+  """Pretrains the pair from scratch or the run's latest checkpoint (`pretrain.train` with this job)."""
+  return pretrain.train(config, run, args, job_for=make_job)
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None) -> dict[str, float]:
-  """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, as one JSON line."""
-  return pretrain.evaluate_checkpoint(config, workdir, args, job_for=make_job)
+def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None) -> dict[str, float]:
+  """`--mode=eval`: the held-out metrics of the run's latest checkpoint, as one JSON line."""
+  return pretrain.evaluate_checkpoint(config, run, args, job_for=make_job)
 
 
 def describe_config(config: ml_collections.ConfigDict, workdir=None, args=None) -> dict:

@@ -25,13 +25,14 @@ from flax import traverse_util
 import jax
 import numpy as np
 
-from albert_jax import checkpointing, head_identity, interop, pretrained, run_config, storage
+from albert_jax import head_identity, interop, pretrained, storage
 from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
 from albert_jax.errors import InputError
 from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION, HFHead
 from albert_jax.interop import _check_shape, _layer_norm, _linear, _read_config, _read_tensors, _write_hf
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig
+from albert_jax.run import as_run, config as run_config
 
 Path = tuple[str, ...]
 PRETRAINING, MASKED_LM, BACKBONE = "ElectraForPreTraining", "ElectraForMaskedLM", "ElectraModel"
@@ -274,10 +275,11 @@ def run_weights(src: str, hint: str) -> tuple[ModelConfig, Any, float] | None:
   """(discriminator config, the whole pair's params, generator fraction) of an ELECTRA training workdir (its newest
   checkpoint); None for any other --src (a transformers folder has a config.json too, but no checkpoints/). `hint`:
   what a garbled config.json's message tells the user to pass instead."""
-  if (pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir()
-      or not run_config.exists(src)):
+  training_run = as_run(src)
+  if (pretrained.is_pretrained_dir(src) or not storage.path(training_run.checkpoints).is_dir()
+      or not run_config.exists(training_run)):
     return None
-  config = run_config.read(src, "--src", hint)
+  config = run_config.read(training_run, "--src", hint)
   if config.get("task") != "electra":
     return None
   params = pretrained._load_init_params(src, "--src")

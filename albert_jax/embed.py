@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import engine, feature_batches, pretrained, provenance, storage
+from albert_jax import engine, feature_batches, pretrained, storage
 from albert_jax.errors import EnvironmentUserError, InputError
 from albert_jax.model import AlbertModel
-from albert_jax.run import Run
+from albert_jax.run import Run, provenance
 from albert_jax.tasks import make_tokenizer
 from albert_jax.tasks.base import model_inputs, stack_packed
 from albert_jax.tasks.records import text_lines
@@ -50,13 +50,13 @@ def _write_npy(output: str, array: np.ndarray) -> None:
                                "--output elsewhere, and rerun.") from None
 
 
-def embed(config, workdir: str, args, kind) -> None:
+def embed(config, run: Run, args, kind) -> None:
   """`kind`: the config's `job_kinds.JobKind`, which builds the job and finds the encoder in the weights."""
   if not args.input or not args.output:
     raise InputError("--mode=embed needs --input=FILE (one text per line) and --output=PATH.npy.")
   if args.pooling not in POOLINGS:
     raise InputError(f"--pooling={args.pooling!r}; choose one of {POOLINGS}.")
-  path, name = Run(workdir).weights(config.init_checkpoint)
+  path, name = run.weights(config.init_checkpoint)
   config = pretrained.with_recorded_model(config, path)
   tokenizer = make_tokenizer(config)
   model_config = kind.model_config(config)

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from albert_jax import checkpointing, compilation_cache, host_memory, model_config, optim, sharding, trackers
 from albert_jax.errors import InputError
+from albert_jax.run import Run
 
 
 @flax.struct.dataclass
@@ -326,10 +327,10 @@ class Setup:
     return sharding.make_global_batch(host_batch, self.batch_sharding)
 
 
-def setup(config: ml_collections.ConfigDict, job: Job, workdir: str | None = None,
+def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
           devices: Sequence[jax.Device] | None = None, process_count: int | None = None,
           process_index: int | None = None) -> Setup:
-  """Mesh, rules, batch split, optimizer, shardings, jitted steps and (with a workdir) the checkpointer.
+  """Mesh, rules, batch split, optimizer, shardings, jitted steps and (with a run) the checkpointer of its folder.
 
   `devices` defaults to every device of every process; `--mode=compile` passes a TPU topology's devices and the
   process count of that slice instead."""
@@ -354,9 +355,9 @@ def setup(config: ml_collections.ConfigDict, job: Job, workdir: str | None = Non
                        in_shardings=(state_shardings, batch_sharding, replicated),
                        out_shardings=(state_shardings, replicated), donate_argnums=0)
   checkpointer = None
-  if workdir is not None:
+  if run is not None:
     c = config.checkpoint
-    checkpointer = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), c.every, c.keep, c.async_save)
+    checkpointer = checkpointing.Checkpointer(run.checkpoints, c.every, c.keep, c.async_save)
   return Setup(job=job, mesh=mesh, rules=rules, split=split, tx=tx, schedule=schedule,
                abstract_state=abstract_state, state_shardings=state_shardings,
                batch_sharding=batch_sharding, replicated=replicated, train_step=train_step,

@@ -15,16 +15,17 @@ from typing import Callable
 import flax.linen as nn
 import jax
 
-from albert_jax import buckets, console, engine, loop, pretrained, provenance, storage, workdir_config
-from albert_jax.best_checkpoint import BestKeeper
+from albert_jax import buckets, console, engine, loop, pretrained, storage
 from albert_jax.errors import InputError
 from albert_jax.feature_batches import FeatureBatches, length_buckets, predict_features
-from albert_jax.head_identity import (best_weights, check_head_trained_for, check_identity, describe, head_trained_for,
-                                      read_best, recorded_identity, task_for_weights, weights_identity)
+from albert_jax.head_identity import (check_head_trained_for, check_identity, describe, head_trained_for,
+                                      task_for_weights)
 from albert_jax.model_config import model_config_from
-from albert_jax.run import Run
+from albert_jax.run import Run, config as run_config, provenance
+from albert_jax.run.best import read_best, recorded_identity, weights_identity
+from albert_jax.run.best_keeper import BestKeeper
+from albert_jax.run.lock import WorkdirLock
 from albert_jax.tasks import Split, get_task, make_tokenizer
-from albert_jax.workdir_lock import WorkdirLock
 
 
 def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup, lengths: tuple[int, ...]):
@@ -101,20 +102,20 @@ def _task_and_model(config, trained_in: str | None = None, warm_start: bool = Fa
   return task, tokenizer, model_config, task.build_model(model_config)
 
 
-def predict_split_file(config, workdir, task, model, params, split: Split, output: str | None = None) -> str:
-  """Predictions for a whole split (e.g. the unlabelled test set) written to `output`, by default into the workdir
-  under the benchmark's file name."""
+def predict_split_file(config, run: Run, task, model, params, split: Split, output: str | None = None) -> str:
+  """Predictions for a whole split (e.g. the unlabelled test set) written to `output`, by default into the run's
+  folder under the benchmark's file name."""
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
                                f"predicting split {split.name}", length_buckets(config, task))
-    path = output or Run(workdir).predictions(task.submission_name(split.name))
+    path = output or run.predictions(task.submission_name(split.name))
     if jax.process_index() == 0:
       task.write_predictions(split, task.postprocess(split, outputs), path)
   return path
 
 
-def train(config, workdir: str, args=None) -> None:
+def train(config, run: Run, args=None) -> None:
   """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
   config = pretrained.with_recorded_model(config, config.init_checkpoint)
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
@@ -137,7 +138,7 @@ def train(config, workdir: str, args=None) -> None:
         pretrained.load_init_params(config.init_checkpoint, model=config.model), required_prefix="",
         head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
                  "to that run's workdir (for AX, the MNLI run's).")[0]
-    path = predict_split_file(config, workdir, task, model, params, task.load_split("test", tokenizer))
+    path = predict_split_file(config, run, task, model, params, task.load_split("test", tokenizer))
     print(f"Wrote {path}", flush=True)
     return
   train_split = task.load_split("train", tokenizer)
@@ -146,14 +147,14 @@ def train(config, workdir: str, args=None) -> None:
   test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
                  if storage.path(task.split_path(name)).exists()]
   warm_start = _warm_start(config, task, model)  # weights refused before the workdir is written
-  with WorkdirLock(workdir, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
-    start = workdir_config.latest_step(workdir) or 0  # the checkpoint step this run continues from; 0: a fresh start
+  with WorkdirLock(run, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
+    start = run_config.latest_step(run) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
-      check_identity(task, recorded_identity(workdir), f"Workdir {workdir} (checkpoint step {start})")
-      provenance.check_resume(workdir, provenance.fine_tuning_inputs(config, task), config)
-    keeper = BestKeeper(workdir, task, model_config, start)
+      check_identity(task, recorded_identity(run), f"Workdir {run.workdir} (checkpoint step {start})")
+      provenance.check_resume(run, provenance.fine_tuning_inputs(config, task), config)
+    keeper = BestKeeper(run, task, model_config, start)
     if jax.process_index() == 0:
-      storage.write_atomic(Run(workdir).head, json.dumps(task.identity(), indent=2))
+      storage.write_atomic(run.head, json.dumps(task.identity(), indent=2))
 
   def evaluate(step, params, s, writer):
     metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, length_buckets(config, task))
@@ -166,7 +167,7 @@ def train(config, workdir: str, args=None) -> None:
     return keeper.stops_early(step, config)
 
   if not keeper.stops_early(start, config):  # a rerun of a run that stopped early trains no further
-    loop.fit(config, workdir, make_job(config, task, model, lambda: train_split, evaluate, warm_start))
+    loop.fit(config, run, make_job(config, task, model, lambda: train_split, evaluate, warm_start))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
@@ -174,23 +175,24 @@ def train(config, workdir: str, args=None) -> None:
     params = pretrained.load_pretrained(best["weights"])[1]
     task.use_tuning(best["weights"])
   for split in test_splits:
-    print(f"Test predictions (best checkpoint): {predict_split_file(config, workdir, task, model, params, split)}",
+    print(f"Test predictions (best checkpoint): {predict_split_file(config, run, task, model, params, split)}",
           flush=True)
   print(json.dumps(best), flush=True)
-  prefix, python = workdir.rstrip('/'), console.python()
+  workdir, python = run.workdir, console.python()
+  prefix = workdir.rstrip('/')
   console.say_done(f"best checkpoint {best['weights']} ({best['metric']} {best['value']:.4f})",
                    f"{python} -m albert_jax.main --workdir {workdir} --mode=predict --split=dev "
                    f"--output={prefix}_dev.tsv && {python} -m albert_jax.convert --to=hf --src={workdir} "
                    f"--dst={prefix}_hf")
 
 
-def _trained_params(config, workdir: str, task, model):
-  """The workdir's best (else latest) weights, refused unless their head was trained for `task` as it is now
-  (a pretraining workdir has none) and their model is config.model's."""
-  best = read_best(workdir)
-  check_identity(task, recorded_identity(workdir, best), f"--workdir={workdir}")
+def _trained_params(config, run: Run, task, model):
+  """The run's best (else latest) weights, refused unless their head was trained for `task` as it is now
+  (a pretraining run has none) and their model is config.model's."""
+  workdir, best = run.workdir, read_best(run)
+  check_identity(task, recorded_identity(run, best), f"--workdir={workdir}")
   provenance.check_reader(workdir, "--workdir", config)
-  task.use_tuning(best_weights(workdir, best) if best else workdir)
+  task.use_tuning(run.best_weights(best) if best else workdir)
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
   params = pretrained.load_init_params(workdir, "--workdir", model=config.model)
   pretrained.check_params(jax.eval_shape(lambda: nn.unbox(task.init_params(model, jax.random.key(0)))), params,
@@ -200,12 +202,12 @@ def _trained_params(config, workdir: str, task, model):
   return params, which
 
 
-def evaluate(config, workdir: str, args=None) -> None:
+def evaluate(config, run: Run, args=None) -> None:
   """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions into the
-  workdir, or into the folder `--output` names (then the workdir is only read)."""
-  config = pretrained.with_recorded_model(config, workdir)
-  task, tokenizer, _, model = _task_and_model(config, workdir)
-  params, which = _trained_params(config, workdir, task, model)
+  run's folder, or into the folder `--output` names (then the run's folder is only read)."""
+  config = pretrained.with_recorded_model(config, run.workdir)
+  task, tokenizer, _, model = _task_and_model(config, run.workdir)
+  params, which = _trained_params(config, run, task, model)
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
@@ -215,22 +217,22 @@ def evaluate(config, workdir: str, args=None) -> None:
       for name, (split, split_predictions) in predictions.items():
         file_name = task.predictions_name(name)
         task.write_predictions(split, split_predictions, os.path.join(args.output, file_name)
-                               if args and args.output else Run(workdir).predictions(file_name))
+                               if args and args.output else run.predictions(file_name))
   print(json.dumps({"weights": which, **metrics}), flush=True)
 
 
-def predict(config, workdir: str, args) -> None:
+def predict(config, run: Run, args) -> None:
   """`--mode=predict`: the best (else latest) weights on the user's own file (`--input`), written to `--output`,
   or on a named split of the task (`--split`), written to `--output` or the workdir under the benchmark's name."""
   input_path, output_path = args.input, args.output
   if bool(args.split) == bool(input_path) or (input_path and not output_path):
     raise InputError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
                      "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
-  config = pretrained.with_recorded_model(config, workdir)
-  task, tokenizer, _, model = _task_and_model(config, workdir)
-  params, which = _trained_params(config, workdir, task, model)
+  config = pretrained.with_recorded_model(config, run.workdir)
+  task, tokenizer, _, model = _task_and_model(config, run.workdir)
+  params, which = _trained_params(config, run, task, model)
   if args.split:
-    path = predict_split_file(config, workdir, task, model, params, task.load_split(args.split, tokenizer),
+    path = predict_split_file(config, run, task, model, params, task.load_split(args.split, tokenizer),
                               output_path)
     print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)
     return

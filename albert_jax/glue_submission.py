@@ -58,33 +58,33 @@ def check_file(path: str, check_count: bool) -> int:
   return count
 
 
-def dev_score(run: str) -> float:
+def dev_score(run: Run) -> float:
   """The run's best dev value (runs without best.json, e.g. AX-only prediction runs, rank last)."""
-  path = Run(run).best_record
+  path = run.best_record
   if not storage.path(path).exists():
     return -math.inf
   return float(json.loads(storage.path(path).read_text())["value"])
 
 
-def assemble(runs: list[str], out: str, allow_partial: bool = False, check_counts: bool = True) -> dict[str, str]:
+def assemble(runs: list[Run], out: str, allow_partial: bool = False, check_counts: bool = True) -> dict[str, Run]:
   """{file name: the run it was taken from}, after copying each chosen file into `out`, which one assembly writes
   at a time (`writers.WriterLock`) and which must hold no other file."""
   check_output("--out", out)  # a run's own folder (best/, checkpoints/) would be mixed with the submission
-  if twice := next((run for i, run in enumerate(runs) if writers.resolved(run) in map(writers.resolved, runs[:i])),
-                   None):
+  folders = [run.workdir for run in runs]
+  if twice := next((folder for i, folder in enumerate(folders)
+                    if writers.resolved(folder) in map(writers.resolved, folders[:i])), None):
     raise InputError(f"--runs lists {twice} twice; list each run once.")
-  given: dict[str, list[tuple[float, str]]] = {}  # file name -> (dev score, run) of every run that has it
+  given: dict[str, list[tuple[float, Run]]] = {}  # file name -> (dev score, run) of every run that has it
   for run in runs:
-    writers.check_apart("--out", out, "--runs", run, "the submission")
-    config_path = Run(run).config
-    if not storage.path(config_path).exists():
-      raise MissingFileError(f"{config_path} not found; --runs takes fine-tuning workdirs of experiments/glue.py.")
-    task = json.loads(storage.path(config_path).read_text()).get("task")
+    writers.check_apart("--out", out, "--runs", run.workdir, "the submission")
+    if not storage.path(run.config).exists():
+      raise MissingFileError(f"{run.config} not found; --runs takes fine-tuning workdirs of experiments/glue.py.")
+    task = json.loads(storage.path(run.config).read_text()).get("task")
     if task != "glue":
-      raise InputError(f"{run} is a {task!r} run, not a GLUE one; leave it out of --runs.")
+      raise InputError(f"{run.workdir} is a {task!r} run, not a GLUE one; leave it out of --runs.")
     score = dev_score(run)
     for name in TEST_ROWS:
-      if storage.path(os.path.join(run, name)).exists():
+      if storage.path(run.predictions(name)).exists():
         given.setdefault(name, []).append((score, run))
   chosen = {name: _best(name, candidates) for name, candidates in given.items()}
   missing = [name for name in TEST_ROWS if name not in chosen]
@@ -93,25 +93,26 @@ def assemble(runs: list[str], out: str, allow_partial: bool = False, check_count
                      "runs that wrote them (AX: an MNLI run with DATA/glue/diagnostic/, or experiments/glue.py:task=ax "
                      "with init_checkpoint = the MNLI model), or pass --allow_partial.")
   for name, (_, run) in chosen.items():
-    check_file(os.path.join(run, name), check_counts)
+    check_file(run.predictions(name), check_counts)
   with writers.WriterLock(os.path.join(out, writers.LOCK_FILE), f"--out={out}", "--out"):
     _check_no_other_files(out, set(chosen))
     for name, (_, run) in chosen.items():
-      storage.copy_atomic(os.path.join(run, name), os.path.join(out, name))
+      storage.copy_atomic(run.predictions(name), os.path.join(out, name))
   return {name: run for name, (_, run) in sorted(chosen.items())}
 
 
-def _best(name: str, candidates: list[tuple[float, str]]) -> tuple[float, str]:
+def _best(name: str, candidates: list[tuple[float, Run]]) -> tuple[float, Run]:
   """The run with the best dev score of those giving file `name` (equal scores: the one listed first), said on the
   console with the runs passed over; refused when none of several has a dev score to choose by."""
   best = max(candidates, key=lambda candidate: candidate[0])  # max keeps the first of equals
   if len(candidates) > 1:
     if best[0] == -math.inf:
-      raise InputError(f"{name} is given by {len(candidates)} runs ({', '.join(run for _, run in candidates)}) and "
-                       "none has best/best.json to choose by; leave all but one out of --runs.")
-    others = ", ".join(f"{run} ({'no best/best.json' if score == -math.inf else f'{score:g}'})"
+      given_by = ", ".join(run.workdir for _, run in candidates)
+      raise InputError(f"{name} is given by {len(candidates)} runs ({given_by}) and none has best/best.json to "
+                       "choose by; leave all but one out of --runs.")
+    others = ", ".join(f"{run.workdir} ({'no best/best.json' if score == -math.inf else f'{score:g}'})"
                        for score, run in candidates if (score, run) != best)
-    print(f"{name}: taking {best[1]} (best dev value {best[0]:g}) over {others}.", flush=True)
+    print(f"{name}: taking {best[1].workdir} (best dev value {best[0]:g}) over {others}.", flush=True)
   return best
 
 
@@ -133,9 +134,9 @@ def main(argv=None) -> None:
                       "number of test rows (trial folders)")
   args = parser.parse_args(argv)
   with one_line_user_errors("glue_submission: error: "):
-    sources = assemble(args.runs, args.out, args.allow_partial, not args.no_check_counts)
+    sources = assemble([Run(folder) for folder in args.runs], args.out, args.allow_partial, not args.no_check_counts)
   for name, run in sources.items():
-    print(f"{name}\t{run}", flush=True)
+    print(f"{name}\t{run.workdir}", flush=True)
   print(f"Wrote {len(sources)} file(s) to {args.out}", flush=True)
 
 

@@ -3,8 +3,8 @@
 Weight shapes cannot tell two heads of the same size apart (MNLI's 3 classes in another order, a regression from a
 multiple-choice scorer), nor a model with another head count or activation. This module decides, from what is
 recorded with the weights:
-- which head they hold: a fine-tuning run's `Task.identity()` (`run.HEAD_FILE`, and the best record `run.BEST_FILE`), or
-  a converted transformers head, `HFHead` (kind, class names and order, class count, problem type);
+- which head they hold: a fine-tuning run's `Task.identity()` (as `run.best` reads it), or a converted transformers
+  head, `HFHead` (kind, class names and order, class count, problem type);
 - whether that head is the one the task being run was trained for (`check_identity`, `head_trained_for`), and
   in which class order the task reads it (`as_recorded`, `task_for_weights`);
 - which transformers class fine-tuned params leave as and come in from (`hf_head_from_config`, `hf_head_for`,
@@ -16,56 +16,12 @@ The Flax heads themselves are in `tasks/heads.py`.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any, Callable, Mapping
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from albert_jax.run import BEST_DIR, Run
-
-
-# The fields of a best record that the readers use, and their types (best_checkpoint.BestKeeper writes them).
-BEST_FIELDS = {"step": int, "metric": str, "value": (int, float), "weights": str}
-
-
-def read_best(workdir: str) -> dict | None:
-  """A fine-tuning workdir's best record (None without one), refused in one line unless it is the JSON object
-  that fine-tuning writes (not a file cut short or edited into another shape). Its `weights` are this workdir's
-  best/step_N, whatever path the run had when it wrote the record (a workdir copied or moved since)."""
-  path = storage.path(Run(workdir).best_record)
-  if not path.exists():
-    return None
-  try:
-    best = json.loads(path.read_text())
-  except ValueError:  # not JSON (nor UTF-8)
-    best = None
-  if not (isinstance(best, dict) and all(isinstance(best.get(k), t) for k, t in BEST_FIELDS.items())
-          and isinstance(best.get("head", {}), dict)):
-    raise InputError(f"{path} is not a best-checkpoint record (a JSON object with " + ", ".join(BEST_FIELDS) +
-                     "); restore it from a copy, or remove it: eval and predict then use the latest checkpoint, "
-                     "and training keeps a new best from its next evaluation.")
-  return {**best, "weights": Run(workdir).best_weights(best)}
-
-
-def best_weights(workdir: str, best: dict) -> str:
-  """The best record's weights, best/step_N (`Run.best_weights`)."""
-  return Run(workdir).best_weights(best)
-
-
-def recorded_identity(workdir: str, best: dict | None = None) -> dict | None:
-  """The head identity recorded with the weights eval/predict use: the best record's, else the workdir's or a
-  converted directory's `run.HEAD_FILE` (None for runs older than the record, and for weights without a head)."""
-  if best and "head" in best:
-    return best["head"]
-  path = storage.path(Run(workdir).head)
-  return json.loads(path.read_text()) if path.exists() else None
-
-
-def weights_identity(path: str) -> dict | None:
-  """What the head of the weights at `path` (init_checkpoint) was trained for: a fine-tuning run's record, or a
-  converted directory's."""
-  return recorded_identity(path, read_best(path))
+from albert_jax.run import Run, as_run, run_of_best
+from albert_jax.run.best import read_best, recorded_identity
 
 
 # --- transformers' head classes -----------------------------------------------------------------------------
@@ -170,19 +126,16 @@ def hf_config_fields(head: HFHead, outputs: int) -> dict[str, Any]:
   return config
 
 
-def finetuned_head(weights_dir: str, run_task: Callable[[str], Any]) -> HFHead | None:
+def finetuned_head(weights_dir: str, run_task: Callable[[Run], Any]) -> HFHead | None:
   """The HF head of fine-tuned weights: the one a converted directory recorded (HEAD_FILE), or for weights kept in
-  a workdir (`WORKDIR/best/step_N`) its task's, `run_task(WORKDIR)` (None: no fine-tuning config there), with the
+  a workdir (`WORKDIR/best/step_N`) its task's, `run_task(the run)` (None: no fine-tuning config there), with the
   class order the run recorded; None for any other directory."""
-  recorded = HFHead.from_identity(recorded_identity(weights_dir))
+  recorded = HFHead.from_identity(recorded_identity(as_run(weights_dir)))
   if recorded is not None:
     return recorded
-  weights_dir = storage.absolute(weights_dir).rstrip("/")
-  workdir = os.path.dirname(os.path.dirname(weights_dir))
-  if os.path.basename(os.path.dirname(weights_dir)) != BEST_DIR:
-    return None
-  task = run_task(workdir)
-  return None if task is None else as_recorded(task, recorded_identity(workdir, read_best(workdir))).hf_head
+  run = run_of_best(storage.absolute(weights_dir))
+  task = None if run is None else run_task(run)
+  return None if task is None else as_recorded(task, recorded_identity(run, read_best(run))).hf_head
 
 
 # --- a task against recorded weights -------------------------------------------------------------------------

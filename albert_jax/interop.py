@@ -366,9 +366,9 @@ def finetuned_head(weights_dir: str) -> HFHead | None:
   return head_identity.finetuned_head(weights_dir, _run_task)
 
 
-def _run_task(workdir: str):
-  """The fine-tuning task of a training workdir's config.json; None when it has none (or is no fine-tuning run)."""
-  config_path = Run(workdir).config
+def _run_task(run: Run):
+  """The fine-tuning task of a training run's config.json; None when it has none (or is no fine-tuning run)."""
+  config_path = run.config
   if not storage.path(config_path).is_file():
     return None
   config = ml_collections.ConfigDict(pretrained.read_json_object(config_path, "a run's config",

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import ml_collections
 
 from albert_jax.errors import InputError
+from albert_jax.run import Run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,22 +39,22 @@ class JobKind:
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
 
-  def train(self, workdir: str, args: RunArgs) -> Any:
+  def train(self, run: Run, args: RunArgs) -> Any:
     self._lacks("train")
 
-  def evaluate(self, workdir: str, args: RunArgs) -> Any:
+  def evaluate(self, run: Run, args: RunArgs) -> Any:
     self._lacks("eval")
 
-  def predict(self, workdir: str, args: RunArgs) -> Any:
+  def predict(self, run: Run, args: RunArgs) -> Any:
     self._lacks("predict")
 
-  def embed(self, workdir: str, args: RunArgs) -> None:
+  def embed(self, run: Run, args: RunArgs) -> None:
     self._lacks("embed")
 
-  def compile(self, workdir: str | None, args: RunArgs) -> None:
+  def compile(self, run: Run | None, args: RunArgs) -> None:
     self._lacks("compile")
 
-  def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
+  def describe(self, run: Run | None = None, args: RunArgs | None = None) -> None:
     self._lacks("describe")
 
   def _lacks(self, mode_name: str) -> None:
@@ -78,9 +79,9 @@ class JobKind:
     from albert_jax.model_config import model_config_from
     return model_config_from(config)
 
-  def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+  def make_job(self, config: ml_collections.ConfigDict, run: Run | None = None):
     """The `engine.Job` that `--mode=train` runs for `config` (a variant of self.config: compile changes the remat
-    policy and micro batch); `workdir` None: one that reads no data until its batches are asked for."""
+    policy and micro batch); `run` None: one that reads no data until its batches are asked for."""
     raise TypeError(f"{type(self).__name__} builds no engine.Job: a kind of job overrides make_job.")
 
   def embedding_job(self, config: ml_collections.ConfigDict, backbone):
@@ -113,11 +114,11 @@ class EncoderJob(JobKind):
   """The modes every kind that trains the encoder shares: embedding with its weights' encoder, and compiling its
   train step for a TPU slice; both build what they need through the kind (`make_job`, `backbone_params`)."""
 
-  def embed(self, workdir: str, args: RunArgs) -> None:
+  def embed(self, run: Run, args: RunArgs) -> None:
     from albert_jax import embed
-    embed.embed(self.config, workdir, args, self)
+    embed.embed(self.config, run, args, self)
 
-  def compile(self, workdir: str | None, args: RunArgs) -> None:
+  def compile(self, run: Run | None, args: RunArgs) -> None:
     from albert_jax import tpu_compile
     tpu_compile.run(self.config, args, self)
 
@@ -127,15 +128,15 @@ class Pretraining(EncoderJob):
   """MLM plus a sentence task over prepared (or synthetic) data: `albert_jax.pretrain`."""
   label = "pretraining"
 
-  def train(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
+  def train(self, run: Run, args: RunArgs | None = None) -> dict[str, float]:
     from albert_jax import pretrain
-    return pretrain.train(self.config, workdir, args)
+    return pretrain.train(self.config, run, args)
 
-  def evaluate(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
+  def evaluate(self, run: Run, args: RunArgs | None = None) -> dict[str, float]:
     from albert_jax import pretrain
-    return pretrain.evaluate_checkpoint(self.config, workdir, args)
+    return pretrain.evaluate_checkpoint(self.config, run, args)
 
-  def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
+  def describe(self, run: Run | None = None, args: RunArgs | None = None) -> None:
     from albert_jax import describe, pretrain
     model_config = self.model_config(self.config)
     model_config.check_seq_length(self.config.data.max_seq_length, self.config.data.max_predictions_per_seq)
@@ -145,9 +146,9 @@ class Pretraining(EncoderJob):
   def eval_reads_only(self) -> bool:
     return True
 
-  def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+  def make_job(self, config: ml_collections.ConfigDict, run: Run | None = None):
     from albert_jax import pretrain
-    return pretrain.make_job(config, workdir)
+    return pretrain.make_job(config, run)
 
 
 @register("electra")
@@ -156,40 +157,40 @@ class Electra(Pretraining):
   embeddings (`albert_jax.electra`). Fine-tuning and embedding take the discriminator, kept as the backbone `albert`."""
   label = "ELECTRA pretraining"
 
-  def train(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
+  def train(self, run: Run, args: RunArgs | None = None) -> dict[str, float]:
     from albert_jax import electra
-    return electra.train(self.config, workdir, args)
+    return electra.train(self.config, run, args)
 
-  def evaluate(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
+  def evaluate(self, run: Run, args: RunArgs | None = None) -> dict[str, float]:
     from albert_jax import electra
-    return electra.evaluate_checkpoint(self.config, workdir, args)
+    return electra.evaluate_checkpoint(self.config, run, args)
 
-  def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
+  def describe(self, run: Run | None = None, args: RunArgs | None = None) -> None:
     from albert_jax import electra
     electra.describe_config(self.config)
 
-  def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+  def make_job(self, config: ml_collections.ConfigDict, run: Run | None = None):
     from albert_jax import electra
-    return electra.make_job(config, workdir)
+    return electra.make_job(config, run)
 
 
 class FineTuning(EncoderJob):
   """A task's head on the encoder (GLUE, SQuAD, RACE, your own data): `albert_jax.finetune`."""
   label = "fine-tuning"
 
-  def train(self, workdir: str, args: RunArgs | None = None) -> None:
+  def train(self, run: Run, args: RunArgs | None = None) -> None:
     from albert_jax import finetune
-    finetune.train(self.config, workdir, args)
+    finetune.train(self.config, run, args)
 
-  def evaluate(self, workdir: str, args: RunArgs | None = None) -> None:
+  def evaluate(self, run: Run, args: RunArgs | None = None) -> None:
     from albert_jax import finetune
-    finetune.evaluate(self.config, workdir, args)
+    finetune.evaluate(self.config, run, args)
 
-  def predict(self, workdir: str, args: RunArgs) -> None:
+  def predict(self, run: Run, args: RunArgs) -> None:
     from albert_jax import finetune
-    finetune.predict(self.config, workdir, args)
+    finetune.predict(self.config, run, args)
 
-  def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
+  def describe(self, run: Run | None = None, args: RunArgs | None = None) -> None:
     """The task's model (the same encoder, the task's head): the counts of the parameters it trains."""
     import jax
     from albert_jax import describe, pretrained
@@ -210,7 +211,7 @@ class FineTuning(EncoderJob):
                        f"{config.train.eval_every}: this run keeps no best dev checkpoint to compare seeds by; "
                        "train (num_train_steps > 0) and score dev (eval_every > 0).")
 
-  def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+  def make_job(self, config: ml_collections.ConfigDict, run: Run | None = None):
     from albert_jax import finetune
     from albert_jax.tasks import get_task
     task = get_task(config)

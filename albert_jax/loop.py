@@ -13,12 +13,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, provenance, storage
+from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, storage
 from albert_jax.errors import InputError, NotFiniteError
-from albert_jax.run import Run
+from albert_jax.run import Run, config as run_config, provenance
+from albert_jax.run.lock import WorkdirLock
 from albert_jax.stop_signals import StopSignals
-from albert_jax.workdir_config import check_workdir_config, write_workdir_config
-from albert_jax.workdir_lock import WorkdirLock
 
 
 def fetch(device_metrics: Any) -> Any:
@@ -134,17 +133,17 @@ def _processes(count: int) -> str:
   return f"{count} process{'es' if count > 1 else ''}"
 
 
-def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
+def fit(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[str, float]:
   """Trains `job` to `train.num_train_steps` or a `job.evaluate` that returns True (early stopping), resuming from
-  the workdir, which it owns meanwhile (process 0 holds its lock). Returns the last logged metrics."""
+  the run's folder, which it owns meanwhile (process 0 holds its lock). Returns the last logged metrics."""
   engine.check_training_config(config)
-  with WorkdirLock(workdir, owner=jax.process_index() == 0):
-    return _train(config, workdir, job)
+  with WorkdirLock(run, owner=jax.process_index() == 0):
+    return _train(config, run, job)
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
-  check_workdir_config(workdir, config)
-  s = engine.setup(config, job, workdir)  # opening the checkpoints: every process has passed the check
+def _train(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[str, float]:
+  run_config.check_resume(run, config)
+  s = engine.setup(config, job, run)  # opening the checkpoints: every process has passed the check
   ckpt = s.checkpointer
   total_steps = config.train.num_train_steps
   with s.context():
@@ -156,18 +155,18 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
     if first_step >= total_steps:
       ckpt.close()
       if jax.process_index() == 0:
-        print(f"Nothing to train: {workdir} holds step {first_step} and train.num_train_steps={total_steps}; "
+        print(f"Nothing to train: {run.workdir} holds step {first_step} and train.num_train_steps={total_steps}; "
               "raise --config.train.num_train_steps to train further.", flush=True)
       return {}
-    write_workdir_config(workdir, config, provenance.fingerprint(job.inputs))
+    run_config.write(run, config, provenance.fingerprint(job.inputs))
     train_step = _StepPerShape(s)
-    writer = metrics_lib.MetricWriter(workdir, total_steps, config)
+    writer = metrics_lib.MetricWriter(run, total_steps, config)
     signals = StopSignals()
     window, last, stop = _Window(ckpt), {}, False
     try:
       for step in range(first_step, total_steps):
         if step == config.log.profile_start:
-          profile = storage.Mirror(Run(workdir).profile)  # the profiler writes local files only
+          profile = storage.Mirror(run.profile)  # the profiler writes local files only
           jax.profiler.start_trace(profile.local)
         batch = next(train_iter)
         state, step_metrics = train_step(state, batch, rng)
@@ -206,7 +205,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
       _close_quietly(ckpt, writer, signals)
       if e.errno != errno.ENOSPC:
         raise
-      raise checkpointing.SaveError(f"Writing into {workdir} failed ({e}). The last good checkpoint is "
+      raise checkpointing.SaveError(f"Writing into {run.workdir} failed ({e}). The last good checkpoint is "
                                     f"{ckpt.last_good()}; free space and rerun: the run resumes from it.") from None
     except BaseException:
       _close_quietly(ckpt, writer, signals)

@@ -21,6 +21,7 @@ from ml_collections import config_flags
 
 from albert_jax import cli, job_kinds, runner
 from albert_jax.errors import one_line_user_errors
+from albert_jax.run import Run
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `file.py:arg`. Left out, eval, predict, "
@@ -68,18 +69,18 @@ def main(argv) -> None:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
-  kind = job_kinds.kind_for(config)
+  kind, training_run = job_kinds.kind_for(config), Run(workdir) if workdir else None
   if runner.MODES[mode_name].needs_workdir:
     cli.check_workdir(workdir, mode_name, FLAGS.output, eval_reads_only=kind.eval_reads_only())
     initialize_distributed()
     cli.check_backend()
     from albert_jax import compilation_cache, hf_import
-    compilation_cache.use(config, workdir)
+    compilation_cache.use(config, training_run)
     hf_import.use_converted_init_checkpoint(config)  # a Hugging Face folder or Hub name: its conversion
   if mode_name == "compile" and not os.environ.get("JAX_PLATFORMS"):
     import jax
     jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip
-  runner.run_mode(kind, workdir, mode_name, job_kinds.RunArgs(
+  runner.run_mode(kind, training_run, mode_name, job_kinds.RunArgs(
       input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit,
       pooling=FLAGS.pooling, split=FLAGS.split))
 

@@ -16,19 +16,19 @@ import jax
 import ml_collections
 
 from albert_jax import storage, trackers
-from albert_jax.run import METRICS_FILE
+from albert_jax.run.layout import METRICS_FILE, Run
 
 
 class MetricWriter:
   """Fans each log step out to the run's trackers; the resolved config goes to them once per start."""
 
-  def __init__(self, workdir: str, total_steps: int, config: ml_collections.ConfigDict):
+  def __init__(self, run: Run, total_steps: int, config: ml_collections.ConfigDict):
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
     self.start_time = time.time()
     if self.enabled:
-      self._files = storage.Mirror(workdir, resume=(METRICS_FILE,))
-      self._trackers = trackers.open_trackers(self._files.local, workdir, config.log)
+      self._files = storage.Mirror(run.workdir, resume=(METRICS_FILE,))
+      self._trackers = trackers.open_trackers(run.written_in(self._files.local), run, config.log)
       for tracker in self._trackers:
         tracker.hparams(config)
       self._files.sync()

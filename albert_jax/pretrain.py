@@ -16,10 +16,11 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import checkpointing, console, engine, flops, loop, pretrained, provenance, storage, workdir_config
+from albert_jax import console, engine, flops, loop, pretrained, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
+from albert_jax.run import Run, config as run_config, provenance
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.masking import num_prediction_slots
 
@@ -122,7 +123,7 @@ def synthetic_batch(data_config, rows: int, vocab_size: int, seed: Any) -> dict[
           "sentence_order_label": rng.integers(0, 2, (rows,), dtype=np.int32)}
 
 
-def pretraining_batches(config, split_name: str, split: engine.BatchSplit, workdir: str):
+def pretraining_batches(config, split_name: str, split: engine.BatchSplit, run: Run):
   """The iterator named by `data.kind` for `split_name` ("train" or "eval")."""
   kind = config.data.kind
   if kind == "synthetic":
@@ -134,7 +135,7 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, workd
   data_config = config.data
   if kind == "tiny":  # the bundled corpus, built once
     data_config = ml_collections.ConfigDict({**config.data.to_dict(),
-                                             "path": pretrained.tiny_data_dir(config.data.path, workdir)})
+                                             "path": pretrained.tiny_data_dir(config.data.path, run)})
   if kind == "tiny" and jax.process_count() > 1:
     _build_tiny_dataset_on_process_0_first(data_config.path)
   batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
@@ -212,18 +213,18 @@ def checked_model_config(config: ml_collections.ConfigDict):
   return model_config
 
 
-def data_fields(config: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:
+def data_fields(config: ml_collections.ConfigDict, run: Run | None) -> dict[str, Any]:
   """The `engine.Job` fields that every pretraining objective takes from the masked batches of `data.kind`: the
   batches, their example, their length, the held-out evaluation and the inputs a run records (provenance)."""
-  return dict(batches=lambda split_name, split: pretraining_batches(config, split_name, split, workdir),
+  return dict(batches=lambda split_name, split: pretraining_batches(config, split_name, split, run),
               example_batch=lambda rows: synthetic_batch(config.data, rows, config.model.vocab_size, 0),
               tokens_per_example=config.data.max_seq_length,
               evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
               inputs=provenance.pretraining_inputs(config))
 
 
-def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> engine.Job:
-  """Pretraining of `config` as an engine job (data read from `workdir` only when batches are asked for)."""
+def make_job(config: ml_collections.ConfigDict, run: Run | None = None) -> engine.Job:
+  """Pretraining of `config` as an engine job (data read for `run` only when batches are asked for)."""
   model_config = checked_model_config(config)
   seq_len = config.data.max_seq_length
   model = AlbertForPreTraining(model_config)
@@ -235,7 +236,7 @@ def make_job(config: ml_collections.ConfigDict, workdir: str | None = None) -> e
       loss_fn=loss_fn, totals_fn=pretraining_totals,
       summarize=lambda sums, steps: summarize_pretraining(sentence_task, sums),
       flops_per_token=flops.train_flops_per_token(model_config, seq_len, prediction_slots(config.data)),
-      **data_fields(config, workdir))
+      **data_fields(config, run))
 
 
 def _log_evaluation(step: int, metrics: dict[str, float], writer) -> None:
@@ -265,22 +266,21 @@ def check_data(config: ml_collections.ConfigDict) -> None:
                      "held-out evaluation.")
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, args=None, job_for=make_job) -> dict[str, float]:
-  """Pretrains from scratch, a warm start, or the workdir's latest checkpoint. Returns the last logged metrics.
-  A warm start's weights are loaded and checked first: refused, they leave the workdir as it was. `job_for`:
-  (config, workdir) -> the objective's job (ELECTRA's: `electra.make_job`)."""
+def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job) -> dict[str, float]:
+  """Pretrains from scratch, a warm start, or the run's latest checkpoint. Returns the last logged metrics.
+  A warm start's weights are loaded and checked first: refused, they leave the run's folder as it was. `job_for`:
+  (config, run) -> the objective's job (ELECTRA's: `electra.make_job`)."""
   check_data(config)
-  job = job_for(config, workdir)
-  if workdir_config.latest_step(workdir) is not None:
-    provenance.check_resume(workdir, job.inputs, config)
+  job = job_for(config, run)
+  if run_config.latest_step(run) is not None:
+    provenance.check_resume(run, job.inputs, config)
   elif config.init_checkpoint:  # a warm start; a resume goes on from its own weights
     provenance.check_reader(config.init_checkpoint, "init_checkpoint", config)
     loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
     job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
-  last = loop.fit(config, workdir, job)
-  latest = workdir_config.latest_step(workdir)
-  console.say_done(f"checkpoint {os.path.join(checkpointing.checkpoint_dir(workdir), str(latest))}",
-                   _fine_tuning_command(workdir))
+  last = loop.fit(config, run, job)
+  latest = run_config.latest_step(run)
+  console.say_done(f"checkpoint {os.path.join(run.checkpoints, str(latest))}", _fine_tuning_command(run.workdir))
   return last
 
 
@@ -307,15 +307,14 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
   return metrics
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, args=None, job_for=make_job
+def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job
                         ) -> dict[str, float]:
-  """`--mode=eval`: the held-out metrics of the workdir's latest checkpoint, also printed as one JSON line."""
-  pretrained.check_same_function(workdir, config.model, "--workdir")
-  provenance.check_reader(workdir, "--workdir", config, provenance.pretraining_inputs(config))
-  if workdir_config.latest_step(workdir) is None:  # asked before `setup` opens checkpoints/, which would create it
-    raise MissingFileError(f"No checkpoint in {storage.absolute(checkpointing.checkpoint_dir(workdir))}; train "
-                           "first (--mode=train).")
-  s = engine.setup(config, job_for(config, workdir), workdir)
+  """`--mode=eval`: the held-out metrics of the run's latest checkpoint, also printed as one JSON line."""
+  pretrained.check_same_function(run.workdir, config.model, "--workdir")
+  provenance.check_reader(run.workdir, "--workdir", config, provenance.pretraining_inputs(config))
+  if run_config.latest_step(run) is None:  # asked before `setup` opens checkpoints/, which would create it
+    raise MissingFileError(f"No checkpoint in {storage.absolute(run.checkpoints)}; train first (--mode=train).")
+  s = engine.setup(config, job_for(config, run), run)
   step, params = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
   with s.context():
     params = s.replicate(params)

@@ -31,10 +31,12 @@ from jax.experimental import multihost_utils
 from albert_jax import checkpointing, electra_model, storage
 from albert_jax.checkpointing import local_restore_target
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.head_identity import SHAPELESS_FIELDS, best_weights, check_shapeless_fields, read_best
+from albert_jax.head_identity import SHAPELESS_FIELDS, check_shapeless_fields
 from albert_jax.model_config import ModelConfig
-from albert_jax.run import BEST_DIR, CONFIG_FILE as RUN_CONFIG_FILE, HEAD_FILE, Run
-from albert_jax.workdir_config import SHAPE_FIELDS
+from albert_jax.run import Run, as_run, run_of_weights
+from albert_jax.run.best import read_best
+from albert_jax.run.config import SHAPE_FIELDS
+from albert_jax.run.layout import CONFIG_FILE as RUN_CONFIG_FILE, HEAD_FILE
 from data_pipeline import records, tiny, wordpiece
 
 CONFIG_FILE = "model_config.json"
@@ -102,31 +104,22 @@ def recorded_model(path: str) -> tuple[dict[str, Any] | None, str]:
   directory (or of a fine-tuning run's best/step_N), config.json of a training workdir; (None, "") without one."""
   if storage.path(os.path.join(path, CONFIG_FILE)).is_file():
     return read_json_object(os.path.join(path, CONFIG_FILE), "a model config", _CONVERT_AGAIN), CONFIG_FILE
-  if storage.path(Run(path).config).is_file():
-    return _run_config(path).get("model"), RUN_CONFIG_FILE
+  run = as_run(path)
+  if storage.path(run.config).is_file():
+    return _run_config(run).get("model"), RUN_CONFIG_FILE
   return None, ""
 
 
-def run_workdir(path: str) -> str | None:
-  """The training workdir that the weights at `path` come from (`path` itself, or WORKDIR of WORKDIR/best/step_N):
-  the one whose config.json says how they were trained; None for other weights (a converted directory)."""
-  parent = os.path.dirname(os.path.dirname(path.rstrip("/")))
-  for workdir in (path, parent) if os.path.basename(os.path.dirname(path.rstrip("/"))) == BEST_DIR else (path,):
-    if storage.path(Run(workdir).config).is_file():
-      return workdir
-  return None
+def _run_config(run: Run) -> dict[str, Any]:
+  return read_json_object(run.config, "a run's config", RESTORE_RUN_CONFIG)
 
 
-def _run_config(workdir: str) -> dict[str, Any]:
-  return read_json_object(Run(workdir).config, "a run's config", RESTORE_RUN_CONFIG)
-
-
-def tiny_data_dir(data_path: str, workdir: str) -> str:
-  """Where a run of data.kind=tiny builds the bundled dataset: data.path, else inside a local workdir, else (a gs://
-  workdir) the loader's local cache, since ArrayRecord reads local files only."""
+def tiny_data_dir(data_path: str, run: Run) -> str:
+  """Where a run of data.kind=tiny builds the bundled dataset: data.path, else inside a local run's folder, else (a
+  gs:// workdir) the loader's local cache, since ArrayRecord reads local files only."""
   if data_path:
     return data_path
-  return tiny.DEFAULT_DIR if storage.is_remote(workdir) else Run(workdir).tiny_data
+  return tiny.DEFAULT_DIR if storage.is_remote(run.workdir) else run.tiny_data
 
 
 def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
@@ -135,11 +128,11 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   workdir), else a spiece.model or WordPiece vocab.txt kept beside converted weights (`convert --from=hf` carries
   it, with the Hugging Face tokenizer_config.json's do_lower_case); None where nothing names one (synthetic
   data)."""
-  workdir = run_workdir(path)
-  data = _run_config(workdir).get("data", {}) if workdir else {}
+  run = run_of_weights(path)
+  data = _run_config(run).get("data", {}) if run else {}
   kind = data.get("kind")
   folder = (data.get("path", "") if kind == "prepared" else
-            os.path.join(tiny_data_dir(data.get("path", ""), workdir), "prepared") if kind == "tiny" else "")
+            os.path.join(tiny_data_dir(data.get("path", ""), run), "prepared") if kind == "tiny" else "")
   manifest = os.path.join(folder, records.MANIFEST)
   prepared = (read_json_object(manifest, "a preparation's manifest", "prepare the data again")["tokenizer"]
               if folder and storage.path(manifest).is_file() else {})
@@ -160,8 +153,8 @@ def backbone_family(path: str) -> str:
   """"electra" for weights of an ELECTRA backbone: an ELECTRA pretraining run, a fine-tuning run with ELECTRA's
   classification head (or its best/step_N), converted transformers ELECTRA weights (BACKBONE_FILE); else
   "albert"."""
-  if workdir := run_workdir(path):
-    config = _run_config(workdir)
+  if run := run_of_weights(path):
+    config = _run_config(run)
     return ELECTRA if ELECTRA in (config.get("task"), config.get("classifier_head")) else "albert"
   record = os.path.join(path, BACKBONE_FILE)
   if storage.path(record).is_file():
@@ -282,13 +275,14 @@ def load_init_params(path: str, name: str = "init_checkpoint", model: Mapping[st
 def _load_init_params(path: str, name: str) -> Any:
   if is_pretrained_dir(path):
     return load_pretrained(path)[1]
-  best = read_best(path)
+  weights_run = as_run(path)
+  best = read_best(weights_run)
   if best is not None:
-    weights = best_weights(path, best)
+    weights = weights_run.best_weights(best)
     _say(f"{name}={path}: loading the best dev checkpoint of the fine-tuning run (step {best['step']}, "
          f"{best['metric']} {best['value']:.4f}) from {weights}")
     return load_pretrained(weights)[1]
-  ckpt_dir = checkpointing.checkpoint_dir(path)
+  ckpt_dir = weights_run.checkpoints
   if storage.path(ckpt_dir).is_dir():
     ckpt = checkpointing.Checkpointer(ckpt_dir, 1, 1)
     found = ckpt.restore_newest_intact(ckpt.restore_params)

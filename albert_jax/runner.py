@@ -7,12 +7,13 @@ from typing import Callable
 
 from albert_jax.errors import InputError
 from albert_jax.job_kinds import JobKind, RunArgs, kind_for
+from albert_jax.run import Run
 
 
 @dataclasses.dataclass(frozen=True)
 class Mode:
   help: str
-  method: Callable          # the JobKind method that runs the mode, given (workdir, RunArgs)
+  method: Callable          # the JobKind method that runs the mode, given (Run or None, RunArgs)
   needs_workdir: bool = True
   reads_run: bool = False   # scores or uses a training run's weights: the workdir must exist
 
@@ -46,12 +47,12 @@ def check_applies(mode_name: str, kind: JobKind) -> None:
     raise InputError(f"--mode={mode_name} does not apply to {kind.label} configs; use one of: {usable}.")
 
 
-def run_mode(kind: JobKind, workdir: str | None, mode_name: str, args: RunArgs = RunArgs()):
-  """Runs `mode_name` in `workdir` with the kind's method, refused where the kind has none."""
+def run_mode(kind: JobKind, run: Run | None, mode_name: str, args: RunArgs = RunArgs()):
+  """Runs `mode_name` for `run` with the kind's method, refused where the kind has none."""
   check_applies(mode_name, kind)
-  return getattr(kind, MODES[mode_name].method.__name__)(workdir, args)
+  return getattr(kind, MODES[mode_name].method.__name__)(run, args)
 
 
-def run(config, workdir: str | None, mode_name: str, args: RunArgs = RunArgs()):
-  """Runs `mode_name` for `config` in `workdir`, as `albert_jax.main` does once its checks passed."""
-  return run_mode(kind_for(config), workdir, mode_name, args)
+def run(config, run: Run | None, mode_name: str, args: RunArgs = RunArgs()):
+  """Runs `mode_name` for `config` and `run`, as `albert_jax.main` does once its checks passed."""
+  return run_mode(kind_for(config), run, mode_name, args)

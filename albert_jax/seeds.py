@@ -27,8 +27,10 @@ from absl import app, flags
 
 from albert_jax import cli, hf_import, job_kinds, main, pretrained, runner, storage
 from albert_jax.errors import InputError, one_line_user_errors
-from albert_jax.head_identity import best_weights, check_identity, read_best, recorded_identity, task_for_weights
-from albert_jax.run import SEEDS_FILE as REPORT_FILE, Run, check_output
+from albert_jax.head_identity import check_identity, task_for_weights
+from albert_jax.run import Run, check_output, config as run_config
+from albert_jax.run.best import read_best, recorded_identity
+from albert_jax.run.layout import SEEDS_FILE as REPORT_FILE
 from albert_jax.seeds_report import grid_report, grid_table, report, table
 from albert_jax.tasks.classification import MultiLabelClassificationTask
 
@@ -43,10 +45,6 @@ flags.DEFINE_list("learning_rates", None, "Learning rates to run the seeds at, c
 RERUN_STRIDE = 1000        # a collapsed seed k is trained again as k + RERUN_STRIDE * attempt
 REGRESSION_SPREAD = 1e-3   # a regression whose predictions' std is below this fraction of the gold scores' collapsed
 MAX_SEED = 2**32 - 1       # engine.check_training_config's bound
-
-
-def seed_workdir(workdir: str, seed: int) -> str:
-  return Run(workdir).seed(seed).workdir
 
 
 def check_recipe(config, seeds: int, first_seed: int, rerun_collapsed: int) -> None:
@@ -86,13 +84,13 @@ def parse_learning_rates(values: list[str] | None) -> list[float] | None:
   return rates
 
 
-def check_grid(workdir: str, learning_rates: list[float] | None) -> None:
+def check_grid(folder: Run, learning_rates: list[float] | None) -> None:
   """Refuses learning rates other than those DIR/seeds.json records (none: the config's one rate): the folder's
   runs and report are that grid's."""
-  recorded = _recorded_report(workdir)
+  recorded = _recorded_report(folder)
   if recorded is None or recorded.get("learning_rates") == learning_rates:
     return
-  raise InputError(f"{Run(workdir).seeds_report} records {_grid_flag(recorded.get('learning_rates'))}, this command "
+  raise InputError(f"{folder.seeds_report} records {_grid_flag(recorded.get('learning_rates'))}, this command "
                    f"asks for {_grid_flag(learning_rates)}; a folder's grid does not change: run this one with another "
                    "--workdir.")
 
@@ -149,40 +147,39 @@ def dev_collapse(task, weights_dir: str) -> str | None:
 
 
 # --- a run's record ------------------------------------------------------------------------------------------
-def run_record(config, workdir: str, seed: int) -> dict[str, Any]:
+def run_record(config, folder: Run, seed: int) -> dict[str, Any]:
   """Seed `seed`'s finished run: its best dev checkpoint (step, metric, every metric) and whether it collapsed."""
   from albert_jax.tasks import get_task
-  run_dir = seed_workdir(workdir, seed)
-  best = read_best(run_dir)
+  seed_run = folder.seed(seed)
+  run_dir, best = seed_run.workdir, read_best(seed_run)
   if best is None:
     raise InputError(f"{run_dir} holds no best dev checkpoint (best/best.json) after training; rerun the command "
                      f"to train seed {seed} again, or remove {run_dir}.")
-  recorded = recorded_identity(run_dir, best)
+  recorded = recorded_identity(seed_run, best)
   task = task_for_weights(get_task(config), recorded)
   check_identity(task, recorded, run_dir)  # a DIR reused for another task's seeds
-  reason = dev_collapse(task, best_weights(run_dir, best))
+  reason = dev_collapse(task, seed_run.best_weights(best))
   return {"seed": seed, "workdir": run_dir, "best_step": best["step"], "value": best["value"],
           "metrics": best.get("metrics", {}), "collapsed": reason is not None, "collapse": reason}
 
 
 # --- the runs ------------------------------------------------------------------------------------------------
-def finished_seeds(config, workdir: str) -> set[int]:
+def finished_seeds(config, folder: Run) -> set[int]:
   """The seeds a previous command recorded in DIR/seeds.json (each written once its run had ended, test predictions
   included) whose checkpoint is still at the recipe's last step (not when train.num_train_steps was raised since)."""
-  from albert_jax import workdir_config
-  recorded = _recorded_seeds(workdir)
+  recorded = _recorded_seeds(folder)
   return {seed for seed in recorded
-          if (workdir_config.latest_step(seed_workdir(workdir, seed)) or 0) >= config.train.num_train_steps}
+          if (run_config.latest_step(folder.seed(seed)) or 0) >= config.train.num_train_steps}
 
 
-def _recorded_seeds(workdir: str) -> set[int]:
-  recorded = _recorded_report(workdir)
+def _recorded_seeds(folder: Run) -> set[int]:
+  recorded = _recorded_report(folder)
   return set() if recorded is None else {run["seed"] for run in recorded["runs"]}
 
 
-def _recorded_report(workdir: str) -> dict[str, Any] | None:
+def _recorded_report(folder: Run) -> dict[str, Any] | None:
   """DIR/seeds.json, None when there is none; refused in one line when it is not a report."""
-  path = storage.path(Run(workdir).seeds_report)
+  path = storage.path(folder.seeds_report)
   if not path.exists():
     return None
   try:
@@ -195,39 +192,39 @@ def _recorded_report(workdir: str) -> dict[str, Any] | None:
                    "it: every seed is then checked again, finished ones in seconds.")
 
 
-def train_seed(config, workdir: str, seed: int) -> None:
-  """Trains (or resumes, or finds finished) seed `seed` in its own workdir, as `main --mode=train` would."""
+def train_seed(config, folder: Run, seed: int) -> None:
+  """Trains (or resumes, or finds finished) seed `seed` in its own run, as `main --mode=train` would."""
   seed_config = config.copy_and_resolve_references()
   seed_config.seed = seed
-  runner.run(seed_config, seed_workdir(workdir, seed), "train")
+  runner.run(seed_config, folder.seed(seed), "train")
 
 
-def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_collapsed: int = 0,
+def run_seeds(config, folder: Run, seeds: int, first_seed: int = 0, rerun_collapsed: int = 0,
               on_report: Callable[[dict], None] | None = None) -> dict[str, Any]:
   """Trains seeds first_seed ... first_seed + seeds - 1 of `config`, each collapsed one again up to
   `rerun_collapsed` times, one after another; writes DIR/seeds.json after each run (then hands it to `on_report`)
   and returns it."""
   check_recipe(config, seeds, first_seed, rerun_collapsed)
-  done = finished_seeds(config, workdir)
+  done = finished_seeds(config, folder)
   slots, runs = list(range(first_seed, first_seed + seeds)), []
   for slot in slots:
     for attempt in range(rerun_collapsed + 1):
       seed = slot + RERUN_STRIDE * attempt
       if seed in done:
-        say(f"seed {seed}: finished (recorded in {Run(workdir).seeds_report}), skipped")
+        say(f"seed {seed}: finished (recorded in {folder.seeds_report}), skipped")
       else:
-        say(f"seed {seed}: training in {seed_workdir(workdir, seed)}")
-        train_seed(config, workdir, seed)
-      run = {**run_record(config, workdir, seed), "rerun_of": slot if attempt else None, "rerun_as": None,
+        say(f"seed {seed}: training in {folder.seed(seed).workdir}")
+        train_seed(config, folder, seed)
+      run = {**run_record(config, folder, seed), "rerun_of": slot if attempt else None, "rerun_as": None,
              "counted": True}
       if runs and runs[-1]["rerun_as"] == seed:
         runs[-1]["counted"] = False
       last_try = not run["collapsed"] or attempt == rerun_collapsed
       run["rerun_as"] = None if last_try else seed + RERUN_STRIDE
       runs.append(run)
-      result = report(config, workdir, slots, runs)
+      result = report(config, slots, runs)
       if is_process_0():
-        storage.write_atomic(Run(workdir).seeds_report, json.dumps(result, indent=2))
+        storage.write_atomic(folder.seeds_report, json.dumps(result, indent=2))
         if on_report:
           on_report(result)
       if last_try:
@@ -236,7 +233,7 @@ def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_colla
   return result
 
 
-def run_grid(config, workdir: str, learning_rates: list[float], seeds: int, first_seed: int = 0,
+def run_grid(config, folder: Run, learning_rates: list[float], seeds: int, first_seed: int = 0,
              rerun_collapsed: int = 0) -> dict[str, Any]:
   """`run_seeds` at each learning rate in turn, rate r in DIR/lr_<r>; writes the grid's report (`grid_report`) to
   DIR/seeds.json after each run and returns it."""
@@ -244,14 +241,14 @@ def run_grid(config, workdir: str, learning_rates: list[float], seeds: int, firs
   for rate in learning_rates:
     rate_config = config.copy_and_resolve_references()
     rate_config.train.learning_rate = rate
-    rate_dir = Run(workdir).learning_rate(rate).workdir
-    say(f"learning rate {rate:g}: seeds in {rate_dir}")
+    rate_folder = folder.learning_rate(rate)
+    say(f"learning rate {rate:g}: seeds in {rate_folder.workdir}")
 
     def write_grid_report(result: dict[str, Any], rate: float = rate) -> None:
       grid = grid_report(learning_rates, {**reports, rate: result})
-      storage.write_atomic(Run(workdir).seeds_report, json.dumps(grid, indent=2))
+      storage.write_atomic(folder.seeds_report, json.dumps(grid, indent=2))
 
-    reports[rate] = run_seeds(rate_config, rate_dir, seeds, first_seed, rerun_collapsed, on_report=write_grid_report)
+    reports[rate] = run_seeds(rate_config, rate_folder, seeds, first_seed, rerun_collapsed, on_report=write_grid_report)
   result = grid_report(learning_rates, reports)
   say(grid_table(result))
   return result
@@ -292,19 +289,20 @@ def cli_main(argv: list[str]) -> None:
   with one_line_user_errors():
     check_command_line(argv)
     config, workdir = FLAGS.config, FLAGS.workdir
+    folder = Run(workdir)
     check_recipe(config, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
     learning_rates = parse_learning_rates(FLAGS.learning_rates)
     # as albert_jax.main's fine-tuning takes them, once for every seed's copy of the config
     hf_import.use_converted_init_checkpoint(config)
     config = pretrained.with_recorded_model(config, config.init_checkpoint)
     cli.check_workdir(workdir, "train")
-    check_grid(workdir, learning_rates)
+    check_grid(folder, learning_rates)
     main.initialize_distributed()  # once for every seed: jax.distributed.initialize may run once per process
-    compilation_cache.use(config, workdir)  # one cache for every seed's run
+    compilation_cache.use(config, folder)  # one cache for every seed's run
     if learning_rates is None:
-      run_seeds(config, workdir, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+      run_seeds(config, folder, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
     else:
-      run_grid(config, workdir, learning_rates, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+      run_grid(config, folder, learning_rates, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ def summarize(values: list[float]) -> dict[str, float | None]:
           "std": statistics.stdev(values) if len(values) > 1 else None, "min": min(values), "max": max(values)}
 
 
-def report(config, workdir: str, slots: list[int], runs: list[dict]) -> dict[str, Any]:
+def report(config, slots: list[int], runs: list[dict]) -> dict[str, Any]:
   """seeds.json: every run (collapsed ones kept), and the statistics of the runs that count: each seed's last."""
   from albert_jax.tasks import get_task
   counted = [run for run in runs if run["counted"]]

@@ -7,12 +7,10 @@ directory) and uploads by itself, or later with `wandb sync` under `WANDB_MODE=o
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import math
 import os
-import secrets
 import sys
 from typing import Callable, Protocol
 
@@ -22,6 +20,7 @@ from flax import traverse_util
 from albert_jax import storage
 from albert_jax.errors import EnvironmentUserError, InputError
 from albert_jax.run import Run
+from albert_jax.run.tracker_ids import wandb_run_id
 
 
 class Tracker(Protocol):
@@ -52,8 +51,8 @@ class JsonlTracker:
   """`metrics.jsonl`: one JSON object per log step, appended (a resume continues the file). The config is the
   workdir's config.json."""
 
-  def __init__(self, directory: str):
-    self._file = open(Run(directory).metrics, "a", buffering=1)
+  def __init__(self, files: Run):
+    self._file = open(files.metrics, "a", buffering=1)
 
   def hparams(self, config: ml_collections.ConfigDict) -> None:
     del config
@@ -84,8 +83,8 @@ class TensorBoardTracker:
   run's sessions and scalars, so runs of different tasks compare under one logdir (an experiment summary would let
   the first one found fix the columns)."""
 
-  def __init__(self, directory: str):
-    self._writer = _tensorboardx().SummaryWriter(Run(directory).tensorboard)
+  def __init__(self, files: Run):
+    self._writer = _tensorboardx().SummaryWriter(files.tensorboard)
 
   def hparams(self, config: ml_collections.ConfigDict) -> None:
     _, session_start, _ = _tensorboardx().summary.hparams(hparam_values(config), {})
@@ -103,33 +102,16 @@ class TensorBoardTracker:
 
 
 
-
-def wandb_run_id(workdir: str) -> str:
-  """The W&B run id of the workdir's run, made at its first start and kept in the workdir (WANDB_ID_FILE): every
-  later start continues that W&B run, and a new run in a path used before (a deleted workdir, the same local path
-  on another machine) starts its own. A run that logged before ids were kept (a metrics.jsonl, no id file) keeps
-  the one it had, a hash of the workdir's path."""
-  path = storage.path(Run(workdir).wandb_id)
-  if path.exists():
-    return path.read_text().strip()
-  if storage.path(Run(workdir).metrics).exists():
-    run_id = hashlib.sha256(storage.absolute(workdir).encode()).hexdigest()[:16]
-  else:
-    run_id = secrets.token_hex(8)
-  storage.write_atomic(Run(workdir).wandb_id, run_id)
-  return run_id
-
-
 class WandbTracker:
   """A Weights & Biases run of `log.wandb_project`, resumed by its id (`wandb_run_id`), metrics logged at their
   step; a resume logs the config again (`allow_val_change`: `resume_with_changes` may have changed it)."""
 
-  def __init__(self, workdir: str, log: ml_collections.ConfigDict):
+  def __init__(self, run: Run, log: ml_collections.ConfigDict):
     import wandb
     try:
       self._run = wandb.init(
-          project=log.wandb_project, entity=log.wandb_entity or None, id=wandb_run_id(workdir), resume="allow",
-          name=log.wandb_run_name or os.path.basename(storage.absolute(workdir).rstrip("/")),
+          project=log.wandb_project, entity=log.wandb_entity or None, id=wandb_run_id(run), resume="allow",
+          name=log.wandb_run_name or os.path.basename(storage.absolute(run.workdir).rstrip("/")),
           tags=_tags(log))
     except wandb.Error as e:
       raise EnvironmentUserError(f"Weights & Biases could not start the run of log.wandb_project="
@@ -178,9 +160,9 @@ def _check_wandb_setting(settings: Callable[[], object], name: Callable[[str], s
     raise error(f"{name(str(first['loc'][0]))}: Weights & Biases refuses it: {problem}.") from None
 
 
-def open_trackers(directory: str, workdir: str, log: ml_collections.ConfigDict) -> list[Tracker]:
-  """The trackers of a run: `metrics.jsonl` and TensorBoard in `directory` (never through a symlink there), W&B
-  where `log.wandb_project` says."""
-  Run(directory).check_no_symlinks()
-  wandb_run = [WandbTracker(workdir, log)] if log.get("wandb_project") else []  # first: refused, it leaves no file open
-  return [JsonlTracker(directory), TensorBoardTracker(directory), *wandb_run]
+def open_trackers(files: Run, run: Run, log: ml_collections.ConfigDict) -> list[Tracker]:
+  """The trackers of `run`: `metrics.jsonl` and TensorBoard in `files` (the run's folder, or its local mirror;
+  never through a symlink there), W&B where `log.wandb_project` says."""
+  files.check_no_symlinks()
+  wandb_run = [WandbTracker(run, log)] if log.get("wandb_project") else []  # first: refused, it leaves no file open
+  return [JsonlTracker(files), TensorBoardTracker(files), *wandb_run]

@@ -315,9 +315,9 @@ def launch(study: Study, run: Pretraining | Finetuning) -> dict[str, Any]:
   """`python -m albert_jax.main` for the run, its output in ROOT/logs: its wall time, the step it started from and
   the other processes' CPU share meanwhile. A Ctrl-C reaches the run too, which is waited for while it saves its
   step; a failed run stops the study, naming its log."""
-  from albert_jax import workdir_config
+  from albert_jax.run import Run, config as run_config
   argv, workdir = study.argv(run), study.workdir(run.name)
-  start_step = workdir_config.latest_step(workdir) if os.path.isdir(workdir) else None
+  start_step = run_config.latest_step(Run(workdir)) if os.path.isdir(workdir) else None
   log = os.path.join(study.root, "logs", run.name.replace("/", "-") + ".log")
   os.makedirs(os.path.dirname(log), exist_ok=True)
   print(f"[{time.strftime('%H:%M:%S')}] {run.name}: python -m albert_jax.main {' '.join(argv)}", flush=True)
@@ -353,9 +353,11 @@ def score(study: Study, run: Pretraining, sentence_task: str) -> dict[str, float
   """`--mode=eval` of the run (the function `albert_jax.main` runs for it, in this process) on held-out examples
   built for `sentence_task`, whatever task the run was trained on."""
   from albert_jax import compilation_cache, runner
+  from albert_jax.run import Run
   config = experiment_config(study, run, f"--config.data.sentence_task={sentence_task}")
-  compilation_cache.use(config, study.workdir(run.name))
-  return runner.run(config, study.workdir(run.name), "eval")
+  folder = Run(study.workdir(run.name))
+  compilation_cache.use(config, folder)
+  return runner.run(config, folder, "eval")
 
 
 @functools.cache
@@ -379,13 +381,14 @@ def held_out_curve(workdir: str) -> list[dict[str, float]]:
 def run_and_record(study: Study, run: Pretraining | Finetuning) -> dict[str, Any]:
   """Runs `run`, then what the tables read: a pretraining run's held-out scores (on its own task's examples first,
   where its MLM accuracy is read, then SOP and NSP), a fine-tuning run's best dev record."""
-  from albert_jax.head_identity import read_best
+  from albert_jax.run import Run
+  from albert_jax.run.best import read_best
   record = launch(study, run)
   if isinstance(run, Pretraining):
     record.update(kind="pretraining", held_out={task: score(study, run, task) for task in run.held_out_tasks()},
                   curve=held_out_curve(study.workdir(run.name)))
   else:
-    record.update(kind="finetuning", best=read_best(study.workdir(run.name)))
+    record.update(kind="finetuning", best=read_best(Run(study.workdir(run.name))))
   return record
 
 

@@ -10,7 +10,7 @@ file that holds no lock record was not written by a writer (each writes it whole
 one line rather than guessed at. And a tool never writes where it reads (`check_apart`).
 
 Here in the data layer, above only errors and storage, so that the data tools can use it; `albert_jax` takes it
-from here (`workdir_lock` adds the processes of a multi-host run).
+from here (`albert_jax.run.lock` adds the processes of a multi-host run).
 """
 from __future__ import annotations
 

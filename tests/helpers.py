@@ -93,7 +93,8 @@ def small_tmpfs(folder: Path, size: str):
 def final_params(workdir):
   """(step, parameters) of the newest checkpoint of a pretraining workdir."""
   from albert_jax import checkpointing
-  ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(str(workdir)), 1, 1)
+  from albert_jax.run import Run
+  ckpt = checkpointing.Checkpointer(Run(str(workdir)).checkpoints, 1, 1)
   return ckpt.latest_step(), jax.tree.map(np.asarray, ckpt.restore_params())
 
 

@@ -22,6 +22,7 @@ from albert_jax import cli, compilation_cache, convert, embed, finetune, job_kin
 from albert_jax.errors import InputError
 from albert_jax import model as model_lib
 from albert_jax.model_config import model_config_from
+from albert_jax.run import Run
 from albert_jax.tasks.heads import PooledClassifier
 from experiments import classification, glue, pretrain_tiny
 from tests.helpers import REPO, config_for, glue_data, quietly, spm, write_split
@@ -92,12 +93,12 @@ def test_a_converted_classifier_predicts_and_exports_in_its_own_class_order(hf, 
   texts = tmp_path / "in.tsv"
   write_split(texts, 3, labeled=False)
   args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
-  quietly(finetune.predict, own_data_config(shared_data, tmp_path), weights, args)
+  quietly(finetune.predict, own_data_config(shared_data, tmp_path), Run(weights), args)
   rows = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
   assert [(r["label"], list(r["probabilities"])) for r in rows] == [("pos", ["pos", "neg"])] * 3
   with pytest.raises(ValueError, match=r"labels=pos\|neg, num_labels=2, not for this run's task=classification, "
                                        r"labels=neg\|pos; .*pass labels=pos\|neg \(--config.data.labels\)"):
-    finetune.predict(own_data_config(shared_data, tmp_path, labels="neg|pos"), weights, args)
+    finetune.predict(own_data_config(shared_data, tmp_path, labels="neg|pos"), Run(weights), args)
 
   convert.convert(None, "hf", weights, str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
   back = json.loads((tmp_path / "back" / "config.json").read_text())
@@ -137,7 +138,7 @@ def test_glue_reads_a_converted_head_in_its_fixed_order_or_refuses_it(hf, shared
   config = rte_config(shared_data, tmp_path)
   same = converted(hf, tmp_path, "AlbertForSequenceClassification", "same",
                    **labelled(["entailment", "not_entailment"]))
-  output = quietly(finetune.evaluate, config, same)  # always class 0, entailment: the share of entailment rows
+  output = quietly(finetune.evaluate, config, Run(same))  # always class 0, entailment: the share of entailment rows
   dev = (tmp_path / "glue" / "RTE" / "dev.tsv").read_text().splitlines()[1:]
   share = sum(line.endswith("\tentailment") for line in dev) / len(dev)
   assert json.loads(output.splitlines()[-1])["accuracy"] == pytest.approx(share)
@@ -147,11 +148,11 @@ def test_glue_reads_a_converted_head_in_its_fixed_order_or_refuses_it(hf, shared
   with pytest.raises(ValueError, match=r"labels=not_entailment\|entailment, num_labels=2, not for this run's "
                                        r"task=glue, task_name=rte, labels=entailment\|not_entailment; .*class order "
                                        r"is fixed.*labels=not_entailment\|entailment"):
-    finetune.evaluate(config, swapped)
+    finetune.evaluate(config, Run(swapped))
   assert not (tmp_path / "swapped" / "dev_predictions.tsv").exists()
   config.init_checkpoint, config.train.num_train_steps = swapped, 0
   with pytest.raises(ValueError, match=f"init_checkpoint={re.escape(swapped)} holds a head trained for .*fixed"):
-    finetune.train(config, str(tmp_path / "predicted"))  # num_train_steps=0: predicts with the head as it is
+    finetune.train(config, Run(str(tmp_path / "predicted")))  # num_train_steps=0: predicts with the head as it is
 
   task = finetune.get_task(config)
   model = task.build_model(model_config_from(config))
@@ -219,14 +220,14 @@ def test_a_converted_multi_label_classifier_predicts_a_sigmoid_per_class_in_its_
   config = classification.get_config(f"size=tiny,data={data},spm={spm(shared_data)},text=sentence,multi_label=true")
   config.model.update(MODEL)
   config.data.max_seq_length = 16
-  quietly(finetune.predict, config, weights, args)
+  quietly(finetune.predict, config, Run(weights), args)
   rows = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
   for row in rows:
     assert list(row["probabilities"]) == ["c", "a", "b"]
     np.testing.assert_allclose(list(row["probabilities"].values()), [0.9933, 0.5, 0.0067], atol=0.05)
   with pytest.raises(ValueError, match=r"problem_type=multi_label_classification, not for this run's "
                                        r"task=classification, .*of another problem_type"):
-    finetune.predict(own_data_config(shared_data, tmp_path), weights, args)
+    finetune.predict(own_data_config(shared_data, tmp_path), Run(weights), args)
   convert.convert(None, "hf", weights, str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
   back = json.loads((tmp_path / "back" / "config.json").read_text())
   assert (back["id2label"], back["problem_type"]) == ({"0": "c", "1": "a", "2": "b"}, "multi_label_classification")
@@ -281,7 +282,7 @@ def test_a_pretraining_warm_start_refuses_another_head_count(tmp_path):
   config = pretrain_tiny.get_config("synthetic")
   config.init_checkpoint = saved_with_heads(tmp_path / "init", model_config_from(config), 8)
   with pytest.raises(ValueError, match=refused("init_checkpoint", config.init_checkpoint)):
-    pretrain.train(config, str(tmp_path / "run"))
+    pretrain.train(config, Run(str(tmp_path / "run")))
   assert not (tmp_path / "run").exists()
 
 
@@ -289,7 +290,7 @@ def test_pretraining_eval_refuses_a_workdir_saved_with_another_head_count(tmp_pa
   config = pretrain_tiny.get_config("synthetic")
   workdir = saved_with_heads(tmp_path / "run", model_config_from(config), 8, config_json=True)
   with pytest.raises(ValueError, match=refused("--workdir", workdir)):
-    pretrain.evaluate_checkpoint(config, workdir)
+    pretrain.evaluate_checkpoint(config, Run(workdir))
 
 
 def test_embed_refuses_an_init_checkpoint_or_workdir_with_another_head_count(shared_data, tmp_path):
@@ -299,11 +300,11 @@ def test_embed_refuses_an_init_checkpoint_or_workdir_with_another_head_count(sha
   args = types.SimpleNamespace(input=str(tmp_path / "texts.txt"), output=str(tmp_path / "out.npy"), pooling="mean")
   config.init_checkpoint = saved_with_heads(tmp_path / "init", model_config_from(config), 8)
   with pytest.raises(ValueError, match=refused("init_checkpoint", config.init_checkpoint)):
-    embed.embed(config, str(tmp_path / "new"), args, job_kinds.kind_for(config))
+    embed.embed(config, Run(str(tmp_path / "new")), args, job_kinds.kind_for(config))
   workdir = saved_with_heads(tmp_path / "run", model_config_from(config), 8)
   (tmp_path / "run" / "checkpoints").mkdir()  # what makes embed take the workdir's weights
   with pytest.raises(ValueError, match=refused("--workdir", workdir)):
-    embed.embed(config, workdir, args, job_kinds.kind_for(config))
+    embed.embed(config, Run(workdir), args, job_kinds.kind_for(config))
   assert not (tmp_path / "out.npy").exists()
 
 
@@ -311,7 +312,7 @@ def test_fine_tuning_eval_refuses_a_workdir_saved_with_another_head_count(shared
   config = own_data_config(shared_data, tmp_path, labels="neg|pos")
   workdir = saved_with_heads(tmp_path / "run", model_config_from(config), 8)
   with pytest.raises(ValueError, match=refused("--workdir", workdir)):
-    finetune.evaluate(config, workdir)
+    finetune.evaluate(config, Run(workdir))
 
 
 # ---------------------------------------------------------------------------------------- a full disk, one line
@@ -356,7 +357,7 @@ def test_predict_and_embed_with_an_output_accept_a_read_only_workdir(tmp_path, m
                                        r"predictions. Drop it.$"):
     cli.check_workdir(str(workdir), "eval", output=str(tmp_path / "out"), eval_reads_only=True)
   config = pretrain_tiny.get_config("synthetic")
-  assert compilation_cache.use(config, str(workdir)) is None
+  assert compilation_cache.use(config, Run(str(workdir))) is None
   assert capsys.readouterr().out == (f"Compilation cache off: {workdir}/compilation_cache cannot be written; pass "
                                      "--config.compilation_cache_dir=DIR to keep one elsewhere.\n")
   assert not (workdir / "compilation_cache").exists()

@@ -12,12 +12,14 @@ import time
 
 import pytest
 
-from albert_jax import engine, head_identity, interop, pretrain, pretrained
+from albert_jax import engine, interop, pretrain, pretrained
 from albert_jax import model_config as model_config_lib
 from albert_jax.errors import InputError, UserError
 from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
 from albert_jax.model_config import model_config_for
-from albert_jax.run import BEST_DIR, BEST_FILE
+from albert_jax.run import Run
+from albert_jax.run.best import read_best
+from albert_jax.run.layout import BEST_DIR, BEST_FILE
 from experiments import pretrain_tiny
 from tests.helpers import REPO, SMALL_RUN, TINY_RUN, finetune_cli, glue_data, pretrain_cli, require_module, spm
 
@@ -127,7 +129,7 @@ def test_a_garbled_best_record_names_the_file_and_the_fix(tmp_path, text):
   best.parent.mkdir()
   best.write_text(text)
   with pytest.raises(InputError) as error:
-    head_identity.read_best(str(tmp_path))
+    read_best(Run(str(tmp_path)))
   line = one_line(error)
   assert line.startswith(f"{best} is not") and "remove it" in line
 
@@ -205,7 +207,7 @@ def test_a_batch_beyond_the_host_is_refused_from_shapes_naming_the_largest_that_
   multiple of the devices does not."""
   config = pretrain_tiny.get_config("synthetic")
   config.train.global_batch_size = 16777216
-  job = pretrain.make_job(config, str(tmp_path))
+  job = pretrain.make_job(config, Run(str(tmp_path)))
   example, made = job.example_batch, []
   job.example_batch = lambda rows: made.append(rows) or example(rows)
   start = time.perf_counter()

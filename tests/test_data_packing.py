@@ -10,6 +10,7 @@ import pytest
 from albert_jax import checkpointing, engine, loop, pretrain
 from albert_jax.cli import experiment_config
 from albert_jax.errors import InputError
+from albert_jax.run import Run
 from data_pipeline import records, rng, tiny
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.loader import DocumentSource, document_stream, make_pretraining_iterator
@@ -174,7 +175,7 @@ def _run_config(path, *overrides):
 
 def _resume_on_one_process(config, position, tmp_path):
   """A fresh run's batches, put by the loop at `position` as saved by both processes of a 2-process run."""
-  batches = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), str(tmp_path))
+  batches = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), Run(str(tmp_path)))
   loop._resume_data(batches, checkpointing.DataStates(2, {0: position, 1: position}), "Step 3 in ckpt", config)
   return batches
 
@@ -186,7 +187,7 @@ def test_a_run_resumes_a_full_sentences_position_on_another_process_count(tiny_p
   # data.kind=tiny takes the folder the bundled corpus is prepared in (found built, here)
   path = tiny_prepared if kind == "prepared" else pathlib.Path(tiny_prepared).parent
   config = _run_config(path, f"--config.data.kind={kind}")
-  straight = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), str(tmp_path))
+  straight = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), Run(str(tmp_path)))
   assert straight.position_is_global
   for _ in range(3):
     next(straight)
@@ -201,7 +202,7 @@ def test_a_run_resumes_a_full_sentences_position_on_another_process_count(tiny_p
 def test_a_segment_pairs_position_is_still_refused_on_another_process_count(tiny_prepared, tmp_path):
   config = _run_config(tiny_prepared, "--config.data.kind=prepared", "--config.data.packing=segment_pairs",
                        "--config.data.sentence_task=sop")
-  position = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), str(tmp_path))
+  position = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), Run(str(tmp_path)))
   assert not position.position_is_global
   with pytest.raises(InputError) as error:
     _resume_on_one_process(config, position.get_state(), tmp_path)

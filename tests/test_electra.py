@@ -241,15 +241,16 @@ def test_fine_tuning_loads_the_discriminator_and_drops_the_generator(electra_run
 
 def test_the_cli_runs_electra_as_its_own_kind_and_refuses_predict(monkeypatch):
   from albert_jax import electra, job_kinds, runner
+  from albert_jax.run import Run
   config = pretrain_electra.get_config("size=tiny")
   kind = job_kinds.kind_for(config)
   assert isinstance(kind, job_kinds.Electra) and isinstance(kind, job_kinds.Pretraining)
   called = []
   monkeypatch.setattr(electra, "train", lambda config, workdir, args: called.append(("train", workdir)))
   monkeypatch.setattr(electra, "evaluate_checkpoint", lambda config, workdir, args: called.append(("eval", workdir)))
-  runner.run(config, "W", "train")
-  runner.run(config, "W", "eval")
+  runner.run(config, Run("W"), "train")
+  runner.run(config, Run("W"), "eval")
   assert called == [("train", "W"), ("eval", "W")]
   assert kind.make_job(config).flops_per_token == electra.train_flops_per_token(config)
   with pytest.raises(InputError, match="--mode=predict does not apply to ELECTRA pretraining configs"):
-    runner.run(config, "W", "predict")
+    runner.run(config, Run("W"), "predict")

@@ -17,6 +17,7 @@ from albert_jax.errors import InputError
 from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig, model_config_from
+from albert_jax.run import Run
 from albert_jax.tasks import TaskSettings, alignment, get_task
 from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
 from data_pipeline.wordpiece import WordPieceTokenizer
@@ -209,7 +210,7 @@ def test_fine_tuning_a_released_style_electra_folder_takes_its_head_and_vocab_an
   config.init_checkpoint, config.allow_random_init = str(tmp_path / "ours"), False
   config.model.update({k: v for k, v in model_fields.items() if not k.endswith("dropout_prob")}, sharing="none")
   config.train.num_train_steps = 2
-  said = quietly(finetune.train, config, str(tmp_path / "run"))
+  said = quietly(finetune.train, config, Run(str(tmp_path / "run")))
   assert "classifier_head=electra: " in said
   assert json.loads((tmp_path / "run" / "config.json").read_text())["classifier_head"] == "electra"
   assert json.loads((tmp_path / "run" / "head.json").read_text())["classifier_head"] == "electra"

@@ -19,6 +19,7 @@ import pytest
 
 from albert_jax import finetune, model as model_lib, pretrained
 from albert_jax.model_config import model_config_from
+from albert_jax.run import Run
 from albert_jax.tasks.squad import null_odds_path
 from experiments import glue as glue_experiment
 from tests.cli_forks import run_each
@@ -246,10 +247,10 @@ def test_early_stopping_ends_training_after_patience_evaluations_without_a_bette
   said = "Early stopping at step 3: no better dev accuracy than step 1's 0.5000 in train.early_stopping_patience=2 " \
          "evaluations."
   for _ in range(2):
-    finetune.train(config, str(tmp_path / "run"))
+    finetune.train(config, Run(str(tmp_path / "run")))
     out = capsys.readouterr().out
     assert said in out, out
     assert "dev at step 4" not in out
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3"]
-  assert finetune.read_best(str(tmp_path / "run"))["step"] == 1
+  assert finetune.read_best(Run(str(tmp_path / "run")))["step"] == 1
   assert config_for(data, spm(shared_data)).train.early_stopping_patience == 0  # off by default

@@ -240,10 +240,10 @@ def test_mangled_url_is_refused_not_created_as_a_local_folder():
 
 def test_a_runs_config_in_a_bucket_reads_back_as_written(gcs):
   """Without --config, the modes that read a run take its settings from a gs:// workdir's config.json too."""
-  from albert_jax import run_config, workdir_config
+  from albert_jax.run import Run, config as run_config
   from albert_jax.cli import experiment_config
   written = experiment_config(["main", "--config=experiments/glue.py:task=rte,size=tiny", "--config.seed=3"])
-  workdir_config.write_workdir_config(f"{gcs}/settings", written)
+  run_config.write(Run(f"{gcs}/settings"), written)
   back = experiment_config(["main", f"--config={run_config.__file__}:{gcs}/settings"])
   assert back.to_json_best_effort() == written.to_json_best_effort() and back.mesh.shape == written.mesh.shape
   result = run("-m", "albert_jax.main", "--mode=eval", f"--workdir={gcs}/nothing")

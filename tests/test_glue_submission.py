@@ -7,6 +7,7 @@ import pytest
 
 from albert_jax import glue_submission
 from albert_jax.errors import InputError
+from albert_jax.run import Run
 
 
 def run_dir(path, value=None, files=()):
@@ -17,7 +18,7 @@ def run_dir(path, value=None, files=()):
     (path / "best" / "best.json").write_text(json.dumps({"value": value}))
   for name, rows in files:
     (path / name).write_text("index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in enumerate(rows)))
-  return str(path)
+  return Run(str(path))
 
 
 def test_best_seed_per_file_and_checks(tmp_path):
@@ -43,15 +44,16 @@ def test_a_file_given_by_several_runs_says_which_it_takes_over_which(tmp_path, c
   rte_b = run_dir(tmp_path / "rte1", 0.70, [("RTE.tsv", ["not_entailment"])])
   rte_c = run_dir(tmp_path / "rte2", None, [("RTE.tsv", ["entailment"])])
   assert glue_submission.assemble([rte_a, rte_b, rte_c], str(tmp_path / "out"), True, False) == {"RTE.tsv": rte_b}
-  assert capsys.readouterr().out == (f"RTE.tsv: taking {rte_b} (best dev value 0.7) over {rte_a} (0.61), {rte_c} "
-                                     "(no best/best.json).\n")
+  assert capsys.readouterr().out == (f"RTE.tsv: taking {rte_b.workdir} (best dev value 0.7) over {rte_a.workdir} "
+                                     f"(0.61), {rte_c.workdir} (no best/best.json).\n")
   ax_a = run_dir(tmp_path / "ax0", None, [("AX.tsv", ["neutral"])])
   ax_b = run_dir(tmp_path / "ax1", None, [("AX.tsv", ["neutral"])])
-  with pytest.raises(InputError, match="^" + re.escape(f"AX.tsv is given by 2 runs ({ax_a}, {ax_b}) and none has "
+  given_by = f"{ax_a.workdir}, {ax_b.workdir}"
+  with pytest.raises(InputError, match="^" + re.escape(f"AX.tsv is given by 2 runs ({given_by}) and none has "
                                                        "best/best.json to choose by; leave all but one out of --runs.")):
     glue_submission.assemble([ax_a, ax_b], str(tmp_path / "out2"), True, False)
-  with pytest.raises(InputError, match="^" + re.escape(f"--runs lists {rte_a}/ twice; list each run once.")):
-    glue_submission.assemble([rte_a, rte_b, rte_a + "/"], str(tmp_path / "out3"), True, False)
+  with pytest.raises(InputError, match="^" + re.escape(f"--runs lists {rte_a.workdir}/ twice; list each run once.")):
+    glue_submission.assemble([rte_a, rte_b, Run(rte_a.workdir + "/")], str(tmp_path / "out3"), True, False)
 
 
 def test_a_wrong_label_or_header_is_refused(tmp_path):

@@ -18,6 +18,7 @@ from albert_jax import convert, finetune, hf_export, pretrained
 from albert_jax import model as model_lib
 from albert_jax.errors import ExistsError, InputError
 from albert_jax.model_config import model_config_from
+from albert_jax.run import Run
 from albert_jax.tasks.heads import PooledClassifier
 from data_pipeline import train_spm
 from data_pipeline.sources import Source
@@ -60,7 +61,7 @@ def test_a_pipeline_on_the_export_gives_our_labels_and_probabilities(run):
   assert "checked to give its ids through" in run.said, run.said
   (run.root / "in.tsv").write_text("sentence\n" + "".join(f"{t}\n" for t in TEXTS))
   args = types.SimpleNamespace(input=str(run.root / "in.tsv"), output=str(run.root / "out.jsonl"), split="")
-  quietly(finetune.predict, run.config, str(run.workdir), args)
+  quietly(finetune.predict, run.config, Run(str(run.workdir)), args)
   ours = [json.loads(line) for line in open(run.root / "out.jsonl")]
   theirs = transformers.pipeline("text-classification", model=str(run.hf), top_k=None)(TEXTS)
   assert len({tuple(row["probabilities"].values()) for row in ours}) == len(TEXTS)  # the texts are told apart

@@ -4,6 +4,7 @@ import pytest
 
 from albert_jax import job_kinds, runner, tpu_compile
 from albert_jax.errors import InputError
+from albert_jax.run import Run
 from experiments import glue, pretrain_tiny
 
 
@@ -14,7 +15,7 @@ def test_the_task_chooses_the_kind():
 
 def test_a_mode_the_kind_lacks_is_refused_naming_the_modes_it_has():
   with pytest.raises(InputError) as refused:
-    runner.run(pretrain_tiny.get_config("synthetic"), "unused", "predict")
+    runner.run(pretrain_tiny.get_config("synthetic"), Run("unused"), "predict")
   assert str(refused.value) == ("--mode=predict does not apply to pretraining configs; use one of: train, eval, embed, "
                                 "compile, describe.")
 
@@ -26,7 +27,7 @@ def test_a_registered_kind_runs_the_modes_of_its_base_with_its_own_job(monkeypat
   class Replacement(job_kinds.Pretraining):
     label = "replacement"
 
-    def make_job(self, config, workdir=None):
+    def make_job(self, config, run=None):
       made.append(config.task)
       return "its job"
 
@@ -39,4 +40,4 @@ def test_a_registered_kind_runs_the_modes_of_its_base_with_its_own_job(monkeypat
       "train", "eval", "embed", "compile", "describe"]
   assert tpu_compile.job_for(config, kind) == "its job" and made == ["replacement"]
   with pytest.raises(InputError, match="^--mode=predict does not apply to replacement configs"):
-    runner.run(config, "unused", "predict")
+    runner.run(config, Run("unused"), "predict")

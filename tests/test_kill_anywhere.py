@@ -13,6 +13,7 @@ import pytest
 from jax._src import compilation_cache
 
 from albert_jax import checkpointing
+from albert_jax.run import Run
 from tests.helpers import SMALL_RUN, assert_trees_equal, final_params, pretrain_cli
 from tests.processes import TMP_MARK, Launch, records, without_timing
 
@@ -103,7 +104,7 @@ def stamp(path) -> tuple[int, int] | None:
 
 
 def latest_step(workdir):
-  return checkpointing.Checkpointer(checkpointing.checkpoint_dir(str(workdir)), 1, 1).latest_step()
+  return checkpointing.Checkpointer(Run(str(workdir)).checkpoints, 1, 1).latest_step()
 
 
 @pytest.mark.slow

@@ -15,8 +15,10 @@ import sklearn.metrics
 
 from albert_jax import buckets, convert, finetune, pretrained
 from albert_jax.errors import InputError
-from albert_jax.head_identity import SEQUENCE_CLASSIFICATION, HFHead, check_identity, read_best
+from albert_jax.head_identity import SEQUENCE_CLASSIFICATION, HFHead, check_identity
 from albert_jax.model_config import model_config_from
+from albert_jax.run import Run
+from albert_jax.run.best import read_best
 from albert_jax.tasks import get_task, make_tokenizer, metrics
 from albert_jax.tasks.base import MODEL_INPUTS
 from albert_jax.tasks.classification import THRESHOLDS_FILE, binary_cross_entropy
@@ -209,8 +211,8 @@ def run(shared_data, tmp_path_factory):
   config.checkpoint.update(every=24, async_save=False)
   config.log.every = 12
   workdir = root / "run"
-  quietly(finetune.train, config, str(workdir))
-  best = read_best(str(workdir))
+  quietly(finetune.train, config, Run(str(workdir)))
+  best = read_best(Run(str(workdir)))
   return types.SimpleNamespace(config=config, workdir=workdir, best=best, dev=dev,
                                weights=workdir / "best" / f"step_{best['step']}")
 
@@ -239,7 +241,7 @@ def test_training_selects_by_micro_f1_and_keeps_the_tuned_thresholds(run):
 
 @pytest.mark.slow
 def test_eval_scores_the_best_checkpoint_again(run):
-  printed = json.loads(quietly(finetune.evaluate, run.config, str(run.workdir)).splitlines()[-1])
+  printed = json.loads(quietly(finetune.evaluate, run.config, Run(str(run.workdir))).splitlines()[-1])
   assert printed.pop("weights") == f"best checkpoint (step {run.best['step']})"
   assert printed == pytest.approx(run.best["metrics"])
 
@@ -252,7 +254,7 @@ def test_predict_chooses_with_the_thresholds_saved_with_the_best_checkpoint(run,
   texts = tmp_path / "in.tsv"
   texts.write_text("sentence\n" + "".join(f"{text}\n" for text, _ in run.dev))
   args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
-  quietly(finetune.predict, run.config, str(run.workdir), args)
+  quietly(finetune.predict, run.config, Run(str(run.workdir)), args)
   rows, dev = json_lines(args.output), json_lines(run.weights / "dev_predictions.jsonl")
   assert [(row["id"], row["label"]) for row in rows] == [(row["id"], row["label"]) for row in dev]
   np.testing.assert_allclose(*([list(row["probabilities"].values()) for row in out] for out in (rows, dev)), atol=2e-6)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from albert_jax import cli
-from albert_jax.workdir_config import SHAPE_FIELDS
+from albert_jax.run.config import SHAPE_FIELDS
 from bench import paper_small
 from tests.helpers import REPO
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from albert_jax import cli
-from albert_jax.workdir_config import SHAPE_FIELDS
+from albert_jax.run.config import SHAPE_FIELDS
 from bench import common
 from bench import paper_small as ps
 from bench import paper_small_recipes as recipes

@@ -1,5 +1,5 @@
-"""What a run is made from (`albert_jax.provenance`): the sha256 of its tokenizer, its prepared data's manifest and
-its fine-tuning data files, recorded in the run and checked by a resume, a warm start from it and eval on it. A
+"""What a run is made from (`albert_jax.run.provenance`): the sha256 of its tokenizer, its prepared data's manifest
+and its fine-tuning data files, recorded in the run and checked by a resume, a warm start from it and eval on it. A
 change is refused in one line naming it and the flag that accepts it; the same bytes under a new mtime are no
 change."""
 import json
@@ -8,9 +8,10 @@ import shutil
 
 import pytest
 
-from albert_jax import finetune, pretrain, provenance
+from albert_jax import finetune, pretrain
 from albert_jax.cli import experiment_config
 from albert_jax.errors import InputError
+from albert_jax.run import Run, provenance
 from data_pipeline.prepare import PrepareConfig, prepare
 from tests.helpers import prepared_run, quietly, spm, write_split
 
@@ -69,7 +70,7 @@ def pretrained(shared_data, tmp_path_factory):
   prepare(PrepareConfig(input=str(root / "book.txt"), spm_model=str(spm(shared_data)),
                         output_dir=str(root / "prepared"), format="paragraphs", num_shards=2))
   argv = ["main", "--config=experiments/pretrain_tiny.py", *prepared_run(root / "prepared"), *STEPS, *SMALL]
-  quietly(pretrain.train, experiment_config(argv), str(root / "run"))
+  quietly(pretrain.train, experiment_config(argv), Run(str(root / "run")))
   return root, argv
 
 
@@ -79,7 +80,7 @@ def test_a_swapped_tokenizer_or_a_corpus_prepared_again_is_refused_on_resume_war
   root, argv = pretrained
   run, tokenizer = str(root / "run"), root / "prepared" / json.loads((root / "prepared" / "manifest.json")
                                                                      .read_text())["tokenizer"]["model"]
-  recorded = provenance.recorded(run)
+  recorded = provenance.recorded(Run(run))
   assert set(recorded) == {"tokenizer", "prepared data"}
   assert recorded["tokenizer"] == {"path": str(tokenizer), "sha256": provenance.fingerprints.sha256(str(spm(
       shared_data)))}  # the copy kept with the preparation: ALBERT's own bytes
@@ -89,27 +90,27 @@ def test_a_swapped_tokenizer_or_a_corpus_prepared_again_is_refused_on_resume_war
   change = f"the tokenizer ({tokenizer}: sha256 {recorded['tokenizer']['sha256'][:12]} then, {swapped} now) changed"
   resumed = experiment_config([*argv, "--config.train.num_train_steps=3"])
   with pytest.raises(InputError) as refused:
-    pretrain.train(resumed, run)
+    pretrain.train(resumed, Run(run))
   assert one_line(refused) == (f"Workdir {run} was made from other inputs: {change}. Restore them, or pass "
                                "--config.resume_with_changes=True to go on with these.")
   with pytest.raises(InputError) as refused:
-    pretrain.evaluate_checkpoint(experiment_config(argv), run)
+    pretrain.evaluate_checkpoint(experiment_config(argv), Run(run))
   assert one_line(refused) == (f"--workdir={run} was made from other inputs: {change}. Restore them, or pass "
                                "--config.accept_changed_inputs=True to go on with these.")
   warm = experiment_config([*argv, f"--config.init_checkpoint={run}"])
   with pytest.raises(InputError, match=rf"^init_checkpoint={run} was made from other inputs: the tokenizer "):
-    pretrain.train(warm, str(root / "warm"))
+    pretrain.train(warm, Run(str(root / "warm")))
   write_split(root / "train.tsv", 16)
   write_split(root / "dev.tsv", 8)
   fine_tuning = experiment_config(["main", f"--config=experiments/classification.py:size=tiny,data={root},"
                                            f"spm={tokenizer},text=sentence,labels=pos|neg",
                                    f"--config.init_checkpoint={run}", *STEPS])
   with pytest.raises(InputError, match=rf"^init_checkpoint={run} was made from other inputs: the tokenizer "):
-    finetune.train(fine_tuning, str(root / "fine_tuned"))
+    finetune.train(fine_tuning, Run(str(root / "fine_tuned")))
   assert not (root / "warm").exists() and not (root / "fine_tuned").exists()
 
   touch(tokenizer, original)  # the same bytes, a new mtime: the run goes on (nothing left to train)
-  assert "Nothing to train" in quietly(pretrain.train, experiment_config(argv), run)
+  assert "Nothing to train" in quietly(pretrain.train, experiment_config(argv), Run(run))
 
   again = root / "again"  # the corpus prepared again, with the swapped tokenizer of the same size
   (root / "swapped.model").write_bytes(swap_pieces(original))
@@ -119,10 +120,10 @@ def test_a_swapped_tokenizer_or_a_corpus_prepared_again_is_refused_on_resume_war
   shutil.copytree(again, root / "prepared")
   with pytest.raises(InputError, match=rf"^Workdir {run} was made from other inputs: the tokenizer \(.*\); the "
                                        r"prepared data \(.*manifest.json: sha256 \w+ then, \w+ now\) changed\. "):
-    pretrain.train(resumed, run)
+    pretrain.train(resumed, Run(run))
   with pytest.raises(InputError, match=rf"^--workdir={run} was made from other inputs: the tokenizer .* the prepared "
                                        "data"):
-    pretrain.evaluate_checkpoint(experiment_config(argv), run)
+    pretrain.evaluate_checkpoint(experiment_config(argv), Run(run))
 
 
 @pytest.mark.slow
@@ -133,14 +134,14 @@ def test_a_fine_tuning_train_file_changed_is_refused_on_resume(shared_data, tmp_
                   "text=sentence,labels=pos|neg", "--config.allow_random_init=True",
           "--config.data.max_seq_length=16", "--config.model.max_position_embeddings=16",
           "--config.data.length_buckets=none", *STEPS, *SMALL]
-  quietly(finetune.train, experiment_config(argv), str(tmp_path / "run"))
-  assert set(provenance.recorded(str(tmp_path / "run"))) == {"tokenizer", "train file", "dev file"}
+  quietly(finetune.train, experiment_config(argv), Run(str(tmp_path / "run")))
+  assert set(provenance.recorded(Run(str(tmp_path / "run")))) == {"tokenizer", "train file", "dev file"}
   train = tmp_path / "train.tsv"
   original = train.read_bytes()
   touch(train, original.replace(b"\tpos\n", b"\tPOS\n").replace(b"\tneg\n", b"\tpos\n").replace(b"\tPOS\n", b"\tneg\n"))
   with pytest.raises(InputError, match=rf"^Workdir {tmp_path / 'run'} was made from other inputs: the train file "
                                        rf"\({train}: sha256 \w+ then, \w+ now\) changed\. Restore them, or pass "
                                        r"--config.resume_with_changes=True"):
-    finetune.train(experiment_config(argv), str(tmp_path / "run"))
+    finetune.train(experiment_config(argv), Run(str(tmp_path / "run")))
   touch(train, original)
-  assert "Nothing to train" in quietly(finetune.train, experiment_config(argv), str(tmp_path / "run"))
+  assert "Nothing to train" in quietly(finetune.train, experiment_config(argv), Run(str(tmp_path / "run")))

@@ -55,6 +55,23 @@ def test_the_layout_is_named_in_one_place():
                                                                                           "w/lr_0.0003/seeds.json")
 
 
+def test_weights_are_traced_to_the_run_that_recorded_them(tmp_path, fine_tuned):
+  """A weights path (init_checkpoint, --src) is the run itself or its best/step_N; a converted folder is no run."""
+  best_step = fine_tuned / "best" / "step_2"
+  best_step.mkdir()
+  assert run.run_of_best(f"{best_step}/") == run.run_of_best(str(best_step)) == run.Run(str(fine_tuned))
+  assert run.run_of_best(str(fine_tuned)) is None and run.run_of_best(str(tmp_path / "step_2")) is None
+  assert run.run_of_weights(str(fine_tuned)) == run.run_of_weights(str(best_step)) == run.Run(str(fine_tuned))
+  assert run.run_of_weights(str(best_step), "provenance.json") is None  # a run that recorded no fingerprints
+  (fine_tuned / "provenance.json").write_text("{}")
+  assert run.run_of_weights(str(best_step), "provenance.json") == run.Run(str(fine_tuned))
+  converted = tmp_path / "converted"
+  converted.mkdir()
+  assert run.run_of_weights(str(converted)) is None
+  assert run.as_run(str(converted)).head == f"{converted}/head.json"  # a converted folder keeps head.json as a run
+  assert run.Run("gs://b/w").written_in("/tmp/m").metrics == "/tmp/m/metrics.jsonl"
+
+
 def test_an_output_in_a_learning_rate_s_folder_of_a_seeds_folder_is_refused(tmp_path):
   (tmp_path / "seeds.json").write_text("{}")
   output = str(tmp_path / "lr_1e-05" / "dev.tsv")
@@ -82,21 +99,21 @@ def test_the_weights_of_a_run_are_its_own_else_init_checkpoint(tmp_path, fine_tu
 def test_an_output_on_a_run_s_own_file_is_refused_whether_the_run_is_named_or_found(fine_tuned, target, message):
   real = os.path.realpath(fine_tuned)
   output = str(fine_tuned / target)
-  for workdir in (str(fine_tuned), None):  # the mode's --workdir, or a run the output lands in
+  for named in (run.Run(str(fine_tuned)), None):  # the mode's --workdir, or a run the output lands in
     with pytest.raises(InputError) as refused:
-      run.check_output("--output", output, workdir)
+      run.check_output("--output", output, named)
     assert str(refused.value) == f"--output={output} {message.format(real=real)}"
 
 
 def test_other_paths_in_or_beside_a_run_are_taken(tmp_path, fine_tuned):
   for output in ("preds.tsv", "dev_predictions.tsv", "configs/config.json", "best.json"):
-    run.check_output("--output", str(fine_tuned / output), str(fine_tuned))
+    run.check_output("--output", str(fine_tuned / output), run.Run(str(fine_tuned)))
   notes = tmp_path / "notes"
   notes.mkdir()
   run.check_output("--output", str(notes / "head.json"))  # a folder that holds no run
   run.check_output("--output", str(tmp_path / "new" / "best" / "x"))
   with pytest.raises(InputError, match=r"new/best/x is inside the run's best/"):  # the mode's run, not made yet
-    run.check_output("--output", str(tmp_path / "new" / "best" / "x"), str(tmp_path / "new"))
+    run.check_output("--output", str(tmp_path / "new" / "best" / "x"), run.Run(str(tmp_path / "new")))
   with pytest.raises(InputError, match=r"would replace the run's own config.12.json"):  # a resume's kept config
     run.check_output("--output", str(fine_tuned / "config.12.json"))
 

@@ -8,8 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import best_checkpoint, finetune, pretrained
+from albert_jax import finetune, pretrained
 from albert_jax.model_config import model_config_from
+from albert_jax.run import Run
+from albert_jax.run.best_keeper import BestKeeper
 from albert_jax.tasks import get_task
 from experiments import glue
 from tests.helpers import config_for, quietly, spm, write_split
@@ -33,14 +35,14 @@ def run(shared_data, tmp_path_factory):
                                                                         jax.random.key(1)))
   (workdir / "best" / "best.json").write_text(json.dumps(
       {"step": 60, "metric": "accuracy", "value": 1.0, "metrics": {"accuracy": 1.0}, "weights": str(stale)}))
-  output = quietly(finetune.train, config, str(workdir))
+  output = quietly(finetune.train, config, Run(str(workdir)))
   return types.SimpleNamespace(data=data, spm=spm(shared_data), workdir=workdir, output=output)
 
 
 @pytest.mark.slow
 def test_a_restart_drops_the_best_of_steps_it_scores_again(run):
   assert "this run continues from step 0 and scores the steps after it again" in run.output
-  best = finetune.read_best(str(run.workdir))
+  best = finetune.read_best(Run(str(run.workdir)))
   assert best["step"] in (2, 4) and "(best: step 60," not in run.output
   assert [p.name for p in (run.workdir / "best").glob("step_*")] == [f"step_{best['step']}"]
   assert best["head"] == {"task": "classification", "task_name": "", "labels": ["pos", "neg"]}
@@ -53,8 +55,8 @@ def test_a_resumed_run_keeps_the_best_of_steps_before_its_checkpoint(shared_data
   (workdir / "best" / "best.json").write_text(json.dumps(record))
   config = config_for(tmp_path, spm(shared_data), labels="neg|pos")
   task = get_task(config)
-  assert best_checkpoint.BestKeeper(str(workdir), task, model_config_from(config), 2).record == record
-  assert best_checkpoint.BestKeeper(str(workdir), task, model_config_from(config), 1).record is None
+  assert BestKeeper(Run(str(workdir)), task, model_config_from(config), 2).record == record
+  assert BestKeeper(Run(str(workdir)), task, model_config_from(config), 1).record is None
   assert not (workdir / "best" / "best.json").exists() and not (workdir / "best" / "step_2").exists()
 
 
@@ -65,8 +67,7 @@ def test_a_best_record_by_another_metric_is_replaced_by_the_first_score(shared_d
   (workdir / "best").mkdir(parents=True)
   (workdir / "best" / "best.json").write_text(json.dumps({"step": 2, "metric": "f1", "value": 0.9,
                                                           "weights": str(workdir / "best" / "step_2")}))
-  keeper = best_checkpoint.BestKeeper(str(workdir), get_task(config_for(tmp_path, spm(shared_data), labels="neg|pos")),
-                                      None, 2)
+  keeper = BestKeeper(Run(str(workdir)), get_task(config_for(tmp_path, spm(shared_data), labels="neg|pos")), None, 2)
   assert keeper.record["metric"] == "f1" and keeper.is_better(0.3)
   keeper.record = {"step": 2, "metric": "accuracy", "value": 0.9}
   assert not keeper.is_better(0.3) and keeper.is_better(0.95)
@@ -77,7 +78,7 @@ def test_predict_without_labels_uses_the_order_recorded_at_training(run, tmp_pat
   texts = tmp_path / "in.tsv"
   write_split(texts, 3, labeled=False)
   args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
-  finetune.predict(config_for(run.data, run.spm), str(run.workdir), args)  # sorted would be neg|pos
+  finetune.predict(config_for(run.data, run.spm), Run(str(run.workdir)), args)  # sorted would be neg|pos
   rows = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
   assert len(rows) == 3 and all(list(r["probabilities"]) == ["pos", "neg"] for r in rows)
 
@@ -86,7 +87,7 @@ def test_predict_without_labels_uses_the_order_recorded_at_training(run, tmp_pat
 @pytest.mark.parametrize("labels", ["neg|pos", "neg|pos|meh"])
 def test_eval_refuses_another_class_order_or_count(run, labels):
   with pytest.raises(ValueError, match=r"labels=pos\|neg.*labels=neg\|pos.*pass labels=pos\|neg"):
-    finetune.evaluate(config_for(run.data, run.spm, labels=labels), str(run.workdir))
+    finetune.evaluate(config_for(run.data, run.spm, labels=labels), Run(str(run.workdir)))
   assert not (run.workdir / "dev_predictions.jsonl").exists()
 
 
@@ -97,19 +98,19 @@ def test_eval_refuses_a_workdir_of_another_task(run, tmp_path):
   config = glue.get_config(f"task=cola,size=tiny,spm={run.spm},data={tmp_path}")
   config.data.max_seq_length = 16
   with pytest.raises(ValueError, match="task=classification.*task=glue, task_name=cola.*config.json"):
-    finetune.evaluate(config, str(run.workdir))
+    finetune.evaluate(config, Run(str(run.workdir)))
   assert not (run.workdir / "dev_predictions.tsv").exists()
 
 
 @pytest.mark.slow
 def test_resuming_with_another_class_order_is_refused(run):
   with pytest.raises(ValueError, match=r"checkpoint step 4\) holds a head trained for .*labels=pos\|neg"):
-    finetune.train(config_for(run.data, run.spm, labels="neg|pos"), str(run.workdir))
+    finetune.train(config_for(run.data, run.spm, labels="neg|pos"), Run(str(run.workdir)))
 
 
 @pytest.mark.slow
 def test_init_checkpoint_of_a_fine_tuning_run_loads_its_best_weights(run, capsys):
-  best = finetune.read_best(str(run.workdir))
+  best = finetune.read_best(Run(str(run.workdir)))
   loaded = pretrained.load_init_params(str(run.workdir))
   assert f"loading the best dev checkpoint of the fine-tuning run (step {best['step']}," in capsys.readouterr().out
   jax.tree.map(np.testing.assert_array_equal, loaded, pretrained.load_pretrained(best["weights"])[1])
@@ -117,7 +118,7 @@ def test_init_checkpoint_of_a_fine_tuning_run_loads_its_best_weights(run, capsys
 
 def test_a_workdir_without_weights_is_named_as_the_workdir(shared_data, tmp_path):
   with pytest.raises(FileNotFoundError, match=f"--workdir='{tmp_path}' is neither"):
-    finetune.evaluate(config_for(tmp_path, spm(shared_data), labels="neg|pos"), str(tmp_path))
+    finetune.evaluate(config_for(tmp_path, spm(shared_data), labels="neg|pos"), Run(str(tmp_path)))
 
 
 def saved_weights(path, config, drop_head=False):
@@ -139,7 +140,7 @@ def test_eval_of_weights_without_a_task_head_names_the_head_not_a_flax_error(sha
   weights = saved_weights(tmp_path / "pretrained", config, drop_head=True)
   with pytest.raises(ValueError, match=r"(?s)--workdir=.*holds no head trained for this task:\n  classifier/bias: "
                                        r"expected shape \(2,\), found missing.*run fine-tuned for this task"):
-    finetune.evaluate(config, weights)
+    finetune.evaluate(config, Run(weights))
 
 
 def test_predicting_with_another_tasks_head_says_so_not_backbone(shared_data, tmp_path):
@@ -151,4 +152,4 @@ def test_predicting_with_another_tasks_head_says_so_not_backbone(shared_data, tm
   config.train.num_train_steps, config.init_checkpoint = 0, weights
   with pytest.raises(ValueError, match=r"(?s)init_checkpoint holds no head trained for this task:\n  classifier/"
                                        r"bias: expected shape \(3,\), found shape \(2,\).*for AX, the MNLI run's"):
-    finetune.train(config, str(tmp_path / "out"))
+    finetune.train(config, Run(str(tmp_path / "out")))

@@ -17,6 +17,7 @@ import pytest
 
 from albert_jax import seeds, seeds_report
 from albert_jax.errors import InputError
+from albert_jax.run import Run
 from albert_jax.tasks import get_task
 from albert_jax.tasks.classification import THRESHOLDS_FILE
 from albert_jax.tasks.squad import SquadPredictions
@@ -334,9 +335,9 @@ def test_a_folder_s_grid_does_not_change(tmp_path):
   for folder, recorded in [(grid, {"learning_rates": [1e-5, 2e-5]}), (single, {})]:
     folder.mkdir()
     (folder / "seeds.json").write_text(json.dumps({**recorded, "runs": [{"seed": 0}]}))
-  seeds.check_grid(str(grid), [1e-5, 2e-5])
-  seeds.check_grid(str(single), None)
-  seeds.check_grid(str(tmp_path / "new"), [3e-5])
+  seeds.check_grid(Run(str(grid)), [1e-5, 2e-5])
+  seeds.check_grid(Run(str(single)), None)
+  seeds.check_grid(Run(str(tmp_path / "new")), [3e-5])
   for folder, rates, message in [
       (grid, [1e-5, 2e-5, 3e-5], "records --learning_rates=1e-05,2e-05, this command asks for "
                                  "--learning_rates=1e-05,2e-05,3e-05"),
@@ -345,7 +346,7 @@ def test_a_folder_s_grid_does_not_change(tmp_path):
       (single, [1e-5], "records no --learning_rates, this command asks for --learning_rates=1e-05")]:
     with pytest.raises(InputError, match=f"^{re.escape(f'{folder}/seeds.json {message}')}; a folder's grid does not "
                                          "change: run this one with another --workdir.$"):
-      seeds.check_grid(str(folder), rates)
+      seeds.check_grid(Run(str(folder)), rates)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from flax import traverse_util
 from tensorboardX.proto import event_pb2, plugin_hparams_pb2
 
 from albert_jax import errors, trackers
-from albert_jax.run import WANDB_ID_FILE
+from albert_jax.run import Run, tracker_ids
+from albert_jax.run.layout import WANDB_ID_FILE
 from tests.helpers import REPO, SMALL_RUN, pretrain_cli as cli, require_module
 
 PROJECT = "--config.log.wandb_project=albert-test"
@@ -37,16 +38,16 @@ def test_a_new_run_in_a_path_used_before_gets_its_own_wandb_run(tmp_path):
   started afresh; a workdir that logged before ids were kept continues under its path's hash, its id then."""
   workdir = tmp_path / "run"
   workdir.mkdir()
-  first = trackers.wandb_run_id(str(workdir))
-  assert trackers.wandb_run_id(str(workdir)) == first == (workdir / WANDB_ID_FILE).read_text()
+  first = tracker_ids.wandb_run_id(Run(str(workdir)))
+  assert tracker_ids.wandb_run_id(Run(str(workdir))) == first == (workdir / WANDB_ID_FILE).read_text()
   shutil.rmtree(workdir)
   workdir.mkdir()
-  second = trackers.wandb_run_id(str(workdir))
+  second = tracker_ids.wandb_run_id(Run(str(workdir)))
   assert second != first and len(second) == len(first) == 16
   shutil.rmtree(workdir)
   workdir.mkdir()
   (workdir / "metrics.jsonl").write_text('{"step": 1, "loss": 10.0}\n')
-  assert trackers.wandb_run_id(str(workdir)) == hashlib.sha256(str(workdir).encode()).hexdigest()[:16]
+  assert tracker_ids.wandb_run_id(Run(str(workdir))) == hashlib.sha256(str(workdir).encode()).hexdigest()[:16]
 
 
 def wandb_dirs(tmp_path) -> dict[str, str]:
@@ -88,7 +89,7 @@ def test_an_offline_wandb_run_holds_our_metrics_and_config_and_a_resume_continue
     records = wandb_records(run_dir)
     [run] = [r["run"] for r in records if r["type"] == "run"]
     assert (run["run_id"], run["display_name"], run["project"], run["tags"], run["resume"]) == (
-        trackers.wandb_run_id(str(workdir)), "run", "albert-test", tags, True)
+        tracker_ids.wandb_run_id(Run(str(workdir))), "run", "albert-test", tags, True)
     history = {r["history"]["step"]["num"]: {k: v for k, v in r["history"]["item"].items() if not k.startswith("_")}
                for r in records if r["type"] == "history"}
     assert history == {row["step"]: {trackers.tag(k): v for k, v in row.items() if k != "step"}
@@ -150,7 +151,7 @@ def test_wandb_without_an_account_is_one_line_naming_offline_mode(tmp_path, monk
                                    "wandb_tags": ""})
   try:
     with pytest.raises(errors.EnvironmentUserError) as refused:
-      trackers.WandbTracker(str(tmp_path / "run"), log)
+      trackers.WandbTracker(Run(str(tmp_path / "run")), log)
   finally:
     wandb.teardown()
   message = str(refused.value)
@@ -189,14 +190,14 @@ def test_a_tracker_file_that_is_a_symlink_is_refused_not_written_through(tmp_pat
   (run / name).symlink_to(target)
   log = ml_collections.ConfigDict({"wandb_project": ""})
   with pytest.raises(errors.InputError) as refused:
-    trackers.open_trackers(str(run), str(run), log)
+    trackers.open_trackers(Run(str(run)), Run(str(run)), log)
   assert str(refused.value) == (f"{run / name} is a symlink (to {target}); the run writes its own {name} there, not "
                                 "through a link: remove the link and rerun.")
   assert sorted(p.name for p in run.iterdir()) == [name]
   assert (sorted(p.name for p in target.iterdir()) == [] if name == "tensorboard"
           else target.read_text() == '{"step": 1}\n')
   (run / name).unlink()
-  opened = trackers.open_trackers(str(run), str(run), log)
+  opened = trackers.open_trackers(Run(str(run)), Run(str(run)), log)
   for tracker in opened:
     tracker.close()
   assert (run / "metrics.jsonl").is_file() and (run / "tensorboard").is_dir()

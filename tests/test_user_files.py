@@ -11,7 +11,8 @@ import pytest
 
 from albert_jax import finetune, glue_submission
 from albert_jax.errors import InputError
-from albert_jax.run import HEAD_FILE
+from albert_jax.run import Run
+from albert_jax.run.layout import HEAD_FILE
 from albert_jax.tasks.classification import label_order
 from experiments import classification, glue, multiple_choice, token_classification
 from tests.helpers import REPO, TINY_RUN, finetune_cli as cli, spm, task_of as _task
@@ -243,7 +244,7 @@ def test_embed_with_a_classification_config_needs_no_train_file(shared_data, tmp
   config.init_checkpoint = str(tmp_path / "converted")
   texts = ["a wonderful film", "", "the city at night"]
   (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
-  embed.embed(config, str(tmp_path / "run"), types.SimpleNamespace(input=str(tmp_path / "texts.txt"),
+  embed.embed(config, Run(str(tmp_path / "run")), types.SimpleNamespace(input=str(tmp_path / "texts.txt"),
                                                                    output=str(tmp_path / "out.npy"), pooling="mean"),
               job_kinds.kind_for(config))
   tokenizer = make_tokenizer(config)
@@ -295,7 +296,7 @@ def test_eval_and_predict_choose_the_metric_of_the_recorded_tag_set(shared_data,
   config.data.max_seq_length = 32
   task = finetune._task_and_model(config, str(run))[0]
   assert task.labels == ("NN", "DT") and task.metric_name == "accuracy"
-  finetune.check_identity(task, finetune.recorded_identity(str(run)), "run")  # the head is this run's
+  finetune.check_identity(task, finetune.recorded_identity(Run(str(run))), "run")  # the head is this run's
 
 
 @pytest.mark.slow

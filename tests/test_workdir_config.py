@@ -12,8 +12,9 @@ import types
 import numpy as np
 import pytest
 
-from albert_jax import convert, finetune, job_kinds, run_config, runner, workdir_config
+from albert_jax import convert, finetune, job_kinds, runner
 from albert_jax.cli import experiment_config
+from albert_jax.run import Run, config as run_config
 from tests.helpers import REPO, quietly, spm, write_split
 
 DEVICES = 8  # as in this process (tests/conftest.py): a command line's outputs and the references here compute alike
@@ -54,7 +55,7 @@ def finetuned(shared_data, tmp_path_factory):
   (root / "texts.tsv").write_text(TEXTS)
   argv = ["main", f"--config=experiments/classification.py:size=tiny,data={root},spm={spm(shared_data)},"
                   "text=sentence,labels=pos|neg", *FINETUNING]
-  quietly(finetune.train, experiment_config(argv), str(root / "run"))
+  quietly(finetune.train, experiment_config(argv), Run(str(root / "run")))
   return types.SimpleNamespace(root=root, workdir=root / "run", argv=argv)
 
 
@@ -72,7 +73,7 @@ def leaves(config, prefix=""):
 def test_the_run_config_reads_back_typed_and_overrides_change_only_their_fields(tmp_path):
   written = experiment_config(["main", "--config=experiments/classification.py:size=tiny,labels=pos|neg",
                                "--config.train.learning_rate=0.25", "--config.mesh.shape=(('data', 2),)"])
-  workdir_config.write_workdir_config(str(tmp_path), written)
+  run_config.write(Run(str(tmp_path)), written)
   back = experiment_config(["main", run_spec(tmp_path)])
   assert leaves(back) == leaves(written) and back.to_json_best_effort() == written.to_json_best_effort()
   assert back.model.embedding_projection is None and back.data.labels == ("pos", "neg")
@@ -89,7 +90,7 @@ def test_predict_with_only_the_workdir_gives_the_full_command_lines_predictions(
                f"--output={tmp_path / 'mine.jsonl'}")
   assert said(result) == f"config: {finetuned.workdir}/config.json (the run's resolved config); no overrides"
   args = runner.RunArgs(input=str(finetuned.root / "texts.tsv"), output=str(tmp_path / "full.jsonl"))
-  quietly(runner.run, experiment_config(finetuned.argv), str(finetuned.workdir), "predict", args)
+  quietly(runner.run, experiment_config(finetuned.argv), Run(str(finetuned.workdir)), "predict", args)
   assert (tmp_path / "mine.jsonl").read_text() == (tmp_path / "full.jsonl").read_text()
   assert len((tmp_path / "mine.jsonl").read_text().splitlines()) == 3
 
@@ -99,7 +100,7 @@ def test_eval_with_only_the_workdir_gives_the_full_command_lines_scores(finetune
   result = cli("--mode=eval", f"--workdir={finetuned.workdir}")
   said(result)
   mine = (finetuned.workdir / "dev_predictions.jsonl").read_text()
-  full = quietly(runner.run, experiment_config(finetuned.argv), str(finetuned.workdir), "eval")
+  full = quietly(runner.run, experiment_config(finetuned.argv), Run(str(finetuned.workdir)), "eval")
   assert result.stdout.splitlines()[-1] == full.splitlines()[-1]
   assert json.loads(full.splitlines()[-1])["weights"] == "best checkpoint (step 2)"
   assert (finetuned.workdir / "dev_predictions.jsonl").read_text() == mine and len(mine.splitlines()) == 8
@@ -108,7 +109,7 @@ def test_eval_with_only_the_workdir_gives_the_full_command_lines_scores(finetune
 def test_eval_with_an_output_writes_nothing_into_the_workdir(finetuned, tmp_path):
   """A read-only run can be scored (cli.check_workdir accepts it with --output: tests/test_convert_heads.py)."""
   before = {p: p.stat().st_mtime_ns for p in finetuned.workdir.rglob("*")}
-  said = quietly(runner.run, experiment_config(finetuned.argv), str(finetuned.workdir), "eval",
+  said = quietly(runner.run, experiment_config(finetuned.argv), Run(str(finetuned.workdir)), "eval",
                  job_kinds.RunArgs(output=str(tmp_path / "scores")))
   assert json.loads(said.splitlines()[-1])["weights"] == "best checkpoint (step 2)"
   assert {p: p.stat().st_mtime_ns for p in finetuned.workdir.rglob("*")} == before
@@ -127,7 +128,7 @@ def test_embed_with_an_override_on_the_run_config_changes_that_field_alone(finet
                           "data.max_seq_length=4")
   for output, override in (("full.npy", ["--config.data.max_seq_length=4"]), ("uncut.npy", [])):
     args = runner.RunArgs(input=str(texts), output=str(tmp_path / output))
-    quietly(runner.run, experiment_config([*finetuned.argv, *override]), str(finetuned.workdir), "embed", args)
+    quietly(runner.run, experiment_config([*finetuned.argv, *override]), Run(str(finetuned.workdir)), "embed", args)
   mine = np.load(tmp_path / "m.npy")
   np.testing.assert_array_equal(mine, np.load(tmp_path / "full.npy"))
   assert mine.shape == (2, 64) and not np.allclose(mine, np.load(tmp_path / "uncut.npy"))
@@ -138,7 +139,7 @@ def test_a_copied_workdir_reports_and_reads_its_own_best_weights(finetuned, tmp_
   """best.json records the path its run had; a copy said, and would have predicted with, the original's weights."""
   copy = tmp_path / "copy"
   shutil.copytree(finetuned.workdir, copy)
-  finetune.train(experiment_config(finetuned.argv), str(copy))  # nothing left to train: reports the best
+  finetune.train(experiment_config(finetuned.argv), Run(str(copy)))  # nothing left to train: reports the best
   said = capsys.readouterr().out
   assert f"done: best checkpoint {copy}/best/step_2 (accuracy " in said
   assert str(finetuned.workdir) not in said
@@ -149,7 +150,7 @@ def test_a_resume_with_only_the_workdir_sees_only_the_changes_asked_for(finetune
   """The config read back writes the JSON it was read from: the resume checks see no change; an override is the
   one change said, and the previous config is kept."""
   workdir = shutil.copytree(finetuned.workdir, tmp_path / "run")
-  assert quietly(workdir_config.check_workdir_config, str(workdir), run_config.get_config(str(workdir))) == ""
+  assert quietly(run_config.check_resume, Run(str(workdir)), run_config.get_config(str(workdir))) == ""
   result = cli(f"--workdir={workdir}", "--config.log.every=2")
   assert said(result) == f"config: {workdir}/config.json (the run's resolved config); overrides: log.every=2"
   assert ("Resuming at step 2 with changed settings: log.every: 1 -> 2 (the previous config is kept as "
@@ -183,7 +184,7 @@ REFUSALS = [
                                                          "describe", "compile", "misspelt_override"])
 def test_without_a_readable_run_config_one_line_names_the_fix(tmp_path, args, message):
   """A fresh run, describe and compile need an experiment file even beside a run's config.json."""
-  workdir_config.write_workdir_config(str(tmp_path / "run"),
+  run_config.write(Run(str(tmp_path / "run")),
                                      experiment_config(["main", "--config=experiments/pretrain_tiny.py"]))
   (tmp_path / "garbled").mkdir()
   (tmp_path / "garbled" / "config.json").write_text('{"task": "glue", "model": {"vocab_si')
@@ -203,20 +204,20 @@ def test_convert_names_a_garbled_run_config_in_one_line(tmp_path):
 def test_a_workdir_of_an_earlier_version_resumes_with_the_fields_added_since(tmp_path, monkeypatch, capsys):
   """Its config.json lacks the fields added since: they are new, not changed (no saved value could be restored),
   so the resume goes on and says so; the fields it holds are compared as ever."""
-  monkeypatch.setattr(workdir_config, "latest_step", lambda workdir: 2)
+  monkeypatch.setattr(run_config, "latest_step", lambda run: 2)
   config = experiment_config(["main", "--config=experiments/pretrain_tiny.py"])
   older = json.loads(config.to_json_best_effort())
   del older["data"]["sentence_task"], older["model"]["sharing"]   # an exact-resume field and a shape field
   (tmp_path / "config.json").write_text(json.dumps(older))
-  workdir_config.check_workdir_config(str(tmp_path), config)
+  run_config.check_resume(Run(str(tmp_path)), config)
   assert capsys.readouterr().out == ("Resuming at step 2 with changed settings: data.sentence_task: 'sop' (new "
                                      "field), model.sharing: 'all' (new field) (the previous config is kept as "
                                      "config.2.json).\n")
   (tmp_path / "config.json").write_text(json.dumps(older))
   config.data.short_seq_prob = 0.2
   with pytest.raises(ValueError, match=r"with changed data\.short_seq_prob would not continue the same run"):
-    workdir_config.check_workdir_config(str(tmp_path), config)
+    run_config.check_resume(Run(str(tmp_path)), config)
   older["model"]["hidden_size"] *= 2
   (tmp_path / "config.json").write_text(json.dumps(older))
   with pytest.raises(ValueError, match=r"holds checkpoints of a different model \(model\.hidden_size: saved "):
-    workdir_config.check_workdir_config(str(tmp_path), config)
+    run_config.check_resume(Run(str(tmp_path)), config)

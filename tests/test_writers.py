@@ -91,10 +91,11 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_does_n
 
 @pytest.mark.parametrize("contents", [b"\x00\xff\xfegarbage", b"", b"[1, 2]", b'{"host": "h", "pid": "x"}'])
 def test_an_unreadable_lock_file_is_one_line(tmp_path, contents):
-  from albert_jax.workdir_lock import WorkdirLock
+  from albert_jax.run import Run
+  from albert_jax.run.lock import WorkdirLock
   (tmp_path / "run.lock").write_bytes(contents)
   with pytest.raises(UserError) as refused:
-    with WorkdirLock(str(tmp_path)):
+    with WorkdirLock(Run(str(tmp_path))):
       pass
   message = str(refused.value)
   assert errors.is_user_error(refused.value) and "\n" not in message
@@ -122,15 +123,15 @@ def test_another_hosts_lock_from_the_future_names_the_clocks_and_the_fix(tmp_pat
 
 def test_every_resume_with_changes_keeps_the_config_it_replaced(tmp_path, monkeypatch, capsys):
   import ml_collections
-  from albert_jax import workdir_config
-  monkeypatch.setattr(workdir_config, "latest_step", lambda workdir: 2)
+  from albert_jax.run import Run, config as run_config
+  monkeypatch.setattr(run_config, "latest_step", lambda run: 2)
   config = lambda every: ml_collections.ConfigDict({"model": {"hidden_size": 8}, "log": {"every": every}})
   saved = lambda name: json.loads((tmp_path / name).read_text())["log"]["every"]
-  workdir_config.write_workdir_config(str(tmp_path), config(1))
+  run_config.write(Run(str(tmp_path)), config(1))
   for every, kept in ((2, "config.2.json"), (3, "config.2.1.json")):  # two resumes at step 2, nothing saved between
-    workdir_config.check_workdir_config(str(tmp_path), config(every))
+    run_config.check_resume(Run(str(tmp_path)), config(every))
     assert f"(the previous config is kept as {kept})" in capsys.readouterr().out
-    workdir_config.write_workdir_config(str(tmp_path), config(every))
+    run_config.write(Run(str(tmp_path)), config(every))
   assert (saved("config.2.json"), saved("config.2.1.json"), saved("config.json")) == (1, 2, 3)
 
 
@@ -146,8 +147,8 @@ def test_no_tool_writes_where_it_reads_nor_leaves_a_stale_file_in_a_submission(s
     train_spm.train(Source(str(corpus)), str(corpus), vocab_size=40)
   assert corpus.read_text() == TEXT
   rte = run_dir(tmp_path / "rte", 0.5, [("RTE.tsv", ["entailment"] * 3)])
-  with pytest.raises(InputError, match=f"--out={rte} is --runs; write the submission to a new directory."):
-    glue_submission.assemble([rte], rte, allow_partial=True, check_counts=False)
+  with pytest.raises(InputError, match=f"--out={rte.workdir} is --runs; write the submission to a new directory."):
+    glue_submission.assemble([rte], rte.workdir, allow_partial=True, check_counts=False)
   out = tmp_path / "submission"
   out.mkdir()
   (out / "CoLA.tsv").write_text("index\tprediction\n0\t1\n")  # an earlier assembly's

@@ -11,8 +11,8 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from albert_jax import pretrained, storage
-from albert_jax.head_identity import read_best
-from albert_jax.run import Run
+from albert_jax.run.best import read_best
+from albert_jax.run.layout import Run
 from albert_jax.tasks import Split
 
 
@@ -24,11 +24,11 @@ class BestKeeper:
   a record of a later step is dropped: those weights belong to a run that died before its checkpoint (perhaps
   with another seed or learning rate), and keeping them would report and predict with them."""
 
-  def __init__(self, workdir: str, task, model_config, resume_step: int):
-    self.run = Run(workdir)
-    self.directory = self.run.best
+  def __init__(self, run: Run, task, model_config, resume_step: int):
+    self.run = run
+    self.directory = run.best
     self.task, self.model_config = task, model_config
-    self.record = read_best(workdir)
+    self.record = read_best(run)
     if _on_every_process(self.record is not None and self.record["step"] > resume_step):
       if jax.process_index() == 0:
         print(f"Dropping {self.directory} (step {self.record['step']}): this run continues from step "

@@ -1,4 +1,4 @@
-"""One training run per workdir: process 0 holds `workdir/run.lock` while it trains.
+"""One training run per workdir: process 0 holds its `run.lock` while it trains.
 
 Two runs in one workdir would overwrite each other's checkpoints and interleave their metrics under the same
 steps, both reporting success. The lock is `data_pipeline.writers.WriterLock` (its docstring has the rules: the
@@ -10,15 +10,15 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from albert_jax.run import Run
+from albert_jax.run.layout import Run
 from data_pipeline.writers import InUse, WriterLock
 
 
 class WorkdirLock(WriterLock):
-  """`with WorkdirLock(workdir, owner=process 0):` around a training run."""
+  """`with WorkdirLock(run, owner=process 0):` around a training run."""
 
-  def __init__(self, workdir: str, owner: bool = True):
-    super().__init__(Run(workdir).lock, f"Workdir {workdir}", "--workdir")
+  def __init__(self, run: Run, owner: bool = True):
+    super().__init__(run.lock, f"Workdir {run.workdir}", "--workdir")
     self.owner = owner
 
   def __enter__(self) -> "WorkdirLock":

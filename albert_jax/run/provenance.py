@@ -14,7 +14,7 @@ import os
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from albert_jax.run import BEST_DIR, Run
+from albert_jax.run.layout import PROVENANCE_FILE, Run, run_of_weights
 from data_pipeline import fingerprints, records
 
 TOKENIZER, PREPARED_DATA = "tokenizer", "prepared data"
@@ -63,15 +63,15 @@ def fingerprint(inputs: dict[str, str]) -> dict[str, dict[str, str]]:
           for what, path in inputs.items() if path and storage.path(path).is_file()}
 
 
-def recorded(path: str) -> dict[str, dict[str, str]]:
-  """The fingerprints the run at `path` (a workdir) recorded; {} for a run that kept none."""
-  file = storage.path(Run(path).provenance)
+def recorded(run: Run) -> dict[str, dict[str, str]]:
+  """The fingerprints `run` recorded; {} for a run that kept none."""
+  file = storage.path(run.provenance)
   return json.loads(file.read_text()) if file.is_file() else {}
 
 
-def record(workdir: str, made_of: dict[str, dict[str, str]]) -> None:
+def record(run: Run, made_of: dict[str, dict[str, str]]) -> None:
   """Writes the run's fingerprints (process 0 of the run calls it, with its config.json)."""
-  storage.write_atomic(Run(workdir).provenance, json.dumps(made_of, indent=2))
+  storage.write_atomic(run.provenance, json.dumps(made_of, indent=2))
 
 
 def changes(before: dict[str, dict[str, str]], now: dict[str, dict[str, str]]) -> list[str]:
@@ -93,25 +93,15 @@ def check(who: str, before: dict, now: dict, config, flag: str) -> None:
         f"({flag}=True).", flush=True)
 
 
-def check_resume(workdir: str, inputs: dict[str, str], config) -> None:
+def check_resume(run: Run, inputs: dict[str, str], config) -> None:
   """A resume reads what the run was made from: refused otherwise, `resume_with_changes` accepting the change."""
-  check(f"Workdir {workdir}", recorded(workdir), fingerprint(inputs), config, "resume_with_changes")
-
-
-def _run_of(path: str) -> str | None:
-  """The run that recorded the weights at `path`: `path` itself, or WORKDIR of WORKDIR/best/step_N."""
-  path = path.rstrip("/")
-  for candidate in (path, *((os.path.dirname(os.path.dirname(path)),)
-                            if os.path.basename(os.path.dirname(path)) == BEST_DIR else ())):
-    if storage.path(Run(candidate).provenance).is_file():
-      return candidate
-  return None
+  check(f"Workdir {run.workdir}", recorded(run), fingerprint(inputs), config, "resume_with_changes")
 
 
 def check_reader(path: str, name: str, config, inputs: dict[str, str] | None = None) -> None:
   """The weights at `path` read with the tokenizer `config` uses now (and the other `inputs` given): refused when
   their run recorded other bytes for them, `accept_changed_inputs` accepting the change."""
-  workdir = _run_of(path)
-  if workdir is not None:  # else converted weights, or a run that recorded nothing
+  run = run_of_weights(path, PROVENANCE_FILE)
+  if run is not None:  # else converted weights, or a run that recorded nothing
     now = fingerprint(inputs or {TOKENIZER: tokenizer_of(config)})
-    check(f"{name}={path}", recorded(workdir), now, config, "accept_changed_inputs")
+    check(f"{name}={path}", recorded(run), now, config, "accept_changed_inputs")

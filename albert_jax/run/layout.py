@@ -56,7 +56,9 @@ MARKS = (CONFIG_FILE, CHECKPOINTS_DIR, BEST_DIR, METRICS_FILE, SEEDS_FILE)
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """The layout of the run in `workdir` (a local path or a gs:// URL); nothing is read or made here."""
+  """A training run, the value passed from the entry to the modes, the loop and the tools: the layout of its folder
+  `workdir` (a local path or a gs:// URL). Nothing is read or made here; the run's records are the modules beside
+  this one."""
   workdir: str
 
   def file(self, name: str) -> str:
@@ -134,6 +136,10 @@ class Run:
   def seeds_report(self) -> str:
     return self.file(SEEDS_FILE)
 
+  def written_in(self, folder: str) -> Run:
+    """This layout in `folder`: the local mirror (`storage.Mirror`) that a gs:// run's trackers write into."""
+    return Run(folder)
+
   def seed(self, seed: int) -> Run:
     """Seed `seed`'s own run in a seeds folder."""
     return Run(self.file(f"seed_{seed}"))
@@ -190,10 +196,31 @@ def is_run(directory: str) -> bool:
   return any(storage.path(os.path.join(directory, mark)).exists() for mark in MARKS)
 
 
-def check_output(flag: str, output: str, workdir: str | None = None) -> None:
-  """Refuses an output path that is or lies in a file or folder of a run: of `workdir` (the run a mode reads, even
+def as_run(path: str) -> Run:
+  """`path` read with a run's layout: weights readers (init_checkpoint, convert's --src) ask a folder that may be a
+  training run, or a converted directory keeping head.json as a run does, for a run's files."""
+  return Run(path)
+
+
+def run_of_best(path: str) -> Run | None:
+  """The run whose best dev checkpoint `path` is (WORKDIR of WORKDIR/best/step_N), by name; None for any other."""
+  path = path.rstrip("/")
+  return Run(os.path.dirname(os.path.dirname(path))) if os.path.basename(os.path.dirname(path)) == BEST_DIR else None
+
+
+def run_of_weights(path: str, mark: str = CONFIG_FILE) -> Run | None:
+  """The training run that the weights at `path` come from, known by its file `mark`: `path` itself, or WORKDIR of
+  WORKDIR/best/step_N; None for other weights (a converted directory, a run that recorded no `mark`)."""
+  for run in (Run(path.rstrip("/")), run_of_best(path)):
+    if run is not None and storage.path(run.file(mark)).is_file():
+      return run
+  return None
+
+
+def check_output(flag: str, output: str, run: Run | None = None) -> None:
+  """Refuses an output path that is or lies in a file or folder of a run: of `run` (the run a mode reads, even
   before it exists) or of any folder above `output` that holds a run. Nothing is written before this check."""
-  runs = [Run(workdir)] if workdir else []
+  runs = [run] if run else []
   parent = os.path.dirname(_resolved(output).rstrip("/"))
   while parent and parent not in ("/", "gs:", "gs:/") and not parent.endswith("//"):
     if is_run(parent):
