@@ -153,24 +153,25 @@ class Pretraining(EncoderJob):
 @register("electra")
 class Electra(Pretraining):
   """ELECTRA's replaced-token detection over pretraining's data: a generator and a discriminator sharing the
-  embeddings (`albert_jax.electra`). Fine-tuning and embedding take the discriminator, kept as the backbone `albert`."""
+  embeddings (`albert_jax.families.electra_pretraining`). Fine-tuning and embedding take the discriminator, kept
+  as the backbone `albert`."""
   label = "ELECTRA pretraining"
 
   def train(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
-    from albert_jax import electra
-    return electra.train(self.config, workdir, args)
+    from albert_jax.families import electra_pretraining
+    return electra_pretraining.train(self.config, workdir, args)
 
   def evaluate(self, workdir: str, args: RunArgs | None = None) -> dict[str, float]:
-    from albert_jax import electra
-    return electra.evaluate_checkpoint(self.config, workdir, args)
+    from albert_jax.families import electra_pretraining
+    return electra_pretraining.evaluate_checkpoint(self.config, workdir, args)
 
   def describe(self, workdir: str | None = None, args: RunArgs | None = None) -> None:
-    from albert_jax import electra
-    electra.describe_config(self.config)
+    from albert_jax.families import electra_pretraining
+    electra_pretraining.describe_config(self.config)
 
   def make_job(self, config: ml_collections.ConfigDict, workdir: str | None = None):
-    from albert_jax import electra
-    return electra.make_job(config, workdir)
+    from albert_jax.families import electra_pretraining
+    return electra_pretraining.make_job(config, workdir)
 
 
 class FineTuning(EncoderJob):
@@ -198,8 +199,8 @@ class FineTuning(EncoderJob):
     model_config = self.model_config(config)
     task = get_task(config)
     model = task.build_model(model_config)
-    if hasattr(task, "electra_head"):
-      print(f"classifier head: {'ELECTRA' if task.electra_head else 'ALBERT'}'s ({type(model).__name__})")
+    if said := task.describe_head(model):
+      print(said)
     params = jax.eval_shape(lambda rng: task.init_params(model, rng), jax.random.key(0))
     describe.print_description(model_config, config.data.max_seq_length, None, params)
 

@@ -268,7 +268,7 @@ def check_data(config: ml_collections.ConfigDict) -> None:
 def train(config: ml_collections.ConfigDict, workdir: str, args=None, job_for=make_job) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the workdir's latest checkpoint. Returns the last logged metrics.
   A warm start's weights are loaded and checked first: refused, they leave the workdir as it was. `job_for`:
-  (config, workdir) -> the objective's job (ELECTRA's: `electra.make_job`)."""
+  (config, workdir) -> the objective's job (a family's own objective passes its `make_job`)."""
   check_data(config)
   job = job_for(config, workdir)
   if workdir_config.latest_step(workdir) is not None:
