@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from albert_jax.model import AlbertModel, LayerNorm, activation, dense
+from albert_jax.model import AlbertModel, LayerNorm, dense
 from albert_jax.model_config import ModelConfig
 
 
