@@ -1,7 +1,12 @@
-"""The model-family registry: each family's transformers names, and the one-line refusals of an unknown one."""
+"""The model-family registry: each family's transformers names, head and runs, the one-line refusals of an unknown
+one, and no family branch outside it."""
+import subprocess
+import sys
+
 import pytest
 
 from albert_jax import families
+from tests.helpers import REPO
 
 
 def test_each_family_names_its_transformers_classes():
@@ -29,6 +34,14 @@ def test_each_family_owns_its_classification_head_and_the_heads_are_named_after_
   assert families.classifier_family("albert").classifier() is PooledClassifier
   assert families.hf_classes(families.SEQUENCE_CLASSIFICATION) == (
       "AlbertForSequenceClassification", "ElectraForSequenceClassification")
+
+
+def test_the_registry_and_the_head_names_import_no_jax():
+  """A family's head loads when asked: asking the registry (as head_identity does on import) leaves jax unloaded."""
+  script = ("import sys; from albert_jax import families, head_identity; "
+            "print([f.hf_class(families.BACKBONE) for f in families.all_families()], 'jax' in sys.modules)")
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.stdout.strip() == "['AlbertModel', 'ElectraModel'] False", result.stderr[-3000:]
 
 
 def test_a_run_s_family_is_told_by_its_params_or_its_recorded_config():
