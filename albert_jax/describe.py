@@ -48,7 +48,7 @@ def describe(model_config: ModelConfig, seq_len: int, num_predictions: int | Non
 def print_description(model_config: ModelConfig, seq_len: int, num_predictions: int | None,
                       params: Any = None, objective: tuple[str, dict] | None = None) -> dict:
   """`objective`: (what its FLOPs count, its counts added to or replacing `describe`'s) for another pretraining
-  objective's `params` (ELECTRA's pair)."""
+  objective's `params` (a generator and discriminator pair)."""
   info = describe(model_config, seq_len, num_predictions, params)
   counted = (f"{num_predictions} predictions" if params is None
              else "the encoder's: the task head is not counted")

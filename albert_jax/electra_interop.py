@@ -26,9 +26,10 @@ import jax
 import numpy as np
 
 from albert_jax import head_identity, interop, pretrained, storage
-from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
 from albert_jax.errors import InputError
-from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION, HFHead
+from albert_jax.families.electra import GENERATOR, HF_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION
+from albert_jax.families.electra_model import ElectraForPreTraining, generator_config
+from albert_jax.head_identity import HFHead
 from albert_jax.interop import _check_shape, _layer_norm, _linear, _read_config, _read_tensors, _write_hf
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig

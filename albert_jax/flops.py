@@ -41,12 +41,3 @@ def peak_flops(device_kind: str) -> float | None:
       return PEAK_FLOPS[prefix]
   return None
 
-
-def electra_train_flops_per_token(discriminator: ModelConfig, generator: ModelConfig, seq_len: int,
-                                  num_predictions: int) -> float:
-  """ELECTRA's pair: the generator's encoder and MLM head (`train_flops_per_token`), the discriminator's encoder
-  and its head on every position, 6·(H² + H) (dense H -> H, then H -> 1). Sampling and the shared embedding lookups
-  are not matmuls."""
-  h = discriminator.hidden_size
-  return (train_flops_per_token(generator, seq_len, num_predictions)
-          + encoder_train_flops_per_token(discriminator, seq_len) + 6 * (h * h + h))

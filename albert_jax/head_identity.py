@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
-from albert_jax import storage
+from albert_jax import families, storage
 from albert_jax.errors import InputError
 from albert_jax.run import Run, as_run, run_of_best
 from albert_jax.run.best import read_best, recorded_identity
@@ -26,16 +26,17 @@ from albert_jax.run.best import read_best, recorded_identity
 
 # --- transformers' head classes -----------------------------------------------------------------------------
 HF_ARCHITECTURE = "hf_architecture"  # the key that marks a converted head's record
-SEQUENCE_CLASSIFICATION = "AlbertForSequenceClassification"
-QUESTION_ANSWERING = "AlbertForQuestionAnswering"
-MULTIPLE_CHOICE = "AlbertForMultipleChoice"
-TOKEN_CLASSIFICATION = "AlbertForTokenClassification"
-MASKED_LM = "AlbertForMaskedLM"
-ELECTRA_SEQUENCE_CLASSIFICATION = "ElectraForSequenceClassification"  # ELECTRA's head (`heads.ElectraClassifier`)
-CLASSIFIERS = (SEQUENCE_CLASSIFICATION, ELECTRA_SEQUENCE_CLASSIFICATION)  # classes, named or not, or a regression
+# The default family's classes: the heads every task but a family's own sequence classifier exports as.
+_DEFAULT = families.get(families.DEFAULT)
+SEQUENCE_CLASSIFICATION = _DEFAULT.hf_class(families.SEQUENCE_CLASSIFICATION)
+QUESTION_ANSWERING = _DEFAULT.hf_class(families.QUESTION_ANSWERING)
+MULTIPLE_CHOICE = _DEFAULT.hf_class(families.MULTIPLE_CHOICE)
+TOKEN_CLASSIFICATION = _DEFAULT.hf_class(families.TOKEN_CLASSIFICATION)
+MASKED_LM = _DEFAULT.hf_class(families.MASKED_LM)
+# Every family's sequence classifier (`Family.classifier`): classes, named or not, or a regression.
+CLASSIFIERS = families.hf_classes(families.SEQUENCE_CLASSIFICATION)
 MULTI_LABEL = "multi_label_classification"  # the problem_type of a classifier with a sigmoid per class
-HF_HEAD_PARAMS = {SEQUENCE_CLASSIFICATION: "classifier", ELECTRA_SEQUENCE_CLASSIFICATION: "classifier",
-                  MULTIPLE_CHOICE: "classifier",
+HF_HEAD_PARAMS = {**dict.fromkeys(CLASSIFIERS, "classifier"), MULTIPLE_CHOICE: "classifier",
                   QUESTION_ANSWERING: "qa_outputs", TOKEN_CLASSIFICATION: "classifier"}
 # The answer-class head's top-level param names (the original's variable scopes, `heads.AnswerClassSpanHead`);
 # HF has no class holding them.

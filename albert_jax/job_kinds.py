@@ -154,24 +154,25 @@ class Pretraining(EncoderJob):
 @register("electra")
 class Electra(Pretraining):
   """ELECTRA's replaced-token detection over pretraining's data: a generator and a discriminator sharing the
-  embeddings (`albert_jax.electra`). Fine-tuning and embedding take the discriminator, kept as the backbone `albert`."""
+  embeddings (`albert_jax.families.electra_pretraining`). Fine-tuning and embedding take the discriminator, kept
+  as the backbone `albert`."""
   label = "ELECTRA pretraining"
 
   def train(self, run: Run, args: RunArgs | None = None) -> dict[str, float]:
-    from albert_jax import electra
-    return electra.train(self.config, run, args)
+    from albert_jax.families import electra_pretraining
+    return electra_pretraining.train(self.config, run, args)
 
   def evaluate(self, run: Run, args: RunArgs | None = None) -> dict[str, float]:
-    from albert_jax import electra
-    return electra.evaluate_checkpoint(self.config, run, args)
+    from albert_jax.families import electra_pretraining
+    return electra_pretraining.evaluate_checkpoint(self.config, run, args)
 
   def describe(self, run: Run | None = None, args: RunArgs | None = None) -> None:
-    from albert_jax import electra
-    electra.describe_config(self.config)
+    from albert_jax.families import electra_pretraining
+    electra_pretraining.describe_config(self.config)
 
   def make_job(self, config: ml_collections.ConfigDict, run: Run | None = None):
-    from albert_jax import electra
-    return electra.make_job(config, run)
+    from albert_jax.families import electra_pretraining
+    return electra_pretraining.make_job(config, run)
 
 
 class FineTuning(EncoderJob):
@@ -199,8 +200,8 @@ class FineTuning(EncoderJob):
     model_config = self.model_config(config)
     task = get_task(config)
     model = task.build_model(model_config)
-    if hasattr(task, "electra_head"):
-      print(f"classifier head: {'ELECTRA' if task.electra_head else 'ALBERT'}'s ({type(model).__name__})")
+    if said := task.describe_head(model):
+      print(said)
     params = jax.eval_shape(lambda rng: task.init_params(model, rng), jax.random.key(0))
     describe.print_description(model_config, config.data.max_seq_length, None, params)
 

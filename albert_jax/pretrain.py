@@ -269,7 +269,7 @@ def check_data(config: ml_collections.ConfigDict) -> None:
 def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the run's latest checkpoint. Returns the last logged metrics.
   A warm start's weights are loaded and checked first: refused, they leave the run's folder as it was. `job_for`:
-  (config, run) -> the objective's job (ELECTRA's: `electra.make_job`)."""
+  (config, run) -> the objective's job (a family's own objective passes its `make_job`)."""
   check_data(config)
   job = job_for(config, run)
   if run_config.latest_step(run) is not None:

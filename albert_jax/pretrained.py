@@ -28,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from albert_jax import checkpointing, electra_model, storage
+from albert_jax import checkpointing, families, storage
 from albert_jax.checkpointing import local_restore_target
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import SHAPELESS_FIELDS, check_shapeless_fields
@@ -42,17 +42,17 @@ from data_pipeline import records, tiny, wordpiece
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's, beside a converted folder's spiece.model
-BACKBONE_FILE = "backbone.json"  # beside converted weights of an ELECTRA backbone: {"family": "electra"}
-ELECTRA = "electra"
+BACKBONE_FILE = "backbone.json"  # beside converted weights of a family other than the default: {"family": NAME}
+ELECTRA = "electra"  # the ELECTRA family's name, as convert and hf_import pass it
 _CONVERT_AGAIN = "convert the weights again (python -m albert_jax.convert)"
 RESTORE_RUN_CONFIG = "restore it from a copy, or from the config.<step>.json that a resume kept there"
 
 
 def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head: dict | None = None,
-                    family: str = "albert") -> None:
+                    family: str = families.DEFAULT) -> None:
   """`head`: the identity of the params' fine-tuned head (`HFHead.identity()` of converted weights), kept as
   HEAD_FILE so that eval, predict, warm starts and export read its classes in their trained order. `family`: the
-  backbone's, "electra" kept as BACKBONE_FILE (`backbone_family`)."""
+  backbone's, kept as BACKBONE_FILE unless it is the default family (`backbone_family`)."""
   directory = storage.absolute(directory)
   storage.path(directory).mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
@@ -65,7 +65,7 @@ def save_pretrained(directory: str, model_config: ModelConfig, params: Any, head
       storage.remove(os.path.join(directory, HEAD_FILE))
     else:
       storage.write_atomic(os.path.join(directory, HEAD_FILE), json.dumps(head, indent=2))
-    if family == ELECTRA:
+    if families.get(family).name != families.DEFAULT:
       storage.write_atomic(os.path.join(directory, BACKBONE_FILE), json.dumps({"family": family}))
     else:
       storage.remove(os.path.join(directory, BACKBONE_FILE))
@@ -150,27 +150,30 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
 
 
 def backbone_family(path: str) -> str:
-  """"electra" for weights of an ELECTRA backbone: an ELECTRA pretraining run, a fine-tuning run with ELECTRA's
-  classification head (or its best/step_N), converted transformers ELECTRA weights (BACKBONE_FILE); else
-  "albert"."""
+  """The name of the family of the weights at `path`: a training run's (or its best/step_N's) by its recorded config
+  (`families.of_run`), converted weights' by their BACKBONE_FILE; the default family where neither says."""
   if run := run_of_weights(path):
-    config = _run_config(run)
-    return ELECTRA if ELECTRA in (config.get("task"), config.get("classifier_head")) else "albert"
+    return families.of_run(_run_config(run)).name
   record = os.path.join(path, BACKBONE_FILE)
   if storage.path(record).is_file():
-    return read_json_object(record, "a backbone record", _CONVERT_AGAIN).get("family", "albert")
-  return "albert"
+    return read_json_object(record, "a backbone record", _CONVERT_AGAIN).get("family", families.DEFAULT)
+  return families.DEFAULT
 
 
 def with_classifier_head(config: ml_collections.ConfigDict, path: str | None) -> ml_collections.ConfigDict:
-  """`config` with classifier_head "auto" (`tasks.base.CLASSIFIER_HEADS`) made "electra" when the weights at `path`
-  are of an ELECTRA backbone (said in one line); for other weights `config` itself, whose "auto" is ALBERT's head."""
-  if config.get("classifier_head") != "auto" or not path or _process_0s(backbone_family(path)) != ELECTRA:
+  """`config` with classifier_head "auto" (`tasks.base.CLASSIFIER_HEADS`) made the head of the family of the
+  weights at `path` where that is not the default family's head (said in one line); otherwise `config` itself,
+  whose "auto" is the default family's head."""
+  if config.get("classifier_head") != families.AUTO_HEAD or not path:
+    return config
+  family, default = families.get(_process_0s(backbone_family(path))), families.get(families.DEFAULT)
+  if family.classifier_head == default.classifier_head:
     return config
   config = config.copy_and_resolve_references()
-  config.classifier_head = ELECTRA
-  _say(f"classifier_head=electra: {path} holds an ELECTRA backbone, so sequence classification takes ELECTRA's "
-       "head (dense, GELU, projection, on the first token; no pooler); --config.classifier_head=albert: ALBERT's")
+  config.classifier_head = family.classifier_head
+  head = families.get(family.classifier_head)
+  _say(f"classifier_head={head.name}: {path} holds an {family.title} backbone, so sequence classification takes "
+       f"{head.title}'s head ({head.classifier_note}); --config.classifier_head={default.name}: {default.title}'s")
   return config
 
 
@@ -265,10 +268,10 @@ def load_init_params(path: str, name: str = "init_checkpoint", model: Mapping[st
   if model is not None:
     check_same_function(path, model, name)
   params = jax.device_get(_load_init_params(path, name))
-  if electra_model.is_electra_params(params):
-    _say(f"{name}={path} is an ELECTRA run: its discriminator (with the shared embeddings) is the backbone; the "
-         "generator and the replaced-token head are dropped")
-    return electra_model.discriminator_only(params)
+  family = families.family_of(params)
+  if family.run_marker is not None:  # a run whose backbone is one part of what it trained
+    _say(f"{name}={path} is an {family.title} run: {family.run_backbone_note}")
+    return {families.BACKBONE_PARAMS: params[families.BACKBONE_PARAMS]}
   return params
 
 

@@ -1,5 +1,6 @@
 """ELECTRA's replaced-token detection (Clark et al., ICLR 2020): a generator does MLM, a discriminator learns on every
-position which tokens its samples replaced; the discriminator is what fine-tuning takes (`albert_jax/electra.py`).
+position which tokens its samples replaced; the discriminator is what fine-tuning takes
+(`albert_jax/families/electra_pretraining.py`).
 
 `:size=tiny` is pretrain_tiny.py's CPU setting (the bundled corpus and its 4,000-piece tokenizer, built on first
 use); `small`, `base` and `large` are the paper's shapes and recipes on prepared data (`--config.data.path`):

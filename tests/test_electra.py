@@ -1,5 +1,6 @@
-"""ELECTRA (albert_jax/electra.py, electra_model.py): the loss on a hand-made batch, no gradient through the
-sampling, one embedding block shared by both towers, exact resume, fine-tuning from the discriminator, describe."""
+"""ELECTRA (albert_jax/families/electra_pretraining.py, electra_model.py): the loss on a hand-made batch, no
+gradient through the sampling, one embedding block shared by both towers, exact resume, fine-tuning from the
+discriminator, describe."""
 import json
 import shutil
 
@@ -10,9 +11,10 @@ import numpy as np
 import optax
 import pytest
 
-from albert_jax import electra, pretrained
-from albert_jax.electra_model import ElectraForPreTraining, generator_config
+from albert_jax import pretrained
 from albert_jax.errors import InputError
+from albert_jax.families import electra_pretraining as electra
+from albert_jax.families.electra_model import ElectraForPreTraining, generator_config
 from albert_jax.model import AlbertForPreTraining, AlbertModel, dummy_inputs
 from experiments import pretrain_electra
 from tests.helpers import SMALL_RUN, TINY_MODEL, assert_trees_equal, final_params, logged, pretrain_cli
@@ -240,7 +242,7 @@ def test_fine_tuning_loads_the_discriminator_and_drops_the_generator(electra_run
 
 
 def test_the_cli_runs_electra_as_its_own_kind_and_refuses_predict(monkeypatch):
-  from albert_jax import electra, job_kinds, runner
+  from albert_jax import job_kinds, runner
   from albert_jax.run import Run
   config = pretrain_electra.get_config("size=tiny")
   kind = job_kinds.kind_for(config)

@@ -1,5 +1,5 @@
-"""ELECTRA's classification head (tasks/heads.ElectraClassifier): chosen by `classifier_head=auto` for weights of an
-ELECTRA backbone, recorded with the run; transformers' ElectraForSequenceClassification both ways (logits within
+"""ELECTRA's classification head (families/electra_model.ElectraClassifier): chosen by `classifier_head=auto` for
+weights of an ELECTRA backbone, recorded with the run; transformers' ElectraForSequenceClassification both ways (logits within
 1e-4, the very tensors on a round trip); a fine-tuned ELECTRA run exported as that class. The WordPiece vocab.txt
 of the released ELECTRA folders (data_pipeline/wordpiece.py): BERT's ids, carried by convert both ways."""
 import json
@@ -14,12 +14,13 @@ import pytest
 
 from albert_jax import convert, electra_interop, finetune, hf_export, job_kinds, pretrained
 from albert_jax.errors import InputError
-from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION
+from albert_jax.families.electra import HF_SEQUENCE_CLASSIFICATION as ELECTRA_SEQUENCE_CLASSIFICATION
+from albert_jax.families.electra_model import ElectraClassifier
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig, model_config_from
 from albert_jax.run import Run
 from albert_jax.tasks import TaskSettings, alignment, get_task
-from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
+from albert_jax.tasks.heads import PooledClassifier
 from data_pipeline.wordpiece import WordPieceTokenizer
 from experiments import glue
 from tests.helpers import config_for, quietly, write_split

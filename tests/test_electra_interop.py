@@ -15,7 +15,7 @@ torch = require_module("torch", extra="hf")
 transformers = require_module("transformers", extra="hf")
 
 from albert_jax import convert, electra_interop, pretrained  # noqa: E402
-from albert_jax.electra_model import ElectraForPreTraining, generator_config  # noqa: E402
+from albert_jax.families.electra_model import ElectraForPreTraining, generator_config  # noqa: E402
 from albert_jax.errors import InputError  # noqa: E402
 from albert_jax.model import (AlbertForPreTraining, AlbertModel, MaskedLMHead, abstract_params,  # noqa: E402
                               dummy_inputs)

@@ -18,21 +18,19 @@ LAYERS = {
     "errors and storage": ("albert_jax.errors", "albert_jax.storage"),
     "data": ("data_pipeline",),
     "the run's folder": ("albert_jax.run",),
-    "model and engine": ("albert_jax.ops", "albert_jax.families", "albert_jax.model_config", "albert_jax.model",
-                         "albert_jax.electra_model",
-                         "albert_jax.flops", "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology",
-                         "albert_jax.hlo_text", "albert_jax.compile_stats", "albert_jax.step_bound",
+    "model and engine": ("albert_jax.ops", "albert_jax.model_config", "albert_jax.model", "albert_jax.flops",
+                         "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology", "albert_jax.hlo_text", "albert_jax.compile_stats", "albert_jax.step_bound",
                          "albert_jax.host_memory", "albert_jax.checkpointing", "albert_jax.compilation_cache",
                          "albert_jax.trackers", "albert_jax.metrics", "albert_jax.engine", "albert_jax.run.config",
                          "albert_jax.stop_signals", "albert_jax.loop"),
-    "tasks and weights": ("albert_jax.tasks", "albert_jax.buckets", "albert_jax.feature_batches",
-                          "albert_jax.head_identity", "albert_jax.run.best_keeper", "albert_jax.pretrained",
+    "tasks and weights": ("albert_jax.families", "albert_jax.tasks", "albert_jax.buckets",
+                          "albert_jax.feature_batches", "albert_jax.head_identity", "albert_jax.run.best_keeper", "albert_jax.pretrained",
                           "albert_jax.interop", "albert_jax.electra_interop", "albert_jax.tf1", "albert_jax.hf_export",
                           "albert_jax.hf_import"),
     "process set-up": ("albert_jax.console",),
-    "jobs": ("albert_jax.pretrain", "albert_jax.electra", "albert_jax.finetune", "albert_jax.embed",
-             "albert_jax.describe", "albert_jax.evaluate", "albert_jax.glue_submission", "albert_jax.convert",
-             "albert_jax.tpu_compile"),
+    "jobs": ("albert_jax.pretrain", "albert_jax.families.electra_pretraining", "albert_jax.finetune",
+             "albert_jax.embed", "albert_jax.describe", "albert_jax.evaluate", "albert_jax.glue_submission",
+             "albert_jax.convert", "albert_jax.tpu_compile"),
     "job kinds": ("albert_jax.job_kinds",),
     "command line": ("albert_jax.runner", "albert_jax.cli", "albert_jax.main", "albert_jax.seeds",
                      "albert_jax.seeds_report"),
@@ -66,11 +64,11 @@ GRAPH = {name: _imports(path) for name, path in MODULES.items()}
 
 
 def layer_of(module: str) -> int | None:
-  """The index of the module's layer, by its longest listed prefix; the package roots (`albert_jax/__init__.py`: a
-  docstring) belong to none."""
-  found = [(len(prefix), index) for index, prefixes in enumerate(LAYERS.values()) for prefix in prefixes
-           if module == prefix or module.startswith(prefix + ".")]
-  return max(found)[1] if found else None
+  """The index of the module's layer, by the longest name in LAYERS that is it or a package holding it (a family's
+  objective sits above its package); the package roots (`albert_jax/__init__.py`: a docstring) belong to none."""
+  held = [(len(p), index) for index, prefixes in enumerate(LAYERS.values()) for p in prefixes
+          if module == p or module.startswith(p + ".")]
+  return max(held)[1] if held else None
 
 
 def test_every_module_has_a_layer():
@@ -126,6 +124,9 @@ def test_the_layer_check_sees_an_upward_import():
   assert (layer_of("albert_jax.run") == layer_of("albert_jax.run.layout") == layer_of("albert_jax.run.best")
           < layer_of("albert_jax.run.config") == layer_of("albert_jax.checkpointing")
           < layer_of("albert_jax.run.best_keeper") == layer_of("albert_jax.pretrained"))
+  # A module named in LAYERS takes its own layer over its package's: a family's objective sits with the jobs.
+  assert layer_of("albert_jax.families.electra") < layer_of("albert_jax.families.electra_pretraining") == layer_of(
+      "albert_jax.pretrain")
 
 
 def test_no_module_of_the_library_is_over_the_size_limit():

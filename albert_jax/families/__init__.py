@@ -1,82 +1,90 @@
 """Model families: what differs between ALBERT and ELECTRA (and the families to come), each family one module.
 
 A family owns its name, the `model_type` its transformers config.json carries, its transformers class names, the
-sequence-classification head it fine-tunes with by default, and the kind of tokenizer its released checkpoints
-ship. Every other module asks the registry (`get`, `for_hf_model_type`) instead of testing a family's name; the
-per-format weight names are the formats' (`albert_jax.formats`), in one column per family.
+sequence-classification head it fine-tunes with by default, the kind of tokenizer its released checkpoints ship and
+how its pretraining runs' weights are told apart. Every other module asks the registry (`get`, `for_hf_model_type`,
+`family_of`, `of_run`) instead of testing a family's name; the per-format weight names are the formats'
+(`albert_jax.formats`), in one column per family. A family's module (`albert.py`, `electra.py`: its `Family`,
+listed in `_families`) imports no jax: its model and heads load when asked (`Family.classifier`).
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
+from typing import Any, Mapping
 
 from albert_jax.errors import InputError
+from albert_jax.families.family import (BACKBONE, MASKED_LM, MULTIPLE_CHOICE, PRETRAINING, QUESTION_ANSWERING,
+                                       ROLES, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family)
 
-# The transformers classes a family may have, by what they hold beyond the encoder: `Family.hf_class(role)`.
-BACKBONE, PRETRAINING, MASKED_LM = "Model", "ForPreTraining", "ForMaskedLM"
-SEQUENCE_CLASSIFICATION, QUESTION_ANSWERING = "ForSequenceClassification", "ForQuestionAnswering"
-TOKEN_CLASSIFICATION, MULTIPLE_CHOICE = "ForTokenClassification", "ForMultipleChoice"
-ROLES = (BACKBONE, PRETRAINING, MASKED_LM, SEQUENCE_CLASSIFICATION, QUESTION_ANSWERING, TOKEN_CLASSIFICATION,
-         MULTIPLE_CHOICE)
+__all__ = ["BACKBONE", "MASKED_LM", "MULTIPLE_CHOICE", "PRETRAINING", "QUESTION_ANSWERING", "ROLES",
+           "SEQUENCE_CLASSIFICATION", "TOKEN_CLASSIFICATION", "Family"]
 
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-  """One model family. `roles` lists the transformers classes it has (each `hf_prefix + role`)."""
-  name: str                  # how configs and records name it: config.classifier_head, backbone.json's "family"
-  hf_model_type: str         # transformers config.json's model_type
-  hf_prefix: str             # transformers class names start with it: AlbertForMaskedLM, ElectraModel
-  classifier_head: str       # the sequence-classification head `classifier_head=auto` resolves to for its weights
-  tokenizer: str             # what its released checkpoints ship: "sentencepiece" (spiece.model) | "wordpiece"
-  roles: tuple[str, ...] = ROLES
-
-  def hf_class(self, role: str) -> str:
-    """The transformers class of `role` (one of ROLES), refused in one line where the family has none."""
-    if role not in self.roles:
-      raise InputError(f"transformers has no {self.hf_prefix}{role}: the {self.name} family's classes are "
-                       f"{', '.join(self.hf_classes())}.")
-    return self.hf_prefix + role
-
-  def hf_classes(self) -> tuple[str, ...]:
-    return tuple(self.hf_prefix + role for role in self.roles)
-
-  def role_of(self, architecture: str) -> str | None:
-    """The role of the transformers class `architecture` in this family; None if it is not one of its classes."""
-    role = architecture[len(self.hf_prefix):] if architecture.startswith(self.hf_prefix) else None
-    return role if role in self.roles else None
-
-
-FAMILIES: dict[str, Family] = {}
-
-
-def register(family: Family) -> Family:
-  FAMILIES[family.name] = family
-  return family
+DEFAULT = "albert"  # the family of weights that record none (and of `classifier_head=auto` without weights)
+AUTO_HEAD = "auto"  # classifier_head that takes the head of the weights' family (`pretrained.with_classifier_head`)
+BACKBONE_PARAMS = "albert"  # the top-level name of the encoder in every family's parameter tree
 
 
 def get(name: str) -> Family:
   """The family called `name`, refused in one line naming the registered ones."""
-  _load()
-  if name not in FAMILIES:
-    raise InputError(f"No model family {name!r}; the families are {', '.join(sorted(FAMILIES))}.")
-  return FAMILIES[name]
+  if name not in _families():
+    raise InputError(f"No model family {name!r}; the families are {', '.join(sorted(_families()))}.")
+  return _families()[name]
+
+
+def all_families() -> tuple[Family, ...]:
+  """Every registered family, the default first."""
+  return tuple(_families().values())
 
 
 def for_hf_model_type(model_type: str, where: str) -> Family:
   """The family whose transformers config.json says `model_type` (`where`: the file, for the message)."""
-  _load()
-  for family in FAMILIES.values():
+  for family in _families().values():
     if family.hf_model_type == model_type:
       return family
   raise InputError(f"{where} has model_type={model_type!r}; the model types read here are "
-                   f"{', '.join(sorted(f.hf_model_type for f in FAMILIES.values()))}.")
+                   f"{', '.join(sorted(f.hf_model_type for f in _families().values()))}.")
 
 
 def for_hf_class(architecture: str) -> Family | None:
   """The family one of whose transformers classes is `architecture`; None for another class."""
-  _load()
-  return next((family for family in FAMILIES.values() if family.role_of(architecture)), None)
+  return next((family for family in _families().values() if family.role_of(architecture)), None)
 
 
-def _load() -> None:
-  """Imports the family modules, each registering itself."""
-  from albert_jax.families import albert, electra  # noqa: F401  (registration)
+def hf_classes(role: str) -> tuple[str, ...]:
+  """Every family's transformers class of `role` (those that have one)."""
+  return tuple(family.hf_class(role) for family in all_families() if role in family.roles)
+
+
+def classifier_heads() -> tuple[str, ...]:
+  """The values of classifier_head: AUTO_HEAD, then each head a family's weights fine-tune with."""
+  return (AUTO_HEAD, *dict.fromkeys(family.classifier_head for family in all_families()))
+
+
+def classifier_family(head: str) -> Family:
+  """The family whose sequence-classification head `head` (a value of `classifier_heads`) is; AUTO_HEAD left
+  unresolved (no weights to follow) is the default family's."""
+  return get(DEFAULT if head == AUTO_HEAD else head)
+
+
+def family_of(params: Any) -> Family:
+  """The family of a run's `params` by the top-level names its pretraining runs hold (`Family.run_marker`); the
+  default family for any other parameter tree."""
+  return next((family for family in _families().values() if family.run_marker is not None
+               and isinstance(params, Mapping) and family.run_marker in params and BACKBONE_PARAMS in params),
+              _families()[DEFAULT])
+
+
+def of_run(config: Mapping[str, Any]) -> Family:
+  """The family of a training run's weights by its recorded config: a pretraining run's task, or a fine-tuning run's
+  classification head when the head is a family's own; the default family otherwise (`classifier_head=auto`,
+  which a run records only where its weights' family is the default)."""
+  return next((family for family in _families().values()
+               if config.get("task") == family.pretraining_task or config.get("classifier_head") == family.name),
+              _families()[DEFAULT])
+
+
+@functools.cache
+def _families() -> dict[str, Family]:
+  """The families by name, the default first: one module each, imported when first asked for."""
+  from albert_jax.families import albert, electra
+  return {family.name: family for family in (albert.ALBERT, electra.ELECTRA)}

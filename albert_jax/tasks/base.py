@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from albert_jax import storage
+from albert_jax import families, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model_config import ModelConfig
 from data_pipeline.tokenization import Tokenizer
@@ -62,8 +62,8 @@ class DataFileError(InputError):
 
 
 def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer:
-  """The tokenizer data.spm_model names: a SentencePiece model, or a WordPiece vocab.txt (the released ELECTRA
-  folders')."""
+  """The tokenizer data.spm_model names: a SentencePiece model, or a WordPiece vocab.txt (what the released
+  checkpoints of a "wordpiece" family ship, `families.Family.tokenizer`)."""
   if not config.data.spm_model:
     init = config.get("init_checkpoint", "")
     if init and not storage.path(init).exists():  # the weights would name it: that is what to fix
@@ -171,11 +171,10 @@ def read_text(path: str) -> str:
                      "as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
 
 
-# The heads of sequence classification (GLUE, your own data): ALBERT's (the pooler's tanh(dense) of [CLS], dropout,
-# dense) and ELECTRA's (`heads.ElectraClassifier`: dense, GELU, dropout, dense on the first token, no pooler).
-# "auto", the fine-tuning configs' default, becomes "electra" for weights of an ELECTRA backbone
-# (`pretrained.with_classifier_head`) and is ALBERT's otherwise.
-CLASSIFIER_HEADS = ("auto", "albert", "electra")
+# The heads of sequence classification (GLUE, your own data), each named after the family that owns it
+# (`families.Family.classifier`). "auto", the fine-tuning configs' default, becomes the head of the weights' family
+# (`pretrained.with_classifier_head`) and is the default family's otherwise.
+CLASSIFIER_HEADS = families.classifier_heads()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +186,7 @@ class TaskSettings:
   path: str = ""                          # the task's data folder
   max_seq_length: int = 512
   classifier_dropout_prob: float = 0.1    # on the pooled vector (GLUE, RACE), in SQuAD v2's answer class
-  classifier_head: str = "albert"         # sequence classification: "albert" (pooler) | "electra" (CLASSIFIER_HEADS)
+  classifier_head: str = families.DEFAULT  # sequence classification: a family's head (CLASSIFIER_HEADS)
   doc_stride: int = 128                   # SQuAD: tokens between the starts of consecutive context windows
   max_query_length: int = 64              # SQuAD: question tokens kept (the first ones)
   max_answer_length: int = 30             # SQuAD: longest predicted answer, in tokens
@@ -321,6 +320,10 @@ class Task(abc.ABC):
             "labels": list(labels) if labels is not None else None}
 
   hf_head = None  # head_identity.HFHead: the transformers class of this task's model (`convert --to=hf` of best/step_N)
+
+  def describe_head(self, model) -> str | None:
+    """A line `--mode=describe` prints about the head of `model` where the config chose it; None: nothing to say."""
+    return None
 
   @abc.abstractmethod
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from albert_jax.model import AlbertModel, LayerNorm, activation, dense
+from albert_jax.model import AlbertModel, LayerNorm, dense
 from albert_jax.model_config import ModelConfig
 
 
@@ -30,38 +30,6 @@ class PooledClassifier(nn.Module):
     pooled = nn.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
     logits = dense(self.config, self.num_outputs, ("embed", "classes"), "classifier")(pooled)
     return logits.astype(jnp.float32).reshape(*lead, self.num_outputs)
-
-
-class _ElectraHead(nn.Module):
-  """The first token's vector -> dropout -> dense(H) -> exact GELU -> dropout -> dense(num_outputs), as
-  transformers' ElectraClassificationHead (submodules named as its `dense` and `out_proj`)."""
-  config: ModelConfig
-  num_outputs: int
-  dropout_rate: float
-
-  @nn.compact
-  def __call__(self, first: jax.Array, deterministic: bool) -> jax.Array:
-    c = self.config
-    x = nn.Dropout(self.dropout_rate)(first, deterministic=deterministic)
-    x = activation("gelu")(dense(c, c.hidden_size, ("embed", "qkv"), "dense")(x))
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    return dense(c, self.num_outputs, ("embed", "classes"), "out_proj")(x)
-
-
-class ElectraClassifier(nn.Module):
-  """ELECTRA's sequence classifier: `_ElectraHead` on the first token's vector, not on the pooler (the backbone's
-  pooler is left unused, as ELECTRA has none). The head of fine-tuning from an ELECTRA backbone
-  (`TaskSettings.classifier_head`)."""
-  config: ModelConfig
-  num_outputs: int
-  dropout_rate: float = 0.1
-
-  @nn.compact
-  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array,
-               deterministic: bool = True) -> jax.Array:
-    sequence, _ = AlbertModel(self.config, name="albert")(input_ids, attention_mask, token_type_ids, deterministic)
-    head = _ElectraHead(self.config, self.num_outputs, self.dropout_rate, name="classifier")
-    return head(sequence[:, 0], deterministic).astype(jnp.float32)
 
 
 class SpanExtractor(nn.Module):

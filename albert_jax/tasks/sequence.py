@@ -12,11 +12,11 @@ import abc
 import jax.numpy as jnp
 import numpy as np
 
+from albert_jax import families
 from albert_jax.errors import InputError
-from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION, SEQUENCE_CLASSIFICATION, HFHead
+from albert_jax.head_identity import HFHead
 from albert_jax.tasks import metrics
 from albert_jax.tasks.base import Split, Task, apply_model, check_outputs, cross_entropy, pack, stack_packed
-from albert_jax.tasks.heads import ElectraClassifier, PooledClassifier
 
 
 def pack_text(tokenizer, text_a: str, text_b: str | None, max_len: int) -> tuple[np.ndarray, ...]:
@@ -57,21 +57,26 @@ class SequenceClassificationTask(Task):
 
   # --- model ----------------------------------------------------------------------------------------------
   @property
-  def electra_head(self) -> bool:
-    """Whether the model has ELECTRA's classification head (`TaskSettings.classifier_head`), not ALBERT's."""
-    return self.settings.classifier_head == "electra"
+  def head_family(self) -> families.Family:
+    """The family whose classification head the model has (`TaskSettings.classifier_head`)."""
+    return families.classifier_family(self.settings.classifier_head)
 
   def make_model(self, model_config):
-    head = ElectraClassifier if self.electra_head else PooledClassifier
+    head = self.head_family.classifier()
     return head(model_config, self.num_outputs, self.settings.classifier_dropout_prob)
 
+  def describe_head(self, model) -> str:
+    return f"classifier head: {self.head_family.title}'s ({type(model).__name__})"
+
   def identity(self) -> dict:
-    """ELECTRA's head is recorded (its weights fit no ALBERT head, nor its transformers class)."""
-    return {**super().identity(), **({"classifier_head": "electra"} if self.electra_head else {})}
+    """A head other than the default family's is recorded (its weights fit no other head, nor its transformers
+    class); the default family's is not, as runs recorded before heads had names."""
+    name = self.head_family.name
+    return {**super().identity(), **({"classifier_head": name} if name != families.DEFAULT else {})}
 
   @property
   def hf_architecture(self) -> str:
-    return ELECTRA_SEQUENCE_CLASSIFICATION if self.electra_head else SEQUENCE_CLASSIFICATION
+    return self.head_family.hf_class(families.SEQUENCE_CLASSIFICATION)
 
   @property
   def hf_head(self) -> HFHead:

@@ -4,7 +4,8 @@ The generator does MLM on the masked batches of `data.kind` (`sentence_task=none
 temperature 1, no gradient through them) replace the masked tokens; the discriminator says, for every non-pad
 position, whether its token was replaced, a sample equal to the original counting as original. The loss is
 L_MLM + `electra.discriminator_weight` · L_disc (the paper: 50), each normalised over the global batch as
-`engine.Job` asks, so accumulated micro batches give the full batch's gradient. Model: `electra_model.py`.
+`engine.Job` asks, so accumulated micro batches give the full batch's gradient. Model: `electra_model.py`. Runs as
+the job kind registered for config.task "electra" (`job_kinds`).
 """
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ import ml_collections
 import optax
 
 from albert_jax import describe, engine, flops, pretrain
-from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
 from albert_jax.errors import InputError
+from albert_jax.families.electra import GENERATOR
+from albert_jax.families.electra_model import ElectraForPreTraining, generator_config
 from albert_jax.model import count_params, dummy_inputs
+from albert_jax.model_config import ModelConfig
 from albert_jax.run import Run
+
 
 def electra_totals(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """Pretraining's normalisers over the global batch, and its non-pad tokens: the discriminator's."""
@@ -128,8 +132,18 @@ def make_job(config: ml_collections.ConfigDict, run: Run | None = None) -> engin
 
 def train_flops_per_token(config: ml_collections.ConfigDict) -> float:
   model = make_model(config)
-  return flops.electra_train_flops_per_token(model.config, generator_config(model.config, model.generator_fraction),
-                                             config.data.max_seq_length, pretrain.prediction_slots(config.data))
+  return pair_train_flops_per_token(model.config, generator_config(model.config, model.generator_fraction),
+                                    config.data.max_seq_length, pretrain.prediction_slots(config.data))
+
+
+def pair_train_flops_per_token(discriminator: ModelConfig, generator: ModelConfig, seq_len: int,
+                               num_predictions: int) -> float:
+  """The generator's encoder and MLM head (`flops.train_flops_per_token`), the discriminator's encoder and its head
+  on every position, 6·(H² + H) (dense H -> H, then H -> 1). Sampling and the shared embedding lookups are not
+  matmuls."""
+  h = discriminator.hidden_size
+  return (flops.train_flops_per_token(generator, seq_len, num_predictions)
+          + flops.encoder_train_flops_per_token(discriminator, seq_len) + 6 * (h * h + h))
 
 
 def train(config: ml_collections.ConfigDict, run: Run, args=None) -> dict[str, float]:

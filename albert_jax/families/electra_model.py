@@ -1,4 +1,5 @@
-"""ELECTRA's generator and discriminator (Clark et al., ICLR 2020) built from the project's encoder.
+"""ELECTRA's generator and discriminator (Clark et al., ICLR 2020) built from the project's encoder, and its
+classification head.
 
 Both towers are `model.Encoder`s over ONE embedding block (word, position and token-type tables, one array each, as
 the released code shares them); the generator is narrower (hidden size, FFN and heads times `generator_fraction`),
@@ -12,10 +13,10 @@ Parameter tree (names chosen to map one to one onto transformers' ElectraForPreT
   discriminator_predictions/{dense,dense_prediction}    H -> H, activation, H -> 1 per position
   generator/...                                  the generator's encoder (its own E -> H_g projection where E != H_g)
   generator_predictions/{dense,LayerNorm,bias}   the generator's MLM head, decoder tied to the word embeddings
+A fine-tuned sequence classifier (`ElectraClassifier`) is {albert, classifier/{dense,out_proj}}, as transformers'
+ElectraForSequenceClassification.
 """
 from __future__ import annotations
-
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,6 @@ from albert_jax.model import AlbertModel, Encoder, MaskedLMHead, activation, den
 from albert_jax.model_config import ModelConfig
 
 Array = jax.Array
-GENERATOR = "generator"  # the generator's top-level names all start with it (`discriminator_only`)
 
 
 def generator_config(c: ModelConfig, fraction: float) -> ModelConfig:
@@ -89,10 +89,33 @@ class ElectraForPreTraining(nn.Module):
             "disc_logits": self.discriminator_logits(input_ids, attention_mask, token_type_ids, deterministic)}
 
 
-def discriminator_only(params: Any) -> Any:
-  """The parameters a fine-tuning run takes from an ELECTRA run: the discriminator with the shared embeddings."""
-  return {"albert": params["albert"]}
+class _ElectraHead(nn.Module):
+  """The first token's vector -> dropout -> dense(H) -> exact GELU -> dropout -> dense(num_outputs), as
+  transformers' ElectraClassificationHead (submodules named as its `dense` and `out_proj`)."""
+  config: ModelConfig
+  num_outputs: int
+  dropout_rate: float
+
+  @nn.compact
+  def __call__(self, first: jax.Array, deterministic: bool) -> jax.Array:
+    c = self.config
+    x = nn.Dropout(self.dropout_rate)(first, deterministic=deterministic)
+    x = activation("gelu")(dense(c, c.hidden_size, ("embed", "qkv"), "dense")(x))
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    return dense(c, self.num_outputs, ("embed", "classes"), "out_proj")(x)
 
 
-def is_electra_params(params: Any) -> bool:
-  return isinstance(params, dict) and GENERATOR in params and "albert" in params
+class ElectraClassifier(nn.Module):
+  """ELECTRA's sequence classifier: `_ElectraHead` on the first token's vector, not on the pooler (the backbone's
+  pooler is left unused, as ELECTRA has none). The head of fine-tuning from an ELECTRA backbone
+  (`TaskSettings.classifier_head`)."""
+  config: ModelConfig
+  num_outputs: int
+  dropout_rate: float = 0.1
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array,
+               deterministic: bool = True) -> jax.Array:
+    sequence, _ = AlbertModel(self.config, name="albert")(input_ids, attention_mask, token_type_ids, deterministic)
+    head = _ElectraHead(self.config, self.num_outputs, self.dropout_rate, name="classifier")
+    return head(sequence[:, 0], deterministic).astype(jnp.float32)
