@@ -22,6 +22,7 @@ import safetensors.numpy
 
 from albert_jax import head_identity, pretrained, storage
 from albert_jax import model as model_lib
+from albert_jax.formats.names import HF_ALBERT, name_map
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
 from albert_jax.head_identity import (HF_HEAD_PARAMS, MASKED_LM, QUESTION_ANSWERING, TOKEN_CLASSIFICATION,
                                       HFHead)
@@ -50,44 +51,6 @@ _POOLER = ("albert.pooler.weight", "albert.pooler.bias")  # absent from the NO_P
 NO_POOLER = (QUESTION_ANSWERING, TOKEN_CLASSIFICATION, MASKED_LM)  # HF builds these without the pooler
 
 Path = tuple[str, ...]
-
-
-def _linear(ours: Path, hf: str) -> list[tuple[Path, str, bool]]:
-  # torch.nn.Linear stores weight [out, in]; flax Dense kernel is [in, out].
-  return [(ours + ("kernel",), f"{hf}.weight", True), (ours + ("bias",), f"{hf}.bias", False)]
-
-
-def _layer_norm(ours: Path, hf: str) -> list[tuple[Path, str, bool]]:
-  return [(ours + ("scale",), f"{hf}.weight", False), (ours + ("bias",), f"{hf}.bias", False)]
-
-
-def name_map(c: ModelConfig) -> list[tuple[Path, str, bool]]:
-  """(our param path, HF `AlbertForPreTraining` state_dict key, transpose?) for every parameter.
-
-  The HF decoder (`predictions.decoder.{weight,bias}`) is tied to `albert.embeddings.word_embeddings.weight` and
-  `predictions.bias`, so it has no entry of its own.
-  """
-  m = [(("albert", "embeddings", f"{n}_embeddings", "embedding"), f"albert.embeddings.{n}_embeddings.weight", False)
-       for n in ("word", "position", "token_type")]
-  m += _layer_norm(("albert", "embeddings", "LayerNorm"), "albert.embeddings.LayerNorm")
-  m += _linear(("albert", "encoder", "embedding_hidden_mapping_in"), "albert.encoder.embedding_hidden_mapping_in")
-  for g in range(c.num_hidden_groups):
-    for i in range(c.inner_group_num):
-      ours = ("albert", "encoder", f"group_{g}", f"inner_{i}")
-      hf = f"albert.encoder.albert_layer_groups.{g}.albert_layers.{i}"
-      for n in ("query", "key", "value", "dense"):
-        m += _linear(ours + ("attention", n), f"{hf}.attention.{n}")
-      m += _layer_norm(ours + ("attention", "LayerNorm"), f"{hf}.attention.LayerNorm")
-      m += _linear(ours + ("ffn", "intermediate"), f"{hf}.ffn")
-      m += _linear(ours + ("ffn", "output"), f"{hf}.ffn_output")
-      m += _layer_norm(ours + ("ffn", "LayerNorm"), f"{hf}.full_layer_layer_norm")
-  m += _linear(("albert", "pooler"), "albert.pooler")
-  m += _linear(("predictions", "dense"), "predictions.dense")
-  m += _layer_norm(("predictions", "LayerNorm"), "predictions.LayerNorm")
-  m.append((("predictions", "bias"), "predictions.bias", False))
-  # sop_classifier.classifier.weight is [2, H]: transposed like every Linear.
-  m += _linear(("sop_classifier",), "sop_classifier.classifier")
-  return m
 
 
 def _check_groups(c: ModelConfig) -> None:
@@ -142,9 +105,9 @@ def _expected_shapes(c: ModelConfig) -> dict[Path, tuple[int, ...]]:
   """Our param shapes for `c` (from model.py itself, without allocating), keyed by path."""
   abstract = nn.unbox(model_lib.abstract_params(model_lib.AlbertForPreTraining(c)))
   shapes = {path: tuple(x.shape) for path, x in traverse_util.flatten_dict(abstract).items()}
-  mapped = {path for path, _, _ in name_map(c)}
+  mapped = {path for path, _, _ in name_map(HF_ALBERT, c)}
   if mapped != set(shapes):
-    raise RuntimeError(f"interop.name_map is out of sync with model.py: only in the model "
+    raise RuntimeError(f"the HF ALBERT names are out of sync with model.py: only in the model "
                        f"{sorted(set(shapes) - mapped)}, only in the map {sorted(mapped - set(shapes))}.")
   return shapes
 
@@ -225,7 +188,7 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   heads = {h for h in _HEADS if any(k.startswith(h + ".") for k in tensors)}
   shapes = _expected_shapes(c)
   params = {}
-  for ours, key, transpose in name_map(c):
+  for ours, key, transpose in name_map(HF_ALBERT, c):
     if ours[0] != "albert" and ours[0] not in heads:
       continue
     if key in _POOLER and key not in tensors and architecture in NO_POOLER:
@@ -299,7 +262,7 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
   heads = {p[0] for p in flat} & set(_HEADS)
   shapes = _expected_shapes(layout)
   tensors = {}
-  for ours, key, transpose in name_map(layout):
+  for ours, key, transpose in name_map(HF_ALBERT, layout):
     if ours[0] != "albert" and ours[0] not in heads:
       continue
     if ours not in flat:

@@ -27,7 +27,7 @@ LAYERS = {
                          "albert_jax.run_config"),
     "tasks and weights": ("albert_jax.tasks", "albert_jax.buckets", "albert_jax.feature_batches",
                           "albert_jax.head_identity", "albert_jax.best_checkpoint", "albert_jax.pretrained",
-                          "albert_jax.interop", "albert_jax.electra_interop", "albert_jax.tf1", "albert_jax.hf_export",
+                          "albert_jax.formats", "albert_jax.interop", "albert_jax.electra_interop", "albert_jax.tf1", "albert_jax.hf_export",
                           "albert_jax.hf_import"),
     "process set-up": ("albert_jax.console",),
     "jobs": ("albert_jax.pretrain", "albert_jax.electra", "albert_jax.finetune", "albert_jax.embed",
