@@ -1,7 +1,7 @@
-"""Hugging Face `transformers` ELECTRA checkpoints <-> our (ModelConfig, params).
+"""transformers' ELECTRA classes <-> our (ModelConfig, params): the ELECTRA family's column of the hf format.
 
 Each class's names are its parts of the name table (`formats.names`, column HF_ELECTRA), over the parameter tree of
-`electra_model.py`; the files are read and written by interop's readers and writer.
+`electra_model.py`; the files are read and written by `hf_files`.
 
   ElectraForPreTraining  <-> {"albert", "discriminator_predictions"}   (the discriminator)
   ElectraForMaskedLM     <-> {"albert", "generator_predictions"}       (a generator on its own: its config is H_g's)
@@ -25,16 +25,15 @@ from flax import traverse_util
 import jax
 import numpy as np
 
-from albert_jax import checkpointing, head_identity, interop, pretrained, run_config, storage
+from albert_jax import head_identity
 from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
 from albert_jax.errors import InputError
-from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION, HFHead
-from albert_jax.interop import _check_shape, _read_config, _read_tensors, _write_hf
 from albert_jax.formats import names
+from albert_jax.formats.hf_files import ACTIVATIONS, Path, check_shape, read_config, read_tensors, write_folder
+from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION, HFHead
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig
 
-Path = tuple[str, ...]
 PRETRAINING, MASKED_LM, BACKBONE = "ElectraForPreTraining", "ElectraForMaskedLM", "ElectraModel"
 DISCRIMINATOR_HEAD, GENERATOR_HEAD = "discriminator_predictions", "generator_predictions"
 CLASSIFIER = "classifier"  # ELECTRA's classification head, named as transformers names it
@@ -69,12 +68,7 @@ def holds_classifier(params: Any) -> bool:
   return "out_proj" in (params.get(CLASSIFIER) or {})
 
 
-def is_electra_dir(path: str) -> bool:
-  """Whether a transformers folder holds an ELECTRA model (config.json's model_type)."""
-  return _read_config(os.path.abspath(path)).get("model_type") == "electra"
-
-
-def holds_electra_heads(params: Any) -> bool:
+def holds_heads(params: Any) -> bool:
   """Whether our params are ELECTRA's (a run's, or a converted discriminator's or generator's)."""
   return bool({GENERATOR, DISCRIMINATOR_HEAD, GENERATOR_HEAD} & set(params)) or holds_classifier(params)
 
@@ -85,10 +79,10 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
   if hf.get("position_embedding_type", "absolute") != "absolute":
     raise InputError(f"config.json has position_embedding_type={hf['position_embedding_type']!r}; albert_jax only "
                      "implements absolute position embeddings.")
-  if hf["hidden_act"] not in interop._HF_ACTIVATIONS:
+  if hf["hidden_act"] not in ACTIVATIONS:
     raise InputError(f"config.json has hidden_act={hf['hidden_act']!r}; supported: "
-                     f"{sorted(interop._HF_ACTIVATIONS)}.")
-  fields = {k: hf[k] for k in _HF_DEFAULTS} | {"hidden_act": interop._HF_ACTIVATIONS[hf["hidden_act"]]}
+                     f"{sorted(ACTIVATIONS)}.")
+  fields = {k: hf[k] for k in _HF_DEFAULTS} | {"hidden_act": ACTIVATIONS[hf["hidden_act"]]}
   return ModelConfig(**fields, sharing="none")
 
 
@@ -121,10 +115,10 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   ElectraForSequenceClassification) as (ModelConfig, float32 numpy params); see the module docstring for the
   trees. What a classifier was trained for is `head_identity.hf_head_from_config`'s."""
   path = os.path.abspath(path)
-  hf_config = _read_config(path)
+  hf_config = read_config(path)
   c = config_from_hf(hf_config)
   architecture = (hf_config.get("architectures") or [BACKBONE])[0]
-  tensors = _read_tensors(path)
+  tensors = read_tensors(path)
   if architecture == BACKBONE:  # ElectraModel's keys have no "electra." prefix
     tensors = {k if k.startswith("electra.") else f"electra.{k}": v for k, v in tensors.items()}
   if architecture == MASKED_LM and c.hidden_act != "gelu":
@@ -166,7 +160,7 @@ def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], architecture: 
   for path, value in params.items():
     expected = shapes[(GENERATOR,) + path[2:] if architecture == MASKED_LM and path[:2] == ("albert", "encoder")
                       else path]
-    _check_shape("/".join(path), path, value.shape, expected, where)
+    check_shape("/".join(path), path, value.shape, expected, where)
 
 
 def _tensors(mapping: list[tuple[Path, str, bool]], flat: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
@@ -218,7 +212,7 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
                      f"{sorted('/'.join(p) for p in flat)[:5]}.")
   folders = {path: (tensors, hf), **folders}
   for folder, (tensors, hf) in folders.items():
-    _write_hf(folder, tensors, hf)
+    write_folder(folder, tensors, hf)
   return list(folders)
 
 
@@ -229,17 +223,3 @@ def _classifier_fields(head: HFHead | None, outputs: int) -> dict[str, Any]:
     raise InputError(f"params hold ELECTRA's classification head with {outputs} outputs, but its task names "
                      f"{head.architecture} with labels {head.labels}; export the run's workdir as it was trained.")
   return head_identity.hf_config_fields(head, outputs)
-
-
-def run_weights(src: str, hint: str) -> tuple[ModelConfig, Any, float] | None:
-  """(discriminator config, the whole pair's params, generator fraction) of an ELECTRA training workdir (its newest
-  checkpoint); None for any other --src (a transformers folder has a config.json too, but no checkpoints/). `hint`:
-  what a garbled config.json's message tells the user to pass instead."""
-  if (pretrained.is_pretrained_dir(src) or not storage.path(checkpointing.checkpoint_dir(src)).is_dir()
-      or not run_config.exists(src)):
-    return None
-  config = run_config.read(src, "--src", hint)
-  if config.get("task") != "electra":
-    return None
-  params = pretrained._load_init_params(src, "--src")
-  return ModelConfig.from_mapping(config["model"]), params, float(config["electra"]["generator_fraction"])

@@ -25,8 +25,10 @@ import ml_dtypes
 import numpy as np
 
 from albert_jax import model as model_lib
-from albert_jax.formats.names import TF1_ALBERT, name_map
+from albert_jax import pretrained, storage
 from albert_jax.errors import InputError, MissingFileError
+from albert_jax.formats import Format
+from albert_jax.formats.names import TF1_ALBERT, name_map
 from albert_jax.model_config import ModelConfig
 
 CONFIG_FILE = "albert_config.json"
@@ -280,3 +282,18 @@ def load_tf1(src: str) -> tuple[ModelConfig, dict[str, Any]]:
   if names:
     logging.warning("load_tf1(%s): skipping variables albert_jax has no module for: %s", prefix, sorted(names))
   return c, traverse_util.unflatten_dict(params)
+
+
+def from_tf1(src: str, dst: str, clear=lambda: None) -> str:
+  """Converts the TF1 checkpoint `src` into our pretrained-weights folder `dst`; returns what was written."""
+  if storage.is_remote(src):
+    raise InputError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
+                     "`gcloud storage cp -r` first (--dst may be gs://).")
+  model_config, params = load_tf1(src)
+  clear()
+  pretrained.save_pretrained(dst, model_config, params)
+  return ", ".join(sorted(params))
+
+
+FORMAT = Format("tf1", "a TF1 checkpoint + albert_config.json, as in the original's release tarballs and TF-Hub "
+                "modules, read without TensorFlow", read=from_tf1)

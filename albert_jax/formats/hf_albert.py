@@ -1,40 +1,28 @@
-"""Hugging Face `transformers` ALBERT checkpoints <-> our (ModelConfig, params).
+"""transformers' ALBERT classes <-> our (ModelConfig, params): the ALBERT family's column of the hf format.
 
-Follows the name mapping of transformers' `load_tf_weights_in_albert` (REFERENCE d.8), written out as one explicit
-table (`name_map`) so that loading and saving cannot drift apart. Reads config.json and the weights directly
-(safetensors, or torch for pytorch_model.bin), so loading needs neither transformers nor, for safetensors, torch.
-The TF1 names are documented in docs/checkpoints.md.
+Follows the name mapping of transformers' `load_tf_weights_in_albert` (REFERENCE d.8), the name table's HF_ALBERT
+column (`formats.names`), so that loading and saving cannot drift apart. A BERT-shaped model without layer sharing
+leaves as ALBERT classes with one group per layer.
 """
 from __future__ import annotations
 
-import json
 import os
-import pickle
-import warnings
 from typing import Any, Mapping
 
 from absl import logging
 import flax.linen as nn
 from flax import traverse_util
-import ml_collections
 import numpy as np
-import safetensors.numpy
 
-from albert_jax import head_identity, pretrained, storage
+from albert_jax import head_identity
 from albert_jax import model as model_lib
+from albert_jax.errors import InputError
+from albert_jax.formats.hf_files import (ACTIVATIONS, Path, check_shape, read_config, read_tensors,
+                                         write_folder)
 from albert_jax.formats.names import HF_ALBERT, name_map
-from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
 from albert_jax.head_identity import (HF_HEAD_PARAMS, MASKED_LM, QUESTION_ANSWERING, TOKEN_CLASSIFICATION,
                                       HFHead)
 from albert_jax.model_config import ModelConfig
-from albert_jax.run import Run
-from albert_jax.tasks import get_task
-
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-TORCH_FILE = "pytorch_model.bin"
-_REFETCH = "fetch the checkpoint again, or re-save it with transformers' save_pretrained (safetensors)"
 
 # HF `AlbertConfig` defaults (REFERENCE b.1), for config.json files that leave a field out.
 _HF_DEFAULTS = {"vocab_size": 30000, "embedding_size": 128, "hidden_size": 4096, "num_hidden_layers": 12,
@@ -42,15 +30,16 @@ _HF_DEFAULTS = {"vocab_size": 30000, "embedding_size": 128, "hidden_size": 4096,
                 "inner_group_num": 1, "hidden_act": "gelu_new", "hidden_dropout_prob": 0.0,
                 "attention_probs_dropout_prob": 0.0, "max_position_embeddings": 512, "type_vocab_size": 2,
                 "initializer_range": 0.02, "layer_norm_eps": 1e-12}
-# HF activation name -> ours. gelu_pytorch_tanh is the same tanh formula as gelu_new, fused in torch.
-_HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 # Non-persistent buffers that older transformers versions wrote into checkpoints.
 _HF_BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
 _HEADS = ("predictions", "sop_classifier")
 _POOLER = ("albert.pooler.weight", "albert.pooler.bias")  # absent from the NO_POOLER classes
 NO_POOLER = (QUESTION_ANSWERING, TOKEN_CLASSIFICATION, MASKED_LM)  # HF builds these without the pooler
 
-Path = tuple[str, ...]
+
+def holds_heads(params: Any) -> bool:
+  """Whether our params hold one of ALBERT's heads (its `classifier` is one dense: kernel, bias)."""
+  return bool({*_HEADS, "qa_outputs"} & set(params)) or "kernel" in (params.get("classifier") or {})
 
 
 def _check_groups(c: ModelConfig) -> None:
@@ -74,10 +63,10 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
   if not hf.get("tie_word_embeddings", True):
     raise InputError("config.json has tie_word_embeddings=false; albert_jax's MLM decoder is always tied to the "
                      "word embeddings (as in the original ALBERT).")
-  if hf["hidden_act"] not in _HF_ACTIVATIONS:
-    raise InputError(f"config.json has hidden_act={hf['hidden_act']!r}; supported: {sorted(_HF_ACTIVATIONS)}.")
+  if hf["hidden_act"] not in ACTIVATIONS:
+    raise InputError(f"config.json has hidden_act={hf['hidden_act']!r}; supported: {sorted(ACTIVATIONS)}.")
   fields = {k: hf[k] for k in _HF_DEFAULTS}
-  fields["hidden_act"] = _HF_ACTIVATIONS[hf["hidden_act"]]
+  fields["hidden_act"] = ACTIVATIONS[hf["hidden_act"]]
   # HF always has the E->H projection, even when E == H.
   c = ModelConfig(**fields, sharing="all", embedding_projection=True)
   _check_groups(c)
@@ -112,60 +101,6 @@ def _expected_shapes(c: ModelConfig) -> dict[Path, tuple[int, ...]]:
   return shapes
 
 
-def _read_tensors(path: str) -> dict[str, np.ndarray]:
-  if os.path.isfile(os.path.join(path, SAFETENSORS_FILE)):
-    return safetensors.numpy.load_file(os.path.join(path, SAFETENSORS_FILE))
-  if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):  # sharded checkpoint
-    return {k: v for name in _shard_files(path) for k, v in safetensors.numpy.load_file(name).items()}
-  if os.path.isfile(os.path.join(path, TORCH_FILE)):
-    return _read_torch(os.path.join(path, TORCH_FILE))
-  raise MissingFileError(f"No weights in {path!r}: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "
-                         f"{TORCH_FILE} (as written by transformers' save_pretrained).")
-
-
-def _shard_files(path: str) -> list[str]:
-  """The shards that the index of a sharded checkpoint names, each refused unless it is a file name in `path`
-  itself, as transformers writes them: a crafted index must not make us open `../../etc/passwd` or `/etc/passwd`."""
-  index = os.path.join(path, SAFETENSORS_INDEX)
-  weight_map = pretrained.read_json_object(index, "a safetensors index", _REFETCH).get("weight_map")
-  if not isinstance(weight_map, dict):
-    raise InputError(f"{index} has no weight_map (each tensor's shard file); {_REFETCH}.")
-  outside = sorted({str(name) for name in weight_map.values()
-                    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name})
-  if outside:
-    raise InputError(f"{index} names shard files outside {path}: {outside}; an index names files in its own "
-                     f"folder only: {_REFETCH}.")
-  return [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
-
-
-def _read_torch(file: str) -> dict[str, np.ndarray]:
-  """The tensors of a pickled state dict, read by torch's tensors-only unpickler (weights_only), which runs
-  nothing in the file; anything else in it is refused in one line."""
-  try:
-    import torch
-  except ImportError as e:
-    raise EnvironmentUserError(f"{file} needs torch to read: `pip install torch` (CPU build is enough), or "
-                               "re-save the checkpoint as safetensors.") from e
-  try:
-    with warnings.catch_warnings():  # a plain pickle's protocol, warned of in two lines before the refusal's one
-      warnings.filterwarnings("ignore", "Detected pickle protocol")
-      state = torch.load(file, map_location="cpu", weights_only=True)
-  except (pickle.UnpicklingError, EOFError, RuntimeError) as e:  # an object it will not build, cut short, no pickle
-    raise InputError(f"{file} is not a PyTorch state dict that torch.load reads safely ({type(e).__name__}; it "
-                     f"builds tensors only, and nothing in the file was run): {_REFETCH}.") from None
-  if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-    raise InputError(f"{file} is not a PyTorch state dict: it holds a {type(state).__name__} of other objects than "
-                     f"tensors; {_REFETCH}.")
-  return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}
-
-
-def _check_shape(key: str, path: Path, found: tuple[int, ...], expected: tuple[int, ...], where: str) -> None:
-  if tuple(found) != tuple(expected):
-    raise InputError(f"{where}: parameter {key} (ours {'/'.join(path)}) has shape {list(found)}, but the config "
-                     f"expects {list(expected)}; the config does not describe these weights (check vocab_size, "
-                     "embedding_size, hidden_size, intermediate_size, num_hidden_groups, inner_group_num).")
-
-
 def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   """Reads a transformers ALBERT directory (config.json + weights) as (ModelConfig, float32 numpy params).
 
@@ -174,15 +109,15 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   ({"albert": ...}); initialise missing heads before calling `AlbertForPreTraining`. The fine-tuned heads of
   `AlbertFor{SequenceClassification,MultipleChoice,TokenClassification}` give "classifier", of
   `AlbertForQuestionAnswering` "qa_outputs" (the fine-tuning tasks' param names); what the head was trained for
-  (class names, problem type) is `read_head`'s. The classes in NO_POOLER (masked LM, QA, token classification)
+  (class names, problem type) is `hf.read_head`'s. The classes in NO_POOLER (masked LM, QA, token classification)
   have no pooler, which their heads never use: it is loaded as zeros. Weights are upcast to float32 (lossless).
   The head count is invisible in the weights: it comes from config.json alone.
   """
   path = os.path.abspath(path)
-  hf_config = _read_config(path)
+  hf_config = read_config(path)
   c = config_from_hf(hf_config)
   architecture = (hf_config.get("architectures") or [""])[0]
-  tensors = _read_tensors(path)
+  tensors = read_tensors(path)
   if "albert.embeddings.word_embeddings.weight" not in tensors:  # AlbertModel: keys have no "albert." prefix
     tensors = {f"albert.{k}": v for k, v in tensors.items()}
   heads = {h for h in _HEADS if any(k.startswith(h + ".") for k in tensors)}
@@ -197,7 +132,7 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
     if key not in tensors:
       raise InputError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint.")
     value = tensors.pop(key)
-    _check_shape(key, ours, value.shape, shapes[ours][::-1] if transpose else shapes[ours], path)
+    check_shape(key, ours, value.shape, shapes[ours][::-1] if transpose else shapes[ours], path)
     params[ours] = np.ascontiguousarray(value.T if transpose else value, dtype=np.float32)
   word, bias = params[("albert", "embeddings", "word_embeddings", "embedding")], params.get(("predictions", "bias"))
   for key, tied_to in (("predictions.decoder.weight", word), ("predictions.decoder.bias", bias)):
@@ -207,7 +142,7 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   if architecture in HF_HEAD_PARAMS and f"{HF_HEAD_PARAMS[architecture]}.weight" in tensors:
     name = HF_HEAD_PARAMS[architecture]
     weight, bias = tensors.pop(f"{name}.weight"), tensors.pop(f"{name}.bias")
-    _check_shape(f"{name}.weight", (name, "kernel"), weight.shape[1:], (c.hidden_size,), path)
+    check_shape(f"{name}.weight", (name, "kernel"), weight.shape[1:], (c.hidden_size,), path)
     params[(name, "kernel")] = np.ascontiguousarray(weight.T, dtype=np.float32)
     params[(name, "bias")] = np.asarray(bias, dtype=np.float32)
   for key in _HF_BUFFERS:
@@ -222,20 +157,6 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   return c, traverse_util.unflatten_dict(params)
 
 
-def _read_config(path: str) -> dict[str, Any]:
-  config_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    raise MissingFileError(f"{config_path} not found; point to a directory written by transformers' "
-                           "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
-  return pretrained.read_json_object(config_path, "a transformers config", _REFETCH)
-
-
-def read_head(path: str) -> HFHead | None:
-  """What the fine-tuned head of a transformers directory was trained for (`head_identity.hf_head_from_config`
-  of its config.json; None for the pretraining and backbone classes)."""
-  return head_identity.hf_head_from_config(_read_config(os.path.abspath(path)), path)
-
-
 def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | None = None) -> None:
   """Writes config.json + model.safetensors that transformers' `AlbertForPreTraining.from_pretrained` loads, or,
   for fine-tuned params, the `AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice,
@@ -245,7 +166,7 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
   `AlbertForPreTraining.from_pretrained` initialises the missing heads; the masked LM head alone: an
   `AlbertForMaskedLM`, which has no pooler). Without an E->H projection (E == H and `embedding_projection` off) an
   identity projection is written, which HF requires and which changes nothing. `head` (a task's `hf_head`, or a
-  converted directory's `read_head`) is needed only for a one-output `classifier`, which is a regression or a
+  converted directory's `hf.read_head`) is needed only for a one-output `classifier`, which is a regression or a
   multiple choice scorer, and for a token classifier; its labels become config.json's id2label.
   """
   c = model_config
@@ -268,7 +189,7 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
     if ours not in flat:
       raise InputError(f"params lack {'/'.join(ours)} (HF {key}), which the model config requires.")
     value = flat.pop(ours)
-    _check_shape(key, ours, value.shape, shapes[ours], "params")
+    check_shape(key, ours, value.shape, shapes[ours], "params")
     tensors[key] = np.ascontiguousarray(value.T if transpose else value)
   if flat:
     raise InputError(f"params have entries that the model config does not describe or that an HF ALBERT checkpoint "
@@ -279,27 +200,7 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
                   else MASKED_LM if "predictions" in heads else "AlbertModel")
   if architecture in NO_POOLER:  # HF's class has no pooler to load it into
     tensors = {k: v for k, v in tensors.items() if k not in _POOLER}
-  _write_hf(path, tensors, {"architectures": [architecture], **hf_config, **head_config, "dtype": dtype.name})
-
-
-def _write_hf(path: str, tensors: dict[str, np.ndarray], hf_config: dict[str, Any]) -> None:
-  """Writes the weights, then config.json, each under a temporary name renamed when whole, after removing the
-  pair a previous export left: a failed write (a full disk) leaves no config.json, so nothing there loads as a
-  complete model. The failure is one OSError naming the folder and the fix."""
-  weights, config = os.path.join(path, SAFETENSORS_FILE), os.path.join(path, CONFIG_FILE)
-  try:
-    os.makedirs(path, exist_ok=True)
-    for name in (config, weights):
-      storage.remove(name)
-    safetensors.numpy.save_file(tensors, f"{weights}.tmp", metadata={"format": "pt"})
-    os.chmod(f"{weights}.tmp", 0o644)  # safetensors creates it 0600; the folder is for others to load
-    os.replace(f"{weights}.tmp", weights)
-    storage.write_atomic(config, json.dumps(hf_config, indent=2))
-  except (OSError, safetensors.SafetensorError) as e:
-    storage.remove(f"{weights}.tmp")
-    raise EnvironmentUserError(f"Writing the transformers model into {path} failed ({e}); nothing there is left as a "
-                               "complete model. Free space on that disk (or make it writable) and run again, or write "
-                               "elsewhere.") from e
+  write_folder(path, tensors, {"architectures": [architecture], **hf_config, **head_config, "dtype": dtype.name})
 
 
 def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
@@ -318,22 +219,6 @@ def _finetuned_head(flat: dict[Path, np.ndarray], head: HFHead | None,
   kernel, bias = flat.pop((name, "kernel")), flat.pop((name, "bias"))
   outputs = kernel.shape[-1]
   head, expected = head_identity.hf_head_for(name, outputs, head)
-  _check_shape(f"{name}.weight", (name, "kernel"), kernel.shape, (c.hidden_size, expected), "params")
+  check_shape(f"{name}.weight", (name, "kernel"), kernel.shape, (c.hidden_size, expected), "params")
   tensors = {f"{name}.weight": np.ascontiguousarray(kernel.T), f"{name}.bias": np.asarray(bias)}
   return head, tensors, head_identity.hf_config_fields(head, outputs)
-
-
-def finetuned_head(weights_dir: str) -> HFHead | None:
-  """The HF head of fine-tuned weights (`head_identity.finetuned_head`): a converted directory's, or for weights
-  kept in a workdir (`WORKDIR/best/step_N`) the task named by the workdir's config.json; None for any other."""
-  return head_identity.finetuned_head(weights_dir, _run_task)
-
-
-def _run_task(workdir: str):
-  """The fine-tuning task of a training workdir's config.json; None when it has none (or is no fine-tuning run)."""
-  config_path = Run(workdir).config
-  if not storage.path(config_path).is_file():
-    return None
-  config = ml_collections.ConfigDict(pretrained.read_json_object(config_path, "a run's config",
-                                                                 pretrained.RESTORE_RUN_CONFIG))
-  return get_task(config) if "task" in config else None
