@@ -21,6 +21,8 @@ import ml_collections
 
 from albert_jax import checkpointing, families, head_identity, pretrained, run_config, storage
 from albert_jax.errors import InputError, MissingFileError
+from albert_jax.families.albert import ALBERT
+from albert_jax.families.electra import ELECTRA
 from albert_jax.formats import Format, hf_albert, hf_electra, hf_hub, hf_tokenizer
 from albert_jax.formats.hf_files import CONFIG_FILE, read_config
 from albert_jax.head_identity import HFHead
@@ -56,8 +58,8 @@ def _save_electra(c, params, path, head, run) -> list[str]:
 
 
 COLUMNS = {
-    "albert": FamilyClasses(hf_albert.load_hf, _save_albert, hf_albert.holds_heads),
-    "electra": FamilyClasses(
+    ALBERT.name: FamilyClasses(hf_albert.load_hf, _save_albert, hf_albert.holds_heads),
+    ELECTRA.name: FamilyClasses(
         hf_electra.load_hf, _save_electra, hf_electra.holds_heads,
         imported=f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({hf_electra.POOLER_NOTE}).",
         exported=f"HF ELECTRA has no pooler: albert/pooler is not written ({hf_electra.POOLER_NOTE}).",
@@ -68,7 +70,7 @@ COLUMNS = {
 def folder_family(path: str) -> families.Family:
   """The family of a transformers folder, by its config.json's model_type."""
   config = read_config(os.path.abspath(path))
-  return families.for_hf_model_type(config.get("model_type", "albert"), os.path.join(path, CONFIG_FILE))
+  return families.for_hf_model_type(config.get("model_type", ALBERT.hf_model_type), os.path.join(path, CONFIG_FILE))
 
 
 def weights_family(src: str, params: Any) -> families.Family:

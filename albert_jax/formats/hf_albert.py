@@ -17,6 +17,8 @@ import numpy as np
 from albert_jax import head_identity
 from albert_jax import model as model_lib
 from albert_jax.errors import InputError
+from albert_jax.families import BACKBONE, PRETRAINING
+from albert_jax.families.albert import ALBERT
 from albert_jax.formats.hf_files import (ACTIVATIONS, Path, check_shape, read_config, read_tensors,
                                          write_folder)
 from albert_jax.formats.names import HF_ALBERT, name_map
@@ -55,7 +57,7 @@ def _check_groups(c: ModelConfig) -> None:
 def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
   """ModelConfig from a transformers AlbertConfig dict; raises on what our model cannot represent."""
   hf = {**_HF_DEFAULTS, **hf}
-  if hf.get("model_type", "albert") != "albert":
+  if hf.get("model_type", ALBERT.hf_model_type) != ALBERT.hf_model_type:
     raise InputError(f"config.json has model_type={hf['model_type']!r}; only 'albert' checkpoints can be loaded.")
   if hf.get("position_embedding_type", "absolute") != "absolute":
     raise InputError(f"config.json has position_embedding_type={hf['position_embedding_type']!r}; albert_jax only "
@@ -87,7 +89,8 @@ def _hf_layout(c: ModelConfig) -> ModelConfig:
 def config_to_hf(c: ModelConfig) -> dict[str, Any]:
   """The transformers AlbertConfig dict (config.json) of `c`, less `architectures` and `dtype`."""
   layout = _hf_layout(c)
-  return {"model_type": "albert", **{k: getattr(layout, k) for k in _HF_DEFAULTS}, "tie_word_embeddings": True}
+  return {"model_type": ALBERT.hf_model_type, **{k: getattr(layout, k) for k in _HF_DEFAULTS},
+          "tie_word_embeddings": True}
 
 
 def _expected_shapes(c: ModelConfig) -> dict[Path, tuple[int, ...]]:
@@ -196,8 +199,8 @@ def save_hf(model_config: ModelConfig, params: Any, path: str, head: HFHead | No
                      f"has no place for: {sorted('/'.join(p) for p in flat)}.")
   if head is not None:
     tensors.update(head_tensors)
-  architecture = (head.architecture if head is not None else "AlbertForPreTraining" if "sop_classifier" in heads
-                  else MASKED_LM if "predictions" in heads else "AlbertModel")
+  architecture = (head.architecture if head is not None else ALBERT.hf_class(PRETRAINING) if "sop_classifier" in heads
+                  else MASKED_LM if "predictions" in heads else ALBERT.hf_class(BACKBONE))
   if architecture in NO_POOLER:  # HF's class has no pooler to load it into
     tensors = {k: v for k, v in tensors.items() if k not in _POOLER}
   write_folder(path, tensors, {"architectures": [architecture], **hf_config, **head_config, "dtype": dtype.name})

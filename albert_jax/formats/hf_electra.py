@@ -27,14 +27,17 @@ import numpy as np
 
 from albert_jax import head_identity
 from albert_jax.electra_model import GENERATOR, ElectraForPreTraining, generator_config
+from albert_jax import families
 from albert_jax.errors import InputError
+from albert_jax.families.electra import ELECTRA
 from albert_jax.formats import names
 from albert_jax.formats.hf_files import ACTIVATIONS, Path, check_shape, read_config, read_tensors, write_folder
 from albert_jax.head_identity import ELECTRA_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION, HFHead
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig
 
-PRETRAINING, MASKED_LM, BACKBONE = "ElectraForPreTraining", "ElectraForMaskedLM", "ElectraModel"
+PRETRAINING, MASKED_LM, BACKBONE = (ELECTRA.hf_class(role) for role in (families.PRETRAINING, families.MASKED_LM,
+                                                                        families.BACKBONE))
 DISCRIMINATOR_HEAD, GENERATOR_HEAD = "discriminator_predictions", "generator_predictions"
 CLASSIFIER = "classifier"  # ELECTRA's classification head, named as transformers names it
 GENERATOR_DIR = "generator"  # where an ELECTRA run's generator goes inside the exported folder
@@ -99,7 +102,7 @@ def config_to_hf(c: ModelConfig, architecture: str, dtype: str) -> dict[str, Any
     raise InputError(f"The generator has hidden_act={c.hidden_act!r}; transformers' ElectraForMaskedLM head always "
                      "applies exact GELU, so only a hidden_act='gelu' generator exports to it.")
   fields = {k: getattr(c, k) for k in _HF_DEFAULTS} | {"hidden_act": _OURS_TO_HF_ACTIVATION[c.hidden_act]}
-  return {"architectures": [architecture], "model_type": "electra", **fields,
+  return {"architectures": [architecture], "model_type": ELECTRA.hf_model_type, **fields,
           "position_embedding_type": "absolute", "tie_word_embeddings": True, "dtype": dtype}
 
 

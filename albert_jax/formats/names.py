@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from albert_jax.families.albert import ALBERT
+from albert_jax.families.electra import ELECTRA
 from albert_jax.model_config import ModelConfig
 
 Path = tuple[str, ...]
@@ -40,9 +42,9 @@ class Column:
   layer: str
 
 
-HF_ALBERT = Column("hf", "albert", "albert.encoder.albert_layer_groups.{g}.albert_layers.{i}")
-HF_ELECTRA = Column("hf", "electra", "electra.encoder.layer.{g}")  # one weight set per layer: i is always 0
-TF1_ALBERT = Column("tf1", "albert", "bert/encoder/transformer/group_{g}/inner_group_{i}")
+HF_ALBERT = Column("hf", ALBERT.name, "albert.encoder.albert_layer_groups.{g}.albert_layers.{i}")
+HF_ELECTRA = Column("hf", ELECTRA.name, "electra.encoder.layer.{g}")  # one weight set per layer: i is always 0
+TF1_ALBERT = Column("tf1", ALBERT.name, "bert/encoder/transformer/group_{g}/inner_group_{i}")
 
 # The parts of a model, each a set of rows; a column's classes take some of them (`name_map`'s `parts`).
 EMBEDDINGS, PROJECTION, LAYERS, POOLER = "embeddings", "projection", "layers", "pooler"
