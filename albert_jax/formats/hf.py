@@ -37,8 +37,9 @@ PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 @dataclasses.dataclass(frozen=True)
 class FamilyClasses:
-  """What one family's classes take: reading a folder, writing our params (into the folder and the extra folders
-  it returns: (model config, params, folder, head, the run's config or None)), and telling its heads from others'."""
+  """One family's transformers classes: `load` reads a folder of them; `save(model config, params, folder, head, the
+  run's config or None)` writes our params and returns the folders written, that folder first; `holds_heads` tells
+  whether our params hold one of the family's heads."""
   load: Callable[[str], tuple[ModelConfig, dict[str, Any]]]
   save: Callable[[ModelConfig, Any, str, HFHead | None, Any], list[str]]
   holds_heads: Callable[[Any], bool]
