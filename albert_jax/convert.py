@@ -1,17 +1,18 @@
-"""Converts weights between Hugging Face ALBERT directories and our pretrained-weights directories.
+"""Converts weights between other formats (Hugging Face, the original's TF1) and our pretrained-weights directories.
 
   python -m albert_jax.convert --from=hf --src=HF_DIR --dst=OUR_DIR   # then train/fine-tune from OUR_DIR
   python -m albert_jax.convert --from=hf --src=albert/albert-base-v2 --dst=OUR_DIR  # a Hub name [--revision=REV]
   python -m albert_jax.convert --to=hf --src=OUR_DIR --dst=HF_DIR     # AlbertForPreTraining.from_pretrained(HF_DIR)
-  # --to=hf writes the run's tokenizer too (`hf_export`), checked to give the run's ids; --spm_model=PATH names it
-  # where --src records none (a converted directory, synthetic data), --spm_model=none writes the weights alone
+  # --to=hf writes the run's tokenizer too (`formats.hf_tokenizer`), checked to give the run's ids; --spm_model=PATH
+  # names it where --src records none (a converted directory, synthetic data), --spm_model=none: the weights alone
   # --src may also be a training workdir: a pretraining run's newest checkpoint, a fine-tuning run's best one
   python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder alone: AlbertModel
   python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
 
+A dispatcher over the registered formats (`formats.registry`): --from takes any that reads, --to any that writes.
 ELECTRA (transformers' ElectraForPreTraining, ElectraForMaskedLM, ElectraModel; an ELECTRA run's generator goes to
-HF_DIR/generator) is `electra_interop`'s. The name mappings are `interop.name_map` and `electra_interop`'s
-(documented in docs/checkpoints.md).
+HF_DIR/generator) is the hf format's too. The weight names are the table of `formats.names` (documented in
+docs/checkpoints.md).
 """
 from __future__ import annotations
 
@@ -20,19 +21,18 @@ import os
 
 from absl import app, flags
 
-from albert_jax import console, electra_interop, hf_export, hf_import, interop, pretrained, storage, tf1
+from albert_jax import checkpointing, console, pretrained, storage
 from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
-from albert_jax.model_config import ModelConfig
-from albert_jax.run import as_run, config as run_config
-from albert_jax.run.best import read_best
+from albert_jax.formats import registry
+from albert_jax.formats.hf import NO_TOKENIZER
+from albert_jax.formats.hf_files import CONFIG_FILE
 from data_pipeline import writers
 
-FORMATS = ["hf"]
-SOURCES = FORMATS + ["tf1"]
-flags.DEFINE_enum("from", None, SOURCES, "Convert from this format into our pretrained-weights directory "
-                  "(tf1: a TF1 checkpoint + albert_config.json, as in the original's release tarballs and TF-Hub "
-                  "modules; TensorFlow is not needed).")
-flags.DEFINE_enum("to", None, FORMATS, "Convert our pretrained-weights directory into this format.")
+READERS, WRITERS = registry.readers(), registry.writers()
+_FORMATS = "; ".join(f"{f.name}: {f.summary}" for f in registry.FORMATS.values())
+flags.DEFINE_enum("from", None, READERS,
+                  f"Convert from this format into our pretrained-weights directory ({_FORMATS}).")
+flags.DEFINE_enum("to", None, WRITERS, f"Convert our pretrained-weights directory into this format ({_FORMATS}).")
 flags.DEFINE_string("src", None, "Directory to read; with --from=hf also a Hugging Face Hub name such as "
                     "albert/albert-base-v2 (fetched into the Hugging Face cache; HF_HUB_OFFLINE=1 reads the cache "
                     "alone).")
@@ -45,75 +45,8 @@ flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an A
                   "heads transformers has no class for, such as SQuAD v2's answer-class head.")
 flags.DEFINE_string("spm_model", None, "--to=hf: the SentencePiece model to export with the weights where --src "
                     "records none (its run's config.json data.spm_model, or its prepared data, name it otherwise); "
-                    "'none': the weights alone, no tokenizer.")
+                    f"'{NO_TOKENIZER}': the weights alone, no tokenizer.")
 FLAGS = flags.FLAGS
-NO_TOKENIZER = "none"
-PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
-
-
-def from_hf(src: str, dst: str, clear=lambda: None) -> None:
-  """`hf_import.from_hf`, said in one closing line."""
-  said = hf_import.from_hf(src, dst, clear)
-  print(f"Wrote {dst} from {src} ({said}).", flush=True)
-
-
-def from_tf1(src: str, dst: str, clear=lambda: None) -> None:
-  if storage.is_remote(src):
-    raise InputError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
-                     "`gcloud storage cp -r` first (--dst may be gs://).")
-  model_config, params = tf1.load_tf1(src)
-  clear()
-  pretrained.save_pretrained(dst, model_config, params)
-  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}).", flush=True)
-
-
-def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None, clear=lambda: None) -> None:
-  """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids; then
-  the folder, loaded as transformers loads it, is checked again (`hf_export.check_loaded`)."""
-  run, best = src, None if pretrained.is_pretrained_dir(src) else read_best(as_run(src))
-  if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
-    src = as_run(src).best_weights(best)
-  electra = electra_interop.run_weights(src, PASS_WORKDIR)  # an ELECTRA run: both towers and its generator's width
-  model_config, params = electra[:2] if electra else _our_weights(src)
-  as_electra = electra is not None or electra_interop.holds_electra_heads(params) or (
-      set(params) == {"albert"} and pretrained.backbone_family(src) == pretrained.ELECTRA)  # an ElectraModel
-  tokenizer = None if spm_model == NO_TOKENIZER else hf_export.run_tokenizer(run, spm_model)
-  if encoder_only:
-    params, head = {"albert": params["albert"]}, None
-  else:
-    head = interop.finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
-  max_length = model_config.max_position_embeddings
-  if tokenizer:
-    hf_export.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
-  clear()
-  if as_electra:
-    for folder in electra_interop.save_hf(model_config, params, dst, electra and electra[2], head)[1:]:
-      hf_export.check_loaded(None, folder, f"remove what else --dst={dst} holds and convert again")
-      print(f"The generator went to {folder} (ElectraForMaskedLM).", flush=True)
-    print(f"HF ELECTRA has no pooler: albert/pooler is not written ({electra_interop.POOLER_NOTE}).", flush=True)
-  else:
-    interop.save_hf(model_config, params, dst, head=head)
-  said = "no tokenizer (--spm_model=none)"
-  if tokenizer:
-    hf_export.save_tokenizer(tokenizer, dst, max_length)
-  checked = hf_export.check_loaded(tokenizer, dst, f"remove what else --dst={dst} holds and convert again")
-  if tokenizer:
-    said = (f"the tokenizer of {tokenizer.model_path}, do_lower_case={tokenizer.do_lower_case}, checked to give its "
-            f"ids through {checked}")
-  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}; {said}).", flush=True)
-
-
-def _our_weights(src: str):
-  """(ModelConfig, params) of a `convert`/`save_pretrained` directory, or of a pretraining workdir (its newest
-  checkpoint, the model from its config.json)."""
-  training_run = as_run(src)
-  if pretrained.is_pretrained_dir(src) or not storage.path(training_run.checkpoints).is_dir():
-    return pretrained.load_pretrained(src)
-  if not run_config.exists(training_run):
-    raise MissingFileError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: "
-                           f"{PASS_WORKDIR} (config.json next to checkpoints/).")
-  model = run_config.read(training_run, "--src", PASS_WORKDIR)["model"]
-  return ModelConfig.from_mapping(model), pretrained.load_init_params(src, name="--src")
 
 
 def _check_dst_apart(src: str, dst: str) -> None:
@@ -133,23 +66,26 @@ def _check_dst_apart(src: str, dst: str) -> None:
 def convert(source: str | None, target: str | None, src: str | None, dst: str | None, overwrite: bool = False,
             encoder_only: bool = False, spm_model: str | None = None, revision: str | None = None):
   """Checks the arguments (ValueError/FileNotFoundError/FileExistsError naming the fix), then converts; one
-  conversion writes --dst at a time (`writers.WriterLock`). With --from=hf, --src may be a Hub name (`hf_import`)."""
+  conversion writes --dst at a time (`writers.WriterLock`). --src may be a name that the --from format locates (a
+  Hugging Face Hub name, `--revision` pinning it)."""
   if (source is None) == (target is None):
-    raise InputError(f"Pass exactly one of {', '.join(f'--from={f}' for f in SOURCES)} (into ours) or "
-                     f"{', '.join(f'--to={f}' for f in FORMATS)} (ours -> HF).")
+    raise InputError(f"Pass exactly one of {', '.join(f'--from={f}' for f in READERS)} (into ours) or "
+                     f"{', '.join(f'--to={f}' for f in WRITERS)} (ours -> {' or '.join(map(str.upper, WRITERS))}).")
   for name, value in (("encoder_only", encoder_only), ("spm_model", spm_model)):
     if value and source:
-      raise InputError(f"--{name} applies to --to=hf; drop it for --from.")
-  if revision and source != "hf":
-    raise InputError("--revision applies to --from=hf with a Hugging Face Hub name; drop it.")
+      raise InputError(f"--{name} applies to {' or '.join(f'--to={f}' for f in WRITERS)}; drop it for --from.")
+  fmt = registry.get(source or target)
+  if revision and not (source and fmt.locate):
+    located = " or ".join(f"--from={f.name}" for f in registry.FORMATS.values() if f.read and f.locate)
+    raise InputError(f"--revision applies to {located} with a Hugging Face Hub name; drop it.")
   if not src or not dst:
     raise InputError("Pass both --src (directory to read) and --dst (directory to write).")
-  if source == "hf":
-    src = hf_import.hf_folder(src, revision or "", "--src", "--revision") or src
-  hf_side = src if source == "hf" else dst
-  if storage.is_remote(hf_side):
-    raise InputError(f"{hf_side}: Hugging Face directories are read and written by transformers, which needs a "
-                     "local folder; copy it with `gcloud storage cp -r` (our side, --src/--dst, may be gs://).")
+  if source and fmt.locate:
+    src = fmt.locate(src, revision or "", "--src", "--revision") or src
+  theirs = src if source else dst
+  if fmt.local and storage.is_remote(theirs):
+    raise InputError(f"{theirs}: {fmt.local}; copy it with `gcloud storage cp -r` (our side, --src/--dst, may be "
+                     "gs://).")
   if not storage.path(src).is_dir():
     raise MissingFileError(f"--src={src} is not a directory.")
   if storage.path(dst).exists() and not storage.path(dst).is_dir():
@@ -160,9 +96,9 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
     clear = lambda: [storage.path(p).rmtree() if storage.path(p).is_dir() else storage.remove(p) for p in earlier]
     try:
       if source:
-        {"hf": from_hf, "tf1": from_tf1}[source](src, dst, clear)
+        print(f"Wrote {dst} from {src} ({fmt.read(src, dst, clear)}).", flush=True)
       else:
-        to_hf(src, dst, encoder_only, spm_model, clear)
+        fmt.write(src, dst, encoder_only, spm_model, clear)
     except Exception as e:  # noqa: BLE001 - re-raised unless the disk is full
       if not _disk_full(e):
         raise
@@ -179,7 +115,7 @@ def _disk_full(error: BaseException) -> bool:
 
 
 # What any conversion leaves in its --dst, even one killed part way: --overwrite replaces such a folder's files.
-MODEL_FILES = (interop.CONFIG_FILE, pretrained.CONFIG_FILE, pretrained.PARAMS_DIR)
+MODEL_FILES = (CONFIG_FILE, pretrained.CONFIG_FILE, pretrained.PARAMS_DIR)
 # What a conversion that failed (a full disk) or was killed leaves: orbax's temporary folder, a file being written.
 ORBAX_TEMPORARY, WRITING = ".orbax-checkpoint-tmp", ".tmp"
 

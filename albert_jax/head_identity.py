@@ -45,7 +45,7 @@ ANSWER_CLASS_PARAMS = ("start_logits", "end_logits", "answer_class")
 
 @dataclasses.dataclass(frozen=True)
 class HFHead:
-  """A head as transformers names it, so a fine-tuned model leaves as the class its users load (`interop.save_hf`).
+  """A head as transformers names it, so a fine-tuned model leaves as the class its users load (`formats.hf_albert.save_hf`).
   Our `classifier` is HF's `classifier` (sequence classification, regression, multiple choice: one score per
   option) and our `qa_outputs` HF's; the architecture tells regression [H, 1] from multiple choice [H, 1]."""
   architecture: str                      # AlbertFor{SequenceClassification,QuestionAnswering,MultipleChoice,...}

@@ -74,9 +74,10 @@ def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) 
     cli.check_workdir(workdir, mode_name, FLAGS.output, eval_reads_only=kind.eval_reads_only())
     initialize_distributed()
     cli.check_backend()
-    from albert_jax import compilation_cache, hf_import
+    from albert_jax import compilation_cache
+    from albert_jax.formats import hf
     compilation_cache.use(config, training_run)
-    hf_import.use_converted_init_checkpoint(config)  # a Hugging Face folder or Hub name: its conversion
+    hf.use_converted_init_checkpoint(config)  # a Hugging Face folder or Hub name: its conversion
   if mode_name == "compile" and not os.environ.get("JAX_PLATFORMS"):
     import jax
     jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip

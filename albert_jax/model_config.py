@@ -1,7 +1,7 @@
 """Model hyperparameters: one frozen dataclass, the paper's size table, and validation.
 
 Field names follow the original `AlbertConfig` (google-research/albert `modeling.py`) and Hugging Face's, so a
-config.json from either maps one to one (see `interop.py`).
+config.json from either maps one to one (see `formats/hf_albert.py`).
 """
 from __future__ import annotations
 

@@ -43,7 +43,6 @@ CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's, beside a converted folder's spiece.model
 BACKBONE_FILE = "backbone.json"  # beside converted weights of a family other than the default: {"family": NAME}
-ELECTRA = "electra"  # the ELECTRA family's name, as convert and hf_import pass it
 _CONVERT_AGAIN = "convert the weights again (python -m albert_jax.convert)"
 RESTORE_RUN_CONFIG = "restore it from a copy, or from the config.<step>.json that a resume kept there"
 

@@ -25,7 +25,8 @@ from typing import Any, Callable
 import numpy as np
 from absl import app, flags
 
-from albert_jax import cli, hf_import, job_kinds, main, pretrained, runner, storage
+from albert_jax import cli, job_kinds, main, pretrained, runner, storage
+from albert_jax.formats import hf
 from albert_jax.errors import InputError, one_line_user_errors
 from albert_jax.head_identity import check_identity, task_for_weights
 from albert_jax.run import Run, check_output, config as run_config
@@ -293,7 +294,7 @@ def cli_main(argv: list[str]) -> None:
     check_recipe(config, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
     learning_rates = parse_learning_rates(FLAGS.learning_rates)
     # as albert_jax.main's fine-tuning takes them, once for every seed's copy of the config
-    hf_import.use_converted_init_checkpoint(config)
+    hf.use_converted_init_checkpoint(config)
     config = pretrained.with_recorded_model(config, config.init_checkpoint)
     cli.check_workdir(workdir, "train")
     check_grid(folder, learning_rates)

@@ -301,12 +301,12 @@ class Peer:
                threads: int | None = None):
     torch = import_torch()
     import transformers
-    from albert_jax import interop
+    from albert_jax.formats import hf_albert
     self.name, self.torch = name, torch
     torch.set_num_threads(threads or cpu_threads())
     self.device = torch.device("cuda" if torch.cuda.is_available() and jax.devices()[0].platform == "gpu" else "cpu")
     model_config = model_config_from(config)
-    hf = {k: v for k, v in interop.config_to_hf(model_config).items() if k != "model_type"}
+    hf = {k: v for k, v in hf_albert.config_to_hf(model_config).items() if k != "model_type"}
     if hf["hidden_act"] == "gelu_new":
       hf["hidden_act"] = "gelu_pytorch_tanh"   # the same tanh formula as one fused kernel: the stronger peer
     hf_config = transformers.AlbertConfig(**hf)

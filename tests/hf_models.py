@@ -6,7 +6,7 @@ import os
 import numpy as np
 import safetensors.numpy
 
-from albert_jax import interop
+from albert_jax.formats import hf_files
 from tests.helpers import require_module
 
 torch = require_module("torch", extra="hf")
@@ -47,7 +47,7 @@ def hf_forward(model, ids, mask, token_types):
 
 
 def read(directory) -> dict[str, np.ndarray]:
-  return safetensors.numpy.load_file(os.path.join(directory, interop.SAFETENSORS_FILE))
+  return safetensors.numpy.load_file(os.path.join(directory, hf_files.SAFETENSORS_FILE))
 
 
 def assert_same_tensors(a: dict, b: dict):

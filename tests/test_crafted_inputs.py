@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from albert_jax import engine, interop, pretrain, pretrained
+from albert_jax import engine, head_identity, pretrain, pretrained
+from albert_jax.formats import hf_albert, hf_files
 from albert_jax import model_config as model_config_lib
 from albert_jax.errors import InputError, UserError
 from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
@@ -36,7 +37,7 @@ def one_line(error: pytest.ExceptionInfo) -> str:
 
 def hf_dir(path, **files: bytes):
   path.mkdir()
-  (path / interop.CONFIG_FILE).write_text(json.dumps(HF_CONFIG))
+  (path / hf_files.CONFIG_FILE).write_text(json.dumps(HF_CONFIG))
   for name, data in files.items():
     (path / name).write_bytes(data)
   return path
@@ -58,11 +59,11 @@ def small_host(monkeypatch):
 def test_a_shard_index_is_refused_before_any_shard_is_opened(tmp_path, monkeypatch, index):
   def no_open(name):
     raise AssertionError(f"opened {name}")
-  monkeypatch.setattr(interop.safetensors.numpy, "load_file", no_open)
-  path = hf_dir(tmp_path / "hf", **{interop.SAFETENSORS_INDEX: json.dumps(index).encode()})
+  monkeypatch.setattr(hf_files.safetensors.numpy, "load_file", no_open)
+  path = hf_dir(tmp_path / "hf", **{hf_files.SAFETENSORS_INDEX: json.dumps(index).encode()})
   with pytest.raises(InputError) as error:
-    interop.load_hf(path)
-  assert one_line(error).startswith(f"{path / interop.SAFETENSORS_INDEX}")
+    hf_albert.load_hf(path)
+  assert one_line(error).startswith(f"{path / hf_files.SAFETENSORS_INDEX}")
 
 
 class Runs:
@@ -88,23 +89,23 @@ def test_a_pytorch_bin_that_is_not_plain_tensors_is_refused_without_running_it(t
     torch.save([torch.zeros(2)], file)
   else:
     file.write_bytes(b"" if kind == "empty" else b"<html>404 Not Found</html>")
-  path = hf_dir(tmp_path / "hf", **{interop.TORCH_FILE: file.read_bytes()})
+  path = hf_dir(tmp_path / "hf", **{hf_files.TORCH_FILE: file.read_bytes()})
   with pytest.raises(InputError) as error:
-    interop.load_hf(path)
-  assert one_line(error).startswith(f"{path / interop.TORCH_FILE} is not a PyTorch state dict")
+    hf_albert.load_hf(path)
+  assert one_line(error).startswith(f"{path / hf_files.TORCH_FILE} is not a PyTorch state dict")
   assert not marker.exists()
 
 
 @pytest.mark.parametrize("text, message", [
     (json.dumps({**HF_CONFIG, "num_hidden_layers": 1e12}), "model.num_hidden_layers=1000000000000.0 must be an "
                                                            "integer"),
-    ("{\"model_type\": \"albert\",", f"{interop.CONFIG_FILE} is not a transformers config"),
+    ("{\"model_type\": \"albert\",", f"{hf_files.CONFIG_FILE} is not a transformers config"),
 ], ids=["layers-a-float", "cut-short"])
 def test_a_garbled_config_json_is_refused(tmp_path, text, message):
   path = hf_dir(tmp_path / "hf")
-  (path / interop.CONFIG_FILE).write_text(text)
+  (path / hf_files.CONFIG_FILE).write_text(text)
   with pytest.raises(InputError) as error:
-    interop.load_hf(path)
+    hf_albert.load_hf(path)
   assert message in one_line(error)
 
 

@@ -12,7 +12,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import convert, electra_interop, finetune, hf_export, job_kinds, pretrained
+from albert_jax import convert, finetune, job_kinds, pretrained
+from albert_jax.formats import hf_electra, hf_tokenizer
 from albert_jax.errors import InputError
 from albert_jax.families.electra import HF_SEQUENCE_CLASSIFICATION as ELECTRA_SEQUENCE_CLASSIFICATION
 from albert_jax.families.electra_model import ElectraClassifier
@@ -99,18 +100,18 @@ def test_ours_exports_as_electra_for_sequence_classification_with_our_logits(hf,
   rng = np.random.RandomState(0)  # every weight random, biases and LayerNorms too
   params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
                         nn.unbox(abstract_params(ElectraClassifier(model_config, 1))))
-  folder = electra_interop.save_hf(model_config, params, str(tmp_path / "reg"))[0]
+  folder = hf_electra.save_hf(model_config, params, str(tmp_path / "reg"))[0]
   loaded = hf.transformers.ElectraForSequenceClassification.from_pretrained(folder).eval()
   assert loaded.config.problem_type == "regression" and loaded.num_labels == 1
   np.testing.assert_allclose(hf_logits(hf, loaded), our_logits(model_config, params), atol=1e-4, rtol=0)
-  _, back = electra_interop.load_hf(folder)  # every weight exactly, but the pooler, which HF ELECTRA has not
+  _, back = hf_electra.load_hf(folder)  # every weight exactly, but the pooler, which HF ELECTRA has not
   flat, flat_back = (flax.traverse_util.flatten_dict(tree) for tree in (params, back))
   assert sorted(flat) == sorted(flat_back)
   for path in flat:
     assert path[:2] == ("albert", "pooler") or np.array_equal(flat[path], flat_back[path]), path
-  head = electra_interop.HFHead(ELECTRA_SEQUENCE_CLASSIFICATION, ("a", "b"))
+  head = hf_electra.HFHead(ELECTRA_SEQUENCE_CLASSIFICATION, ("a", "b"))
   with pytest.raises(InputError, match="ELECTRA's classification head with 1 outputs, but its task names"):
-    electra_interop.save_hf(model_config, params, str(tmp_path / "wrong"), head=head)
+    hf_electra.save_hf(model_config, params, str(tmp_path / "wrong"), head=head)
   assert not (tmp_path / "wrong").exists()
 
 
@@ -171,7 +172,7 @@ def test_a_wordpiece_vocab_gives_berts_ids(hf, tmp_path):
     ours, theirs = WordPieceTokenizer(str(vocab), lower), hf.transformers.BertTokenizerFast(str(vocab),
                                                                                             do_lower_case=lower)
     for first, second in TEXTS:
-      assert hf_export.our_ids(ours, first, second) == (lambda e: (e["input_ids"], e["token_type_ids"]))(
+      assert hf_tokenizer.our_ids(ours, first, second) == (lambda e: (e["input_ids"], e["token_type_ids"]))(
           theirs(first, second))
   uncased = WordPieceTokenizer(str(vocab))
   assert (uncased.encode("Awful films"), ours.encode("Awful films")) == ([11, 12, 14, 15], [2, 14, 15])

@@ -1,4 +1,4 @@
-"""Hugging Face ELECTRA interop (albert_jax/electra_interop.py): logits parity with transformers' ElectraForPreTraining,
+"""Hugging Face ELECTRA interop (albert_jax/formats/hf_electra.py): logits parity with transformers' ElectraForPreTraining,
 ElectraForMaskedLM and ElectraModel both ways, exact round trips, refusals, and convert on an ELECTRA run."""
 import json
 
@@ -14,7 +14,8 @@ from tests.helpers import final_params, pretrain_cli, require_module
 torch = require_module("torch", extra="hf")
 transformers = require_module("transformers", extra="hf")
 
-from albert_jax import convert, electra_interop, pretrained  # noqa: E402
+from albert_jax import convert, pretrained  # noqa: E402
+from albert_jax.formats import hf_electra  # noqa: E402
 from albert_jax.families.electra_model import ElectraForPreTraining, generator_config  # noqa: E402
 from albert_jax.errors import InputError  # noqa: E402
 from albert_jax.model import (AlbertForPreTraining, AlbertModel, MaskedLMHead, abstract_params,  # noqa: E402
@@ -52,11 +53,11 @@ def our_logits(c: ModelConfig, params, architecture: str):
   """Our model's logits for the HF class `architecture` on the shared batch: replaced-token logits [B, S], MLM
   logits [B, S, V], or the sequence output."""
   inputs = (jnp.asarray(IDS), jnp.asarray(MASK), jnp.asarray(TYPES))
-  if architecture == electra_interop.PRETRAINING:
+  if architecture == hf_electra.PRETRAINING:
     return np.asarray(ElectraForPreTraining(c).apply({"params": params}, *inputs,
                                                      method=ElectraForPreTraining.discriminator_logits))
   sequence, _ = AlbertModel(c).apply({"params": params["albert"]}, *inputs)
-  if architecture == electra_interop.BACKBONE:
+  if architecture == hf_electra.BACKBONE:
     return np.asarray(sequence)
   word = params["albert"]["embeddings"]["word_embeddings"]["embedding"]
   return np.asarray(MaskedLMHead(c).apply({"params": params["generator_predictions"]}, sequence, lambda x: x @ word.T))
@@ -76,10 +77,10 @@ CLASSES = {"discriminator_e_ne_h": (transformers.ElectraForPreTraining, {}),
 def test_hf_to_ours_matches_logits_and_round_trips_exactly(cls, overrides, tmp_path):
   model = noisy(cls(transformers.ElectraConfig(**{**HF, **overrides})))
   model.save_pretrained(tmp_path / "hf")
-  c, params = electra_interop.load_hf(tmp_path / "hf")
+  c, params = hf_electra.load_hf(tmp_path / "hf")
   assert c.sharing == "none" and c.has_embedding_projection == (c.embedding_size != c.hidden_size)
   np.testing.assert_allclose(our_logits(c, params, cls.__name__), hf_logits(model), atol=1e-4, rtol=0)
-  assert electra_interop.save_hf(c, params, str(tmp_path / "back")) == [str(tmp_path / "back")]
+  assert hf_electra.save_hf(c, params, str(tmp_path / "back")) == [str(tmp_path / "back")]
   original, back = read_tensors(tmp_path / "hf"), read_tensors(tmp_path / "back")
   assert sorted(back) == sorted(k for k in original if k != "generator_lm_head.weight")  # tied: not stored
   for key, value in back.items():
@@ -97,11 +98,11 @@ def random_pair(c: ModelConfig, fraction: float):
 def test_an_electra_pair_exports_both_towers_that_transformers_loads_with_our_logits(tmp_path):
   c = ModelConfig(**HF, sharing="none")
   params = random_pair(c, 0.5)
-  folders = electra_interop.save_hf(c, params, str(tmp_path / "hf"), generator_fraction=0.5)
+  folders = hf_electra.save_hf(c, params, str(tmp_path / "hf"), generator_fraction=0.5)
   assert folders == [str(tmp_path / "hf"), str(tmp_path / "hf" / "generator")]
   unboxed = nn.unbox(params)
   discriminator = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf").eval()
-  np.testing.assert_allclose(hf_logits(discriminator), our_logits(c, unboxed, electra_interop.PRETRAINING),
+  np.testing.assert_allclose(hf_logits(discriminator), our_logits(c, unboxed, hf_electra.PRETRAINING),
                              atol=1e-4, rtol=0)
   generator = transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "hf" / "generator").eval()
   g = generator_config(c, 0.5)
@@ -112,8 +113,8 @@ def test_an_electra_pair_exports_both_towers_that_transformers_loads_with_our_lo
                                              method=ElectraForPreTraining.generator_logits)
   np.testing.assert_allclose(hf_logits(generator), ours, atol=1e-4, rtol=0)
   # Back: both towers' weights exactly, over one copy of the embeddings; the pooler is not exported.
-  dc, disc = electra_interop.load_hf(tmp_path / "hf")
-  gc, gen = electra_interop.load_hf(tmp_path / "hf" / "generator")
+  dc, disc = hf_electra.load_hf(tmp_path / "hf")
+  gc, gen = hf_electra.load_hf(tmp_path / "hf" / "generator")
   assert dc.hidden_size == 32 and gc.hidden_size == g.hidden_size == 16
   same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
   same({k: disc["albert"][k] for k in ("embeddings", "encoder")},
@@ -127,21 +128,21 @@ def test_an_electra_pair_exports_both_towers_that_transformers_loads_with_our_lo
 def test_what_hf_electra_cannot_hold_is_refused_in_one_line(tmp_path):
   shared = ModelConfig(**HF, sharing="all")
   with pytest.raises(InputError, match="one weight set per layer"):
-    electra_interop.save_hf(shared, random_pair(shared, 0.5), str(tmp_path / "a"), generator_fraction=0.5)
+    hf_electra.save_hf(shared, random_pair(shared, 0.5), str(tmp_path / "a"), generator_fraction=0.5)
   tanh = ModelConfig(**{**HF, "hidden_act": "gelu_new"}, sharing="none")
   with pytest.raises(InputError, match="always applies exact GELU"):
-    electra_interop.save_hf(tanh, random_pair(tanh, 0.5), str(tmp_path / "b"), generator_fraction=0.5)
+    hf_electra.save_hf(tanh, random_pair(tanh, 0.5), str(tmp_path / "b"), generator_fraction=0.5)
   with pytest.raises(InputError, match="no generator fraction"):
-    electra_interop.save_hf(tanh, random_pair(tanh, 0.5), str(tmp_path / "c"))
+    hf_electra.save_hf(tanh, random_pair(tanh, 0.5), str(tmp_path / "c"))
   # The generator (H=16 != E) fits, the discriminator (E == H, projection asked for) does not: nothing is written.
   projected = ModelConfig(**{**HF, "embedding_size": 32}, sharing="none", embedding_projection=True)
   with pytest.raises(InputError, match="projects embeddings only where E != H"):
-    electra_interop.save_hf(projected, random_pair(projected, 0.5), str(tmp_path / "d"), generator_fraction=0.5)
+    hf_electra.save_hf(projected, random_pair(projected, 0.5), str(tmp_path / "d"), generator_fraction=0.5)
   assert not any((tmp_path / name).exists() for name in "abcd")
   model = transformers.ElectraForQuestionAnswering(transformers.ElectraConfig(**HF))
   model.save_pretrained(tmp_path / "qa")
   with pytest.raises(InputError, match="names ElectraForQuestionAnswering; the ELECTRA classes read here are"):
-    electra_interop.load_hf(tmp_path / "qa")
+    hf_electra.load_hf(tmp_path / "qa")
 
 
 @pytest.mark.slow  # a pretraining run in a subprocess: about 30 s on a busy 2-core machine

@@ -159,13 +159,13 @@ def test_prepare_and_pretrain_in_a_bucket_resume_after_kill_9(gcs, tmp_path):
 
 def test_convert_fine_tune_predict_and_evaluate_in_a_bucket(gcs, shared_data, tmp_path):
   transformers = require_module("transformers", extra="hf")
-  from albert_jax import interop
+  from albert_jax.formats import hf_albert
   from albert_jax.model_config import model_config_from
   from experiments import glue
   config = glue.get_config("task=rte,size=tiny")
   config.model.num_hidden_layers = 2
   hf = tmp_path / "hf"
-  transformers.AlbertForPreTraining(transformers.AlbertConfig(**interop.config_to_hf(model_config_from(config)))
+  transformers.AlbertForPreTraining(transformers.AlbertConfig(**hf_albert.config_to_hf(model_config_from(config)))
                                     ).save_pretrained(hf)
   converted = run("-m", "albert_jax.convert", "--from=hf", f"--src={hf}", f"--dst={gcs}/weights")
   assert converted.returncode == 0, converted.stderr

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import tokenizers
 
-from albert_jax import convert, finetune, hf_export, pretrained
+from albert_jax import convert, finetune, pretrained
+from albert_jax.formats import hf_tokenizer
 from albert_jax import model as model_lib
 from albert_jax.errors import ExistsError, InputError
 from albert_jax.model_config import model_config_from
@@ -71,7 +72,7 @@ def test_a_pipeline_on_the_export_gives_our_labels_and_probabilities(run):
 
 
 def _shared_texts(shared_data) -> list[str]:
-  """The 14,630 texts hf_export's docstring counts: 400 lines of 30 corpus books, 299 lines of each GLUE dev set,
+  """The 14,630 texts hf_tokenizer's docstring counts: 400 lines of 30 corpus books, 299 lines of each GLUE dev set,
   the contexts of SQuAD's first 20 articles."""
   texts = []
   for book in sorted(glob.glob(str(shared_data / "corpus" / "*.txt")))[:30]:
@@ -87,13 +88,13 @@ def test_the_exported_tokenizer_gives_our_ids_on_every_shared_text(shared_data, 
   """The tokenizer.json the export writes, as the tokenizers library loads it, cased and uncased; transformers'
   AlbertTokenizer from spiece.model alone differs on parentheses and numbers with commas."""
   ours = Tokenizer(str(shared_data / "albert_spm" / "spiece.model"), lower)
-  hf_export.save_tokenizer(ours, str(tmp_path), 512)
-  theirs = tokenizers.Tokenizer.from_file(str(tmp_path / hf_export.TOKENIZER_FILE))
+  hf_tokenizer.save_tokenizer(ours, str(tmp_path), 512)
+  theirs = tokenizers.Tokenizer.from_file(str(tmp_path / hf_tokenizer.TOKENIZER_FILE))
   texts = _shared_texts(shared_data)
   assert len(texts) == 14630
-  differ = [text for text in texts if theirs.encode(text).ids != hf_export.our_ids(ours, text, None)[0]]
+  differ = [text for text in texts if theirs.encode(text).ids != hf_tokenizer.our_ids(ours, text, None)[0]]
   assert not differ, (len(differ), differ[:3])
-  assert json.loads((tmp_path / hf_export.TOKENIZER_CONFIG).read_text())["do_lower_case"] is lower
+  assert json.loads((tmp_path / hf_tokenizer.TOKENIZER_CONFIG).read_text())["do_lower_case"] is lower
 
 
 def test_transformers_loads_the_export_with_our_ids_and_segments(run, tokenizer):
@@ -101,18 +102,18 @@ def test_transformers_loads_the_export_with_our_ids_and_segments(run, tokenizer)
   theirs = transformers.AutoTokenizer.from_pretrained(str(run.hf))
   for first, second in [*((text, None) for text in TEXTS), (TEXTS[0], TEXTS[3])]:
     got = theirs(first, second)
-    assert (got["input_ids"], got["token_type_ids"]) == hf_export.our_ids(tokenizer, first, second)
-  assert (run.hf / hf_export.SPM_FILE).read_bytes() == open(tokenizer.model_path, "rb").read()
+    assert (got["input_ids"], got["token_type_ids"]) == hf_tokenizer.our_ids(tokenizer, first, second)
+  assert (run.hf / hf_tokenizer.SPM_FILE).read_bytes() == open(tokenizer.model_path, "rb").read()
 
 
 def test_an_export_whose_tokenizer_would_give_other_ids_is_refused_with_nothing_written(run, tmp_path, monkeypatch):
   """Digit-comma pieces allowed to win, as a plain conversion of the SentencePiece model allows them."""
-  built = hf_export.hf_tokenizer
+  built = hf_tokenizer.hf_tokenizer
   def with_digit_comma_pieces(tokenizer):
     spec = json.loads(built(tokenizer).to_str())
     spec["model"]["vocab"] = [[piece, 0.0 if score < -1e8 else score] for piece, score in spec["model"]["vocab"]]
     return tokenizers.Tokenizer.from_str(json.dumps(spec))
-  monkeypatch.setattr(hf_export, "hf_tokenizer", with_digit_comma_pieces)
+  monkeypatch.setattr(hf_tokenizer, "hf_tokenizer", with_digit_comma_pieces)
   with pytest.raises(InputError, match=r"gives other ids than .*spiece.model for \('In 1990, 3,400 people paid "
                                        r"\$1,628.26 \(or 1.53 percent\).', None\).*nothing was written"):
     quietly(convert.convert, None, "hf", str(run.workdir), str(tmp_path / "hf"))
@@ -132,9 +133,9 @@ def test_weights_that_name_no_tokenizer_are_refused_unless_told_to_export_them_a
     quietly(convert.convert, None, "hf", str(weights), str(tmp_path / "b"), False, False, small)
   assert not (tmp_path / "b").exists()
   quietly(convert.convert, None, "hf", str(weights), str(tmp_path / "c"), False, False, convert.NO_TOKENIZER)
-  assert not (tmp_path / "c" / hf_export.TOKENIZER_FILE).exists() and (tmp_path / "c" / "config.json").is_file()
+  assert not (tmp_path / "c" / hf_tokenizer.TOKENIZER_FILE).exists() and (tmp_path / "c" / "config.json").is_file()
   quietly(convert.convert, None, "hf", str(weights), str(tmp_path / "d"), False, False, spm(shared_data))
-  assert (tmp_path / "d" / hf_export.TOKENIZER_FILE).is_file()
+  assert (tmp_path / "d" / hf_tokenizer.TOKENIZER_FILE).is_file()
 
 
 # Files an earlier tool left in an export folder, which transformers reads beside ours (issue #48): "hello" taken
@@ -156,7 +157,7 @@ def test_overwrite_removes_the_files_an_earlier_tool_left_and_the_folder_loads_w
           "special_tokens_map.json.") in said
   assert sorted(p.name for p in dst.iterdir()) == sorted([p.name for p in run.hf.iterdir()] + ["notes"])
   theirs = transformers.AutoTokenizer.from_pretrained(str(dst))
-  assert theirs("I said hello")["input_ids"] == hf_export.our_ids(tokenizer, "I said hello", None)[0]
+  assert theirs("I said hello")["input_ids"] == hf_tokenizer.our_ids(tokenizer, "I said hello", None)[0]
   assert (theirs.cls_token_id, theirs.mask_token_id) == (tokenizer.cls_id, tokenizer.mask_id) == (2, 4)
 
 
@@ -164,12 +165,12 @@ def test_overwrite_removes_the_files_an_earlier_tool_left_and_the_folder_loads_w
 def test_the_closing_check_loads_every_file_of_the_folder_as_transformers_does(run, tokenizer, tmp_path, name):
   require_module("transformers", extra="hf")
   shutil.copytree(run.hf, tmp_path / "hf")
-  assert hf_export.check_loaded(tokenizer, str(tmp_path / "hf"), "fix") == "TokenizersBackend"
+  assert hf_tokenizer.check_loaded(tokenizer, str(tmp_path / "hf"), "fix") == "TokenizersBackend"
   content, found = STALE[name]
   (tmp_path / "hf" / name).write_text(json.dumps(content))
   with pytest.raises(InputError, match="^" + re.escape(f"{tmp_path / 'hf'}: transformers loads the tokenizer with "
                                                        f"{found}")):
-    hf_export.check_loaded(tokenizer, str(tmp_path / "hf"), "fix")
+    hf_tokenizer.check_loaded(tokenizer, str(tmp_path / "hf"), "fix")
 
 
 def test_overwrite_of_a_folder_that_holds_no_model_is_refused_and_removes_nothing(run, tmp_path):
@@ -186,7 +187,7 @@ def test_overwrite_of_a_folder_that_holds_no_model_is_refused_and_removes_nothin
 def test_without_transformers_the_export_is_checked_through_the_tokenizers_library(tokenizer, monkeypatch):
   """`convert` needs only the base install (tests/test_install.py); the check then loads tokenizer.json itself."""
   monkeypatch.setitem(sys.modules, "transformers", None)
-  assert hf_export.check_tokenizer(tokenizer, tokenizer.vocab_size, 512) == "Tokenizer"
+  assert hf_tokenizer.check_tokenizer(tokenizer, tokenizer.vocab_size, 512) == "Tokenizer"
 
 
 def test_a_hugging_face_folder_converted_here_and_back_keeps_its_tokenizer(shared_data, tmp_path):

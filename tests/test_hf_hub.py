@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from huggingface_hub import constants
 
-from albert_jax import convert, hf_import, pretrained
+from albert_jax import convert, pretrained
+from albert_jax.formats import hf, hf_hub
 from albert_jax.errors import InputError, MissingFileError
 from tests.helpers import REPO, cpu_env, glue_data, quietly, spm
 
@@ -79,9 +80,9 @@ def test_convert_takes_a_hub_name_and_init_checkpoint_reuses_its_conversion(offl
   assert said.startswith(f"Wrote {tmp_path / 'ours'} from {snapshot} (albert, predictions, sop_classifier; its "
                          "tokenizer spiece.model, do_lower_case=False)."), said
   target = str(offline / "models--albert-test--tiny-random" / COMMIT)
-  assert quietly(hf_import.converted, NAME).startswith(f"init_checkpoint={NAME}: converted {NAME} at commit")
+  assert quietly(hf.converted, NAME).startswith(f"init_checkpoint={NAME}: converted {NAME} at commit")
   assert os.listdir(offline / "models--albert-test--tiny-random") == [COMMIT]  # no partial conversion left
-  assert quietly(hf_import.converted, NAME) == f"init_checkpoint={NAME}: reading its conversion in {target}\n"
+  assert quietly(hf.converted, NAME) == f"init_checkpoint={NAME}: reading its conversion in {target}\n"
   (ours_model, ours), (cached_model, cached) = (pretrained.load_pretrained(p) for p in (str(tmp_path / "ours"), target))
   assert ours_model == cached_model and jax.tree.structure(ours) == jax.tree.structure(cached)
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(cached)))
@@ -93,35 +94,35 @@ def test_a_local_hugging_face_folder_is_converted_again_once_saved_again(hub, of
   snapshot = hub / "hub" / "models--albert-test--tiny-random" / "snapshots" / COMMIT
   for file in ("config.json", "model.safetensors"):
     (folder / file).write_bytes((snapshot / file).read_bytes())
-  first = hf_import.converted(str(folder))
+  first = hf.converted(str(folder))
   assert os.path.dirname(first) == str(offline / "folders") and "no tokenizer" not in first
-  assert quietly(hf_import.converted, str(folder)).startswith("init_checkpoint=")
-  assert hf_import.converted(str(folder)) == first
+  assert quietly(hf.converted, str(folder)).startswith("init_checkpoint=")
+  assert hf.converted(str(folder)) == first
   os.utime(folder / "model.safetensors", ns=(0, 0))
-  assert hf_import.converted(str(folder)) != first
+  assert hf.converted(str(folder)) != first
 
 
 @pytest.mark.parametrize("value, is_name", [(NAME, True), ("albert-base-v2", True), ("/tmp/x/y", False),
                                             ("./run", False), ("~/run", False), ("a/b/c", False),
                                             ("gs://bucket/run", False), ("two--dashes/x", False)])
 def test_what_is_taken_for_a_hub_name(value, is_name):
-  assert hf_import.is_hub_name(value) == is_name
+  assert hf_hub.is_hub_name(value) == is_name
 
 
 def test_an_existing_folder_is_never_taken_for_a_hub_name(tmp_path, monkeypatch):
   (tmp_path / "org" / "name").mkdir(parents=True)
   monkeypatch.chdir(tmp_path)
-  assert not hf_import.is_hub_name("org/name") and hf_import.converted("org/name") is None
+  assert not hf_hub.is_hub_name("org/name") and hf.converted("org/name") is None
 
 
 def test_a_name_or_revision_the_offline_cache_lacks_is_one_line_naming_the_fix(offline):
   with pytest.raises(MissingFileError) as error:
-    hf_import.converted("albert-test/not-cached")
+    hf.converted("albert-test/not-cached")
   assert str(error.value) == (
       f"init_checkpoint=albert-test/not-cached: HF_HUB_OFFLINE=1 and the Hugging Face cache ({constants.HF_HUB_CACHE}) "
       "does not hold it; fetch it once with `hf download albert-test/not-cached`, or unset HF_HUB_OFFLINE.")
   with pytest.raises(MissingFileError) as error:
-    hf_import.converted(NAME, "v2")  # the name is cached, at main only
+    hf.converted(NAME, "v2")  # the name is cached, at main only
   assert str(error.value) == (
       f"init_checkpoint={NAME} (revision v2): HF_HUB_OFFLINE=1 and the Hugging Face cache ({constants.HF_HUB_CACHE}) "
       f"does not hold it; fetch it once with `hf download {NAME} --revision v2`, or unset HF_HUB_OFFLINE.")
@@ -148,13 +149,13 @@ def test_an_unknown_name_or_revision_on_the_hub_is_one_line(offline, monkeypatch
   monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
   try:
     with pytest.raises(MissingFileError) as error:
-      hf_import.converted("albert-test/no-such-model")
+      hf.converted("albert-test/no-such-model")
     assert str(error.value) == (
         "init_checkpoint=albert-test/no-such-model: no folder of that name here and no model of that name on the "
         "Hugging Face Hub (a private or gated one needs `hf auth login`); check the name on "
         "https://huggingface.co/albert-test/no-such-model.")
     with pytest.raises(MissingFileError) as error:
-      hf_import.converted(NAME, "v9")
+      hf.converted(NAME, "v9")
     assert str(error.value) == (
         f"init_checkpoint={NAME} (revision v9): the Hub model has no such revision; pass one of its branches, tags "
         "or commits as init_checkpoint_revision, or drop it for main.")
@@ -165,4 +166,4 @@ def test_an_unknown_name_or_revision_on_the_hub_is_one_line(offline, monkeypatch
 def test_a_revision_of_anything_but_a_hub_name_is_refused(tmp_path):
   with pytest.raises(InputError, match=r"^init_checkpoint_revision=v2 pins a revision of a Hugging Face Hub name, "
                      rf"and init_checkpoint={tmp_path} is not one; drop init_checkpoint_revision\.$"):
-    hf_import.converted(str(tmp_path), "v2")
+    hf.converted(str(tmp_path), "v2")

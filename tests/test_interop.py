@@ -16,7 +16,8 @@ from tests.helpers import REPO, SMALL_RUN, final_params, pretrain_cli, require_m
 torch = require_module("torch", extra="hf")
 transformers = require_module("transformers", extra="hf")
 
-from albert_jax import convert, interop, pretrained  # noqa: E402
+from albert_jax import convert, pretrained  # noqa: E402
+from albert_jax.formats import hf_albert, hf_files  # noqa: E402
 from albert_jax import model as model_lib  # noqa: E402
 from albert_jax.model_config import ModelConfig  # noqa: E402
 from albert_jax.tasks.heads import PooledClassifier, SpanExtractor, TokenClassifier  # noqa: E402
@@ -54,7 +55,7 @@ PARITY = {
 @pytest.mark.parametrize("overrides", PARITY.values(), ids=PARITY.keys())
 def test_logits_match_transformers(overrides, tmp_path):
   model = hf_model(**overrides)
-  config, params = interop.load_hf(saved(model, tmp_path))
+  config, params = hf_albert.load_hf(saved(model, tmp_path))
   hf_act = overrides.get("hidden_act", "gelu_new")
   assert config.hidden_act == {"gelu_pytorch_tanh": "gelu_new"}.get(hf_act, hf_act)
   assert (config.num_hidden_groups, config.inner_group_num) == (model.config.num_hidden_groups,
@@ -71,8 +72,8 @@ def test_logits_match_transformers(overrides, tmp_path):
                          ids=["groups2_l4", "e_eq_h_inner2"])
 def test_hf_to_ours_to_hf_is_bit_exact(overrides, tmp_path):
   model = hf_model(**overrides)
-  config, params = interop.load_hf(saved(model, tmp_path / "hf"))
-  interop.save_hf(config, params, tmp_path / "back")
+  config, params = hf_albert.load_hf(saved(model, tmp_path / "hf"))
+  hf_albert.save_hf(config, params, tmp_path / "back")
   assert_same_tensors(read(tmp_path / "hf"), read(tmp_path / "back"))
   reloaded, info = transformers.AlbertForPreTraining.from_pretrained(tmp_path / "back", output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -83,8 +84,8 @@ def test_hf_to_ours_to_hf_is_bit_exact(overrides, tmp_path):
 def test_ours_to_hf_to_ours_is_bit_exact(tmp_path):
   config = ModelConfig(**{**SMALL, "num_hidden_layers": 4}, num_hidden_groups=2, inner_group_num=2, hidden_act="gelu")
   params = random_params(config)  # boxed, as training holds them
-  interop.save_hf(config, params, tmp_path)
-  loaded_config, loaded = interop.load_hf(tmp_path)
+  hf_albert.save_hf(config, params, tmp_path)
+  loaded_config, loaded = hf_albert.load_hf(tmp_path)
   assert loaded_config == config.replace(embedding_projection=True)
   expected = jax.tree.map(np.asarray, nn.unbox(params))
   assert jax.tree.structure(loaded) == jax.tree.structure(expected)
@@ -97,8 +98,8 @@ def test_bert_without_projection_exports_as_one_group_per_layer(tmp_path):
   config = ModelConfig(**{**SMALL, "embedding_size": 32, "num_hidden_layers": 3}, sharing="none",
                        embedding_projection=False)
   params = random_params(config)
-  interop.save_hf(config, params, tmp_path)
-  loaded_config, loaded = interop.load_hf(tmp_path)
+  hf_albert.save_hf(config, params, tmp_path)
+  loaded_config, loaded = hf_albert.load_hf(tmp_path)
   assert loaded_config == config.replace(num_hidden_groups=3, sharing="all", embedding_projection=True)
   inputs = batch()
   ours = model_lib.AlbertForPreTraining(config).apply({"params": params}, *inputs)
@@ -108,14 +109,14 @@ def test_bert_without_projection_exports_as_one_group_per_layer(tmp_path):
 
 def test_albert_model_checkpoint_loads_backbone_only(tmp_path):
   model = hf_model(transformers.AlbertModel)
-  config, params = interop.load_hf(saved(model, tmp_path / "hf"))
+  config, params = hf_albert.load_hf(saved(model, tmp_path / "hf"))
   assert set(params) == {"albert"}
   inputs = batch()
   sequence, pooled = model_lib.AlbertModel(config).apply({"params": params["albert"]}, *inputs)
   theirs = hf_forward(model, *inputs)
   np.testing.assert_allclose(sequence, theirs.last_hidden_state.numpy(), rtol=0, atol=1e-4)
   np.testing.assert_allclose(pooled, theirs.pooler_output.numpy(), rtol=0, atol=1e-4)
-  interop.save_hf(config, params, tmp_path / "back")
+  hf_albert.save_hf(config, params, tmp_path / "back")
   assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["AlbertModel"]
   _, info = transformers.AlbertModel.from_pretrained(tmp_path / "back", output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"]
@@ -125,21 +126,21 @@ def test_pytorch_bin_checkpoint_loads(tmp_path, hf_dir):
   model = transformers.AlbertForPreTraining.from_pretrained(hf_dir)
   model.config.save_pretrained(tmp_path)
   state = model.state_dict()  # includes the tied predictions.decoder.{weight,bias}, as old .bin files do
-  torch.save(state, tmp_path / interop.TORCH_FILE)
-  config, params = interop.load_hf(tmp_path)
-  expected_config, expected = interop.load_hf(hf_dir)
+  torch.save(state, tmp_path / hf_files.TORCH_FILE)
+  config, params = hf_albert.load_hf(tmp_path)
+  expected_config, expected = hf_albert.load_hf(hf_dir)
   assert config == expected_config
   jax.tree.map(np.testing.assert_array_equal, params, expected)
 
   state["predictions.decoder.weight"] = state["predictions.decoder.weight"] + 1.0
-  torch.save(state, tmp_path / interop.TORCH_FILE)
+  torch.save(state, tmp_path / hf_files.TORCH_FILE)
   with pytest.raises(ValueError, match=r"predictions\.decoder\.weight differs"):
-    interop.load_hf(tmp_path)
+    hf_albert.load_hf(tmp_path)
 
 
 def _copy_with_config(src, dst, **changes):
   dst.mkdir()
-  (dst / interop.SAFETENSORS_FILE).write_bytes((Path(src) / interop.SAFETENSORS_FILE).read_bytes())
+  (dst / hf_files.SAFETENSORS_FILE).write_bytes((Path(src) / hf_files.SAFETENSORS_FILE).read_bytes())
   hf_config = json.loads((Path(src) / "config.json").read_text())
   (dst / "config.json").write_text(json.dumps({**hf_config, **changes}))
   return dst
@@ -148,30 +149,30 @@ def _copy_with_config(src, dst, **changes):
 def test_bad_checkpoints_raise_clear_errors(tmp_path, hf_dir):
   wrong_ffn = _copy_with_config(hf_dir, tmp_path / "ffn", intermediate_size=48)
   with pytest.raises(ValueError, match=r"albert_layers\.0\.ffn\.weight .*shape \[64, 32\].*expects \[48, 32\]"):
-    interop.load_hf(wrong_ffn)
+    hf_albert.load_hf(wrong_ffn)
   one_group = _copy_with_config(hf_dir, tmp_path / "groups", num_hidden_groups=1)
   with pytest.raises(ValueError, match=r"unexpected parameters .*albert_layer_groups\.1\."):
-    interop.load_hf(one_group)
+    hf_albert.load_hf(one_group)
   relative = _copy_with_config(hf_dir, tmp_path / "relative", position_embedding_type="relative_key")
   with pytest.raises(ValueError, match="position_embedding_type='relative_key'"):
-    interop.load_hf(relative)
+    hf_albert.load_hf(relative)
   silu = _copy_with_config(hf_dir, tmp_path / "silu", hidden_act="silu")
   with pytest.raises(ValueError, match="hidden_act='silu'"):
-    interop.load_hf(silu)
+    hf_albert.load_hf(silu)
   with pytest.raises(FileNotFoundError, match="config.json"):
-    interop.load_hf(tmp_path / "nowhere")
+    hf_albert.load_hf(tmp_path / "nowhere")
 
 
 def test_save_hf_rejects_what_hf_cannot_hold(tmp_path, hf_dir):
-  config, params = interop.load_hf(hf_dir)
+  config, params = hf_albert.load_hf(hf_dir)
   with pytest.raises(ValueError, match=r"albert\.pooler\.weight .*shape \[32, 48\].*expects \[32, 32\]"):
     bad = jax.tree.map(lambda x: x, params)
     bad["albert"]["pooler"]["kernel"] = np.zeros((32, 48), np.float32)
-    interop.save_hf(config, bad, tmp_path / "a")
+    hf_albert.save_hf(config, bad, tmp_path / "a")
   with pytest.raises(ValueError, match="sharing='attention'"):
-    interop.save_hf(ModelConfig(**SMALL, sharing="attention"), params, tmp_path / "b")
+    hf_albert.save_hf(ModelConfig(**SMALL, sharing="attention"), params, tmp_path / "b")
   with pytest.raises(ValueError, match="num_hidden_groups=14"):  # HF's float group rounding differs here
-    interop.config_to_hf(ModelConfig(**SMALL | dict(num_hidden_layers=18, num_hidden_groups=14)))
+    hf_albert.config_to_hf(ModelConfig(**SMALL | dict(num_hidden_layers=18, num_hidden_groups=14)))
 
 
 def test_convert_cli_round_trip(tmp_path, hf_dir):
@@ -182,7 +183,7 @@ def test_convert_cli_round_trip(tmp_path, hf_dir):
   result = run("--from=hf", f"--src={hf_dir}", f"--dst={ours}")
   assert result.returncode == 0, result.stderr
   config, params = pretrained.load_pretrained(ours)
-  assert config == interop.load_hf(hf_dir)[0]
+  assert config == hf_albert.load_hf(hf_dir)[0]
   result = run("--to=hf", "--spm_model=none", f"--src={ours}", f"--dst={back}")
   assert result.returncode == 0, result.stderr
   assert_same_tensors(read(hf_dir), read(back))
@@ -222,7 +223,7 @@ def test_a_convert_overwrite_killed_before_its_model_config_leaves_nothing_that_
   rerun = subprocess.run([sys.executable, "-m", "albert_jax.convert", *args], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=120)
   assert rerun.returncode == 0, rerun.stderr
-  assert pretrained.load_pretrained(ours)[0] == interop.load_hf(hf_dir)[0]
+  assert pretrained.load_pretrained(ours)[0] == hf_albert.load_hf(hf_dir)[0]
 
 
 def test_a_failed_conversions_leftovers_are_removed_without_overwrite(tmp_path, hf_dir, capsys):
@@ -235,7 +236,7 @@ def test_a_failed_conversions_leftovers_are_removed_without_overwrite(tmp_path, 
   assert sorted(p.name for p in ours.iterdir()) == ["model_config.json", "params"]
   assert (f"Removed from --dst={ours} what this conversion does not write: model_config.json.tmp, "
           "params.orbax-checkpoint-tmp-1700000000.") in capsys.readouterr().out
-  assert pretrained.load_pretrained(ours)[0] == interop.load_hf(hf_dir)[0]
+  assert pretrained.load_pretrained(ours)[0] == hf_albert.load_hf(hf_dir)[0]
 
 
 def test_a_full_disk_is_one_line_and_the_rerun_needs_no_overwrite(tmp_path, hf_dir):
@@ -265,7 +266,7 @@ def test_convert_cli_exports_a_pretraining_workdir(tmp_path):
   assert result.returncode == 0, result.stderr
   assert f"--src={tmp_path / 'run'}: loading its newest checkpoint (step 2)" in result.stdout
   step, params = final_params(tmp_path / "run")
-  config, exported = interop.load_hf(tmp_path / "hf")
+  config, exported = hf_albert.load_hf(tmp_path / "hf")
   assert (config.hidden_size, config.vocab_size) == (64, 300)
   for (path, a), (_, b) in zip(jax.tree_util.tree_flatten_with_path(params)[0],
                                jax.tree_util.tree_flatten_with_path(exported)[0], strict=True):
@@ -286,13 +287,13 @@ def test_convert_argument_errors(tmp_path, hf_dir):
 
 
 def test_group_assignment_matches_hf_wherever_we_export():
-  """Every (L, G) that interop accepts assigns layers to groups as transformers does, and G = L is one per layer."""
+  """Every (L, G) that hf_albert accepts assigns layers to groups as transformers does, and G = L is one per layer."""
   for layers in range(1, 49):
     assert model_lib.layers_per_group(layers, layers) == [1] * layers
     for groups in range(1, layers + 1):
       config = ModelConfig(**{**SMALL, "num_hidden_layers": layers}, num_hidden_groups=groups)
       try:
-        interop.config_to_hf(config)
+        hf_albert.config_to_hf(config)
       except ValueError:
         continue
       hf_groups = [int(layer / (layers / groups)) for layer in range(layers)]
@@ -370,7 +371,7 @@ def test_finetuned_best_checkpoint_exports_to_its_hf_class_and_back(task, tmp_pa
         f"(max |logit| {np.abs(ours).max():.2f})")
   np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
 
-  loaded_config, loaded = interop.load_hf(tmp_path / "hf")  # and back: HF's head is ours again
+  loaded_config, loaded = hf_albert.load_hf(tmp_path / "hf")  # and back: HF's head is ours again
   assert loaded_config == config.replace(embedding_projection=True)  # HF always has the E->H projection
   if task in ("squad", "ner"):  # HF's QA and token models have no pooler; their heads do not use it
     assert not np.any(loaded["albert"]["pooler"]["kernel"])
@@ -383,4 +384,4 @@ def test_one_output_classifier_outside_its_workdir_is_refused(tmp_path):
   params = nn.unbox(model_lib.abstract_params(PooledClassifier(config, 1)))
   params = jax.tree.map(lambda x: np.zeros(x.shape, np.float32), params)
   with pytest.raises(ValueError, match="regression .* or a multiple-choice scorer"):
-    interop.save_hf(config, params, tmp_path / "hf")
+    hf_albert.save_hf(config, params, tmp_path / "hf")

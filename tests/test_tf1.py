@@ -1,5 +1,5 @@
 """TF1 checkpoints without TensorFlow: fixtures written by TensorFlow itself (tests/fixtures/tf1/make_fixtures.py),
-read by `albert_jax.tf1`; logits equal the same weights through transformers' own TF converter (the *_hf dirs)."""
+read by `albert_jax.formats.tf1`; logits equal the same weights through transformers' own TF converter (the *_hf dirs)."""
 import json
 import shutil
 import subprocess
@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import model as model_lib, pretrained, tf1
+from albert_jax import model as model_lib, pretrained
+from albert_jax.formats import tf1
 from tests.helpers import require_module
 
 REPO = Path(__file__).resolve().parents[1]

@@ -95,7 +95,7 @@ class SquadTask(Task):
       if self.answer_class and not 1 <= getattr(d, name) <= d.max_seq_length:
         raise InputError(f"data.{name}={getattr(d, name)}; choose a beam width from 1 to data.max_seq_length="
                          f"{d.max_seq_length} (the original uses 5).")
-    # transformers has no answer-class head: `interop.save_hf` refuses those weights by name.
+    # transformers has no answer-class head: `formats.hf_albert.save_hf` refuses those weights by name.
     self.hf_head = None if self.answer_class else HFHead(QUESTION_ANSWERING)
 
   # --- data -----------------------------------------------------------------------------------------------

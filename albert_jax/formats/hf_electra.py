@@ -1,7 +1,7 @@
-"""Hugging Face `transformers` ELECTRA checkpoints <-> our (ModelConfig, params).
+"""transformers' ELECTRA classes <-> our (ModelConfig, params): the ELECTRA family's column of the hf format.
 
-One explicit table per class (`discriminator_map`, `generator_map`), as `interop.name_map` is for ALBERT, over the
-parameter tree of `electra_model.py`; the files are read and written by interop's readers and writer.
+Each class's names are its parts of the name table (`formats.names`, column HF_ELECTRA), over the parameter tree of
+`electra_model.py`; the files are read and written by `hf_files`.
 
   ElectraForPreTraining  <-> {"albert", "discriminator_predictions"}   (the discriminator)
   ElectraForMaskedLM     <-> {"albert", "generator_predictions"}       (a generator on its own: its config is H_g's)
@@ -25,18 +25,18 @@ from flax import traverse_util
 import jax
 import numpy as np
 
-from albert_jax import head_identity, interop, pretrained, storage
+from albert_jax import families, head_identity
 from albert_jax.errors import InputError
-from albert_jax.families.electra import GENERATOR, HF_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION
+from albert_jax.families.electra import ELECTRA, GENERATOR, HF_SEQUENCE_CLASSIFICATION as SEQUENCE_CLASSIFICATION
 from albert_jax.families.electra_model import ElectraForPreTraining, generator_config
+from albert_jax.formats import names
+from albert_jax.formats.hf_files import ACTIVATIONS, Path, check_shape, read_config, read_tensors, write_folder
 from albert_jax.head_identity import HFHead
-from albert_jax.interop import _check_shape, _layer_norm, _linear, _read_config, _read_tensors, _write_hf
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig
-from albert_jax.run import as_run, config as run_config
 
-Path = tuple[str, ...]
-PRETRAINING, MASKED_LM, BACKBONE = "ElectraForPreTraining", "ElectraForMaskedLM", "ElectraModel"
+PRETRAINING, MASKED_LM, BACKBONE = (ELECTRA.hf_class(role) for role in (families.PRETRAINING, families.MASKED_LM,
+                                                                        families.BACKBONE))
 DISCRIMINATOR_HEAD, GENERATOR_HEAD = "discriminator_predictions", "generator_predictions"
 CLASSIFIER = "classifier"  # ELECTRA's classification head, named as transformers names it
 GENERATOR_DIR = "generator"  # where an ELECTRA run's generator goes inside the exported folder
@@ -53,51 +53,16 @@ POOLER_NOTE = ("an ELECTRA run leaves it untrained too; sequence classification 
                "pooler, and a head that reads it trains it")
 
 
-def _encoder_map(c: ModelConfig, ours: Path) -> list[tuple[Path, str, bool]]:
-  """The E->H projection and the L layers of an encoder whose parameters sit under `ours`."""
-  m = _linear(ours + ("embedding_hidden_mapping_in",), "electra.embeddings_project") if (
-      c.has_embedding_projection) else []
-  for layer in range(c.num_hidden_layers):
-    at, hf = ours + (f"group_{layer}", "inner_0"), f"electra.encoder.layer.{layer}"
-    for n in ("query", "key", "value"):
-      m += _linear(at + ("attention", n), f"{hf}.attention.self.{n}")
-    m += _linear(at + ("attention", "dense"), f"{hf}.attention.output.dense")
-    m += _layer_norm(at + ("attention", "LayerNorm"), f"{hf}.attention.output.LayerNorm")
-    m += _linear(at + ("ffn", "intermediate"), f"{hf}.intermediate.dense")
-    m += _linear(at + ("ffn", "output"), f"{hf}.output.dense")
-    m += _layer_norm(at + ("ffn", "LayerNorm"), f"{hf}.output.LayerNorm")
-  return m
+# The parts of the name table (`formats.names`) that each transformers class holds.
+_PARTS = {PRETRAINING: names.ENCODER_PARTS + (names.DISCRIMINATOR,), BACKBONE: names.ENCODER_PARTS,
+          SEQUENCE_CLASSIFICATION: names.ENCODER_PARTS + (names.CLASSIFIER,),
+          MASKED_LM: names.ENCODER_PARTS + (names.GENERATOR,)}
 
 
-def _embeddings_map() -> list[tuple[Path, str, bool]]:
-  m = [(("albert", "embeddings", f"{n}_embeddings", "embedding"), f"electra.embeddings.{n}_embeddings.weight", False)
-       for n in ("word", "position", "token_type")]
-  return m + _layer_norm(("albert", "embeddings", "LayerNorm"), "electra.embeddings.LayerNorm")
-
-
-def discriminator_map(c: ModelConfig, head: bool = True) -> list[tuple[Path, str, bool]]:
-  """(our path, `ElectraForPreTraining` key, transpose?) of the discriminator (head False: `ElectraModel`'s,
-  whose keys lack the "electra." prefix on disk)."""
-  m = _embeddings_map() + _encoder_map(c, ("albert", "encoder"))
-  if head:
-    m += _linear((DISCRIMINATOR_HEAD, "dense"), f"{DISCRIMINATOR_HEAD}.dense")
-    m += _linear((DISCRIMINATOR_HEAD, "dense_prediction"), f"{DISCRIMINATOR_HEAD}.dense_prediction")
-  return m
-
-
-def generator_map(g: ModelConfig, encoder: Path) -> list[tuple[Path, str, bool]]:
-  """(our path, `ElectraForMaskedLM` key, transpose?) of a generator of config `g` whose encoder sits under
-  `encoder` (("generator",) in an ELECTRA run, ("albert", "encoder") in an imported generator). The decoder
-  `generator_lm_head.weight` is tied to the word embeddings and has no entry."""
-  m = _embeddings_map() + _encoder_map(g, encoder)
-  m += _linear((GENERATOR_HEAD, "dense"), f"{GENERATOR_HEAD}.dense")
-  m += _layer_norm((GENERATOR_HEAD, "LayerNorm"), f"{GENERATOR_HEAD}.LayerNorm")
-  return m + [((GENERATOR_HEAD, "bias"), "generator_lm_head.bias", False)]
-
-
-def classifier_map() -> list[tuple[Path, str, bool]]:
-  """(our path, `ElectraForSequenceClassification` key, transpose?) of ELECTRA's classification head."""
-  return [entry for name in ("dense", "out_proj") for entry in _linear((CLASSIFIER, name), f"{CLASSIFIER}.{name}")]
+def _name_map(c: ModelConfig, architecture: str, encoder: Path = names.ENCODER) -> list[tuple[Path, str, bool]]:
+  """(our path, the `architecture` class's key, transpose?) of each parameter; the decoder of ElectraForMaskedLM
+  (`generator_lm_head.weight`) is tied to the word embeddings and has no entry."""
+  return names.name_map(names.HF_ELECTRA, c, _PARTS[architecture], encoder)
 
 
 def holds_classifier(params: Any) -> bool:
@@ -105,12 +70,7 @@ def holds_classifier(params: Any) -> bool:
   return "out_proj" in (params.get(CLASSIFIER) or {})
 
 
-def is_electra_dir(path: str) -> bool:
-  """Whether a transformers folder holds an ELECTRA model (config.json's model_type)."""
-  return _read_config(os.path.abspath(path)).get("model_type") == "electra"
-
-
-def holds_electra_heads(params: Any) -> bool:
+def holds_heads(params: Any) -> bool:
   """Whether our params are ELECTRA's (a run's, or a converted discriminator's or generator's)."""
   return bool({GENERATOR, DISCRIMINATOR_HEAD, GENERATOR_HEAD} & set(params)) or holds_classifier(params)
 
@@ -121,10 +81,10 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
   if hf.get("position_embedding_type", "absolute") != "absolute":
     raise InputError(f"config.json has position_embedding_type={hf['position_embedding_type']!r}; albert_jax only "
                      "implements absolute position embeddings.")
-  if hf["hidden_act"] not in interop._HF_ACTIVATIONS:
+  if hf["hidden_act"] not in ACTIVATIONS:
     raise InputError(f"config.json has hidden_act={hf['hidden_act']!r}; supported: "
-                     f"{sorted(interop._HF_ACTIVATIONS)}.")
-  fields = {k: hf[k] for k in _HF_DEFAULTS} | {"hidden_act": interop._HF_ACTIVATIONS[hf["hidden_act"]]}
+                     f"{sorted(ACTIVATIONS)}.")
+  fields = {k: hf[k] for k in _HF_DEFAULTS} | {"hidden_act": ACTIVATIONS[hf["hidden_act"]]}
   return ModelConfig(**fields, sharing="none")
 
 
@@ -141,7 +101,7 @@ def config_to_hf(c: ModelConfig, architecture: str, dtype: str) -> dict[str, Any
     raise InputError(f"The generator has hidden_act={c.hidden_act!r}; transformers' ElectraForMaskedLM head always "
                      "applies exact GELU, so only a hidden_act='gelu' generator exports to it.")
   fields = {k: getattr(c, k) for k in _HF_DEFAULTS} | {"hidden_act": _OURS_TO_HF_ACTIVATION[c.hidden_act]}
-  return {"architectures": [architecture], "model_type": "electra", **fields,
+  return {"architectures": [architecture], "model_type": ELECTRA.hf_model_type, **fields,
           "position_embedding_type": "absolute", "tie_word_embeddings": True, "dtype": dtype}
 
 
@@ -157,24 +117,20 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   ElectraForSequenceClassification) as (ModelConfig, float32 numpy params); see the module docstring for the
   trees. What a classifier was trained for is `head_identity.hf_head_from_config`'s."""
   path = os.path.abspath(path)
-  hf_config = _read_config(path)
+  hf_config = read_config(path)
   c = config_from_hf(hf_config)
   architecture = (hf_config.get("architectures") or [BACKBONE])[0]
-  tensors = _read_tensors(path)
+  tensors = read_tensors(path)
   if architecture == BACKBONE:  # ElectraModel's keys have no "electra." prefix
     tensors = {k if k.startswith("electra.") else f"electra.{k}": v for k, v in tensors.items()}
-  mapping = {PRETRAINING: discriminator_map(c), BACKBONE: discriminator_map(c, head=False),
-             SEQUENCE_CLASSIFICATION: discriminator_map(c, head=False) + classifier_map()}.get(architecture)
-  if architecture == MASKED_LM:
-    if c.hidden_act != "gelu":
-      raise InputError(f"{path}: hidden_act={hf_config['hidden_act']!r}, but ElectraForMaskedLM's head applies exact "
-                       "GELU whatever it says, which our generator head cannot reproduce; only 'gelu' loads.")
-    mapping = generator_map(c, ("albert", "encoder"))
-  if mapping is None:
+  if architecture == MASKED_LM and c.hidden_act != "gelu":
+    raise InputError(f"{path}: hidden_act={hf_config['hidden_act']!r}, but ElectraForMaskedLM's head applies exact "
+                     "GELU whatever it says, which our generator head cannot reproduce; only 'gelu' loads.")
+  if architecture not in _PARTS:
     raise InputError(f"{path}: config.json names {architecture}; the ELECTRA classes read here are {PRETRAINING}, "
                      f"{MASKED_LM}, {BACKBONE} and {SEQUENCE_CLASSIFICATION}.")
   params = _initialised_pooler(c)
-  for ours, key, transpose in mapping:
+  for ours, key, transpose in _name_map(c, architecture):
     if key not in tensors:
       raise InputError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint; config.json "
                        "does not describe these weights.")
@@ -206,7 +162,7 @@ def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], architecture: 
   for path, value in params.items():
     expected = shapes[(GENERATOR,) + path[2:] if architecture == MASKED_LM and path[:2] == ("albert", "encoder")
                       else path]
-    _check_shape("/".join(path), path, value.shape, expected, where)
+    check_shape("/".join(path), path, value.shape, expected, where)
 
 
 def _tensors(mapping: list[tuple[Path, str, bool]], flat: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
@@ -238,20 +194,19 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
     g = generator_config(c, generator_fraction)
     shared = {p: v for p, v in flat.items() if p[:2] == ("albert", "embeddings")}
     hf = config_to_hf(g, MASKED_LM, dtype)
-    folders[os.path.join(path, GENERATOR_DIR)] = (_tensors(generator_map(g, (GENERATOR,)), flat), hf)
+    folders[os.path.join(path, GENERATOR_DIR)] = (_tensors(_name_map(g, MASKED_LM, (GENERATOR,)), flat), hf)
     flat.update(shared)  # the discriminator's too
   heads = {p[0] for p in flat}
   if GENERATOR_HEAD in heads and DISCRIMINATOR_HEAD not in heads:
-    architecture, mapping = MASKED_LM, generator_map(c, ("albert", "encoder"))
+    architecture = MASKED_LM
   elif CLASSIFIER in heads:
-    architecture, mapping = SEQUENCE_CLASSIFICATION, discriminator_map(c, head=False) + classifier_map()
+    architecture = SEQUENCE_CLASSIFICATION
   else:
     architecture = PRETRAINING if DISCRIMINATOR_HEAD in heads else BACKBONE
-    mapping = discriminator_map(c, head=architecture == PRETRAINING)
   hf = config_to_hf(c, architecture, dtype)
   if architecture == SEQUENCE_CLASSIFICATION:
     hf.update(_classifier_fields(head, flat.get((CLASSIFIER, "out_proj", "bias"), np.zeros(0)).shape[0]))
-  tensors = _tensors(mapping, flat)
+  tensors = _tensors(_name_map(c, architecture), flat)
   if architecture == BACKBONE:  # as transformers saves ElectraModel: without the "electra." prefix
     tensors = {k.removeprefix("electra."): v for k, v in tensors.items()}
   if flat:
@@ -259,7 +214,7 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
                      f"{sorted('/'.join(p) for p in flat)[:5]}.")
   folders = {path: (tensors, hf), **folders}
   for folder, (tensors, hf) in folders.items():
-    _write_hf(folder, tensors, hf)
+    write_folder(folder, tensors, hf)
   return list(folders)
 
 
@@ -270,18 +225,3 @@ def _classifier_fields(head: HFHead | None, outputs: int) -> dict[str, Any]:
     raise InputError(f"params hold ELECTRA's classification head with {outputs} outputs, but its task names "
                      f"{head.architecture} with labels {head.labels}; export the run's workdir as it was trained.")
   return head_identity.hf_config_fields(head, outputs)
-
-
-def run_weights(src: str, hint: str) -> tuple[ModelConfig, Any, float] | None:
-  """(discriminator config, the whole pair's params, generator fraction) of an ELECTRA training workdir (its newest
-  checkpoint); None for any other --src (a transformers folder has a config.json too, but no checkpoints/). `hint`:
-  what a garbled config.json's message tells the user to pass instead."""
-  training_run = as_run(src)
-  if (pretrained.is_pretrained_dir(src) or not storage.path(training_run.checkpoints).is_dir()
-      or not run_config.exists(training_run)):
-    return None
-  config = run_config.read(training_run, "--src", hint)
-  if config.get("task") != "electra":
-    return None
-  params = pretrained._load_init_params(src, "--src")
-  return ModelConfig.from_mapping(config["model"]), params, float(config["electra"]["generator_fraction"])

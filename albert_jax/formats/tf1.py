@@ -25,7 +25,10 @@ import ml_dtypes
 import numpy as np
 
 from albert_jax import model as model_lib
+from albert_jax import pretrained, storage
 from albert_jax.errors import InputError, MissingFileError
+from albert_jax.formats import Format
+from albert_jax.formats.names import TF1_ALBERT, name_map
 from albert_jax.model_config import ModelConfig
 
 CONFIG_FILE = "albert_config.json"
@@ -242,42 +245,6 @@ def config_from_tf1(values: dict[str, Any]) -> ModelConfig:
   return ModelConfig(**fields, layer_norm_eps=1e-12, sharing="all")
 
 
-def _dense(ours: Path, tf: str) -> list[tuple[Path, str, bool]]:
-  return [(ours + ("kernel",), f"{tf}/kernel", False), (ours + ("bias",), f"{tf}/bias", False)]
-
-
-def _layer_norm(ours: Path, tf: str) -> list[tuple[Path, str, bool]]:
-  return [(ours + ("scale",), f"{tf}/gamma", False), (ours + ("bias",), f"{tf}/beta", False)]
-
-
-def name_map(c: ModelConfig) -> list[tuple[Path, str, bool]]:
-  """(our param path, TF1 variable name, transpose?) for every parameter of `AlbertForPreTraining(c)`."""
-  m = [(("albert", "embeddings", f"{n}_embeddings", "embedding"), f"bert/embeddings/{n}_embeddings", False)
-       for n in ("word", "position", "token_type")]
-  m += _layer_norm(("albert", "embeddings", "LayerNorm"), "bert/embeddings/LayerNorm")
-  if c.has_embedding_projection:
-    m += _dense(("albert", "encoder", "embedding_hidden_mapping_in"), "bert/encoder/embedding_hidden_mapping_in")
-  for g in range(c.num_hidden_groups):
-    for i in range(c.inner_group_num):
-      ours = ("albert", "encoder", f"group_{g}", f"inner_{i}")
-      tf = f"bert/encoder/transformer/group_{g}/inner_group_{i}"
-      for n in ("query", "key", "value"):
-        m += _dense(ours + ("attention", n), f"{tf}/attention_1/self/{n}")
-      m += _dense(ours + ("attention", "dense"), f"{tf}/attention_1/output/dense")
-      m += _layer_norm(ours + ("attention", "LayerNorm"), f"{tf}/LayerNorm")
-      m += _dense(ours + ("ffn", "intermediate"), f"{tf}/ffn_1/intermediate/dense")
-      m += _dense(ours + ("ffn", "output"), f"{tf}/ffn_1/intermediate/output/dense")
-      m += _layer_norm(ours + ("ffn", "LayerNorm"), f"{tf}/LayerNorm_1")
-  m += _dense(("albert", "pooler"), "bert/pooler/dense")
-  m += _dense(("predictions", "dense"), "cls/predictions/transform/dense")
-  m += _layer_norm(("predictions", "LayerNorm"), "cls/predictions/transform/LayerNorm")
-  m.append((("predictions", "bias"), "cls/predictions/output_bias", False))
-  # The SOP head is stored [2, H] like a torch Linear; flax kernels are [H, 2].
-  m.append((("sop_classifier", "kernel"), "cls/seq_relationship/output_weights", True))
-  m.append((("sop_classifier", "bias"), "cls/seq_relationship/output_bias", False))
-  return m
-
-
 def load_tf1(src: str) -> tuple[ModelConfig, dict[str, Any]]:
   """Reads a TF1 ALBERT checkpoint (release tarball dir, TF-Hub module dir, or prefix) + albert_config.json.
 
@@ -293,9 +260,9 @@ def load_tf1(src: str) -> tuple[ModelConfig, dict[str, Any]]:
            if not _NOT_WEIGHTS.search(n)}
   shapes = {p: tuple(x.shape) for p, x in
             traverse_util.flatten_dict(nn.unbox(model_lib.abstract_params(model_lib.AlbertForPreTraining(c)))).items()}
-  heads = {h for h in _HEADS if any(ours[0] == h and tf in names for ours, tf, _ in name_map(c))}
+  heads = {h for h in _HEADS if any(ours[0] == h and tf in names for ours, tf, _ in name_map(TF1_ALBERT, c))}
   params = {}
-  for ours, tf, transpose in name_map(c):
+  for ours, tf, transpose in name_map(TF1_ALBERT, c):
     if ours[0] != "albert" and ours[0] not in heads:
       continue
     if tf not in names:
@@ -315,3 +282,18 @@ def load_tf1(src: str) -> tuple[ModelConfig, dict[str, Any]]:
   if names:
     logging.warning("load_tf1(%s): skipping variables albert_jax has no module for: %s", prefix, sorted(names))
   return c, traverse_util.unflatten_dict(params)
+
+
+def from_tf1(src: str, dst: str, clear=lambda: None) -> str:
+  """Converts the TF1 checkpoint `src` into our pretrained-weights folder `dst`; returns what was written."""
+  if storage.is_remote(src):
+    raise InputError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
+                     "`gcloud storage cp -r` first (--dst may be gs://).")
+  model_config, params = load_tf1(src)
+  clear()
+  pretrained.save_pretrained(dst, model_config, params)
+  return ", ".join(sorted(params))
+
+
+FORMAT = Format("tf1", "a TF1 checkpoint + albert_config.json, as in the original's release tarballs and TF-Hub "
+                "modules, read without TensorFlow", read=from_tf1)
