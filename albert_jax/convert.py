@@ -21,11 +21,12 @@ import os
 
 from absl import app, flags
 
-from albert_jax import checkpointing, console, pretrained, storage
+from albert_jax import console, pretrained, storage
 from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.formats import registry
 from albert_jax.formats.hf import NO_TOKENIZER
 from albert_jax.formats.hf_files import CONFIG_FILE
+from albert_jax.run import as_run
 from data_pipeline import writers
 
 READERS, WRITERS = registry.readers(), registry.writers()

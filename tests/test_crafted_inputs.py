@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from albert_jax import engine, head_identity, pretrain, pretrained
+from albert_jax import engine, pretrain, pretrained
 from albert_jax.formats import hf_albert, hf_files
 from albert_jax import model_config as model_config_lib
 from albert_jax.errors import InputError, UserError

@@ -252,7 +252,7 @@ def test_the_cli_runs_electra_as_its_own_kind_and_refuses_predict(monkeypatch):
   monkeypatch.setattr(electra, "evaluate_checkpoint", lambda config, workdir, args: called.append(("eval", workdir)))
   runner.run(config, Run("W"), "train")
   runner.run(config, Run("W"), "eval")
-  assert called == [("train", "W"), ("eval", "W")]
+  assert called == [("train", Run("W")), ("eval", Run("W"))]
   assert kind.make_job(config).flops_per_token == electra.train_flops_per_token(config)
   with pytest.raises(InputError, match="--mode=predict does not apply to ELECTRA pretraining configs"):
     runner.run(config, Run("W"), "predict")
