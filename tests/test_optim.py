@@ -1,0 +1,100 @@
+"""Layer-wise learning-rate decay (ELECTRA's fine-tuning): each parameter's factor against a hand computation on a
+3-layer model, a step equal to the undecayed step times those factors, and the refusal where layers share weights."""
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from albert_jax import optim
+from albert_jax.errors import InputError
+from albert_jax.model import init_params
+from albert_jax.model_config import model_config_for
+from albert_jax.tasks.heads import PooledClassifier
+from experiments import common
+
+DECAY = 0.8
+# L = 3: the embeddings and the E -> H projection at depth 0, layer l at l + 1, the pooler and the head at L + 2;
+# factor = 0.8^(5 - depth).
+HAND_FACTORS = {"albert/embeddings/": 0.32768, "albert/encoder/embedding_hidden_mapping_in/": 0.32768,
+                "albert/encoder/group_0/": 0.4096, "albert/encoder/group_1/": 0.512,
+                "albert/encoder/group_2/": 0.64, "albert/pooler/": 1.0, "classifier/": 1.0}
+
+
+def three_layers(**overrides):
+  """Unshared, E (32) != H (64), so the projection is there."""
+  return model_config_for("tiny", num_hidden_layers=3, sharing="none", vocab_size=97, max_position_embeddings=32,
+                          **overrides)
+
+
+def classifier_params(config):
+  return nn.unbox(init_params(PooledClassifier(config, num_outputs=2), jax.random.key(0)))
+
+
+def flat(tree):
+  return {"/".join(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def train_config(decay, optimizer="adamw"):
+  c = common.finetuning_config("base", "glue").train
+  c.update(dict(optimizer=optimizer, learning_rate=1e-3, warmup_steps=0, num_train_steps=10,
+                layerwise_lr_decay=decay))
+  return c
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_each_parameter_gets_its_layers_factor(scan_layers):
+  params = jax.eval_shape(lambda: classifier_params(three_layers(scan_layers=scan_layers)))
+  factors = flat(optim.layerwise_factors(params, DECAY, 3))
+  for name, factor in factors.items():
+    expected = [f for prefix, f in HAND_FACTORS.items() if name.startswith(prefix)]
+    assert len(expected) == 1, name
+    assert factor == pytest.approx(expected[0], rel=1e-12), name
+  for prefix in HAND_FACTORS:  # every part of the model is there
+    assert any(name.startswith(prefix) for name in factors), prefix
+
+
+def named_like_a_three_layer_classifier():
+  """Small arrays under the names of `classifier_params(three_layers())`'s parts (few shapes: fast on CPU)."""
+  rng = np.random.default_rng(0)
+  dense = lambda: {"kernel": rng.normal(size=(3, 4)).astype(np.float32), "bias": rng.normal(size=4).astype(np.float32)}
+  layer = lambda: {"inner_0": {"attention": {"query": dense(), "LayerNorm": {"scale": np.ones(4, np.float32)}},
+                               "ffn": {"output": dense()}}}
+  return {"albert": {"embeddings": {"word_embeddings": {"embedding": rng.normal(size=(3, 4)).astype(np.float32)}},
+                     "encoder": {"embedding_hidden_mapping_in": dense(),
+                                 **{f"group_{l}": layer() for l in range(3)}},
+                     "pooler": dense()},
+          "classifier": dense()}
+
+
+@pytest.mark.parametrize("optimizer", optim.OPTIMIZERS)
+def test_a_step_is_the_undecayed_step_times_each_factor(optimizer):
+  params = named_like_a_three_layer_classifier()
+  rng = np.random.default_rng(1)
+  decayed, _ = optim.create_optimizer(train_config(DECAY, optimizer), three_layers())
+  plain, _ = optim.create_optimizer(train_config(0.0, optimizer), three_layers())
+  decayed_state, plain_state = decayed.init(params), plain.init(params)
+  factors = flat(optim.layerwise_factors(params, DECAY, 3))
+  assert sorted(set(factors.values())) == pytest.approx(sorted(set(HAND_FACTORS.values())))
+  for _ in range(2):  # the moments carry over: the second step too
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+    a, decayed_state = decayed.update(grads, decayed_state, params)
+    b, plain_state = plain.update(grads, plain_state, params)
+    for name, update in flat(a).items():
+      np.testing.assert_allclose(update, flat(b)[name] * factors[name], rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("sharing", ["all", "attention", "ffn"])
+def test_shared_layers_are_refused(sharing):
+  with pytest.raises(InputError, match=(
+      rf"^train.layerwise_lr_decay=0.8 needs layers with their own weights, but model.sharing='{sharing}' shares "
+      r"them across layers; set train.layerwise_lr_decay=0.$")):
+    optim.create_optimizer(train_config(DECAY), three_layers().replace(sharing=sharing))
+
+
+def test_a_decay_outside_0_to_1_is_refused_and_0_adds_nothing():
+  with pytest.raises(InputError, match=r"^train.layerwise_lr_decay=1.5 must be in \(0, 1\]"):
+    optim.create_optimizer(train_config(1.5), three_layers())
+  params = named_like_a_three_layer_classifier()
+  off, _ = optim.create_optimizer(train_config(0.0), three_layers())
+  without_model, _ = optim.create_optimizer(train_config(0.0))
+  assert jax.tree.structure(off.init(params)) == jax.tree.structure(without_model.init(params))
