@@ -1,5 +1,8 @@
 """Layer-wise learning-rate decay (ELECTRA's fine-tuning): each parameter's factor against a hand computation on a
-3-layer model, a step equal to the undecayed step times those factors, and the refusal where layers share weights."""
+3-layer model, a step equal to the undecayed step times those factors, the refusal where layers share weights, and
+a tiny fine-tuning run on ELECTRA's recipe."""
+import json
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -11,6 +14,8 @@ from albert_jax.model import init_params
 from albert_jax.model_config import model_config_for
 from albert_jax.tasks.heads import PooledClassifier
 from experiments import common
+from tests.cli_forks import run_each
+from tests.helpers import TINY_RUN, cpu_env, finetune_cli, glue_data, spm
 
 DECAY = 0.8
 # L = 3: the embeddings and the E -> H projection at depth 0, layer l at l + 1, the pooler and the head at L + 2;
@@ -98,3 +103,20 @@ def test_a_decay_outside_0_to_1_is_refused_and_0_adds_nothing():
   off, _ = optim.create_optimizer(train_config(0.0), three_layers())
   without_model, _ = optim.create_optimizer(train_config(0.0))
   assert jax.tree.structure(off.init(params)) == jax.tree.structure(without_model.init(params))
+
+
+@pytest.mark.slow
+def test_fine_tuning_on_electras_recipe_runs_unshared_and_is_refused_shared(shared_data, tmp_path):
+  root = glue_data(shared_data, "rte", tmp_path / "glue")
+  config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)},recipe=electra_small"
+  shared, = run_each([[f"--config={config}", f"--workdir={tmp_path / 'shared'}", "--mode=train", *TINY_RUN]],
+                     cpu_env())
+  assert shared.returncode == 1 and shared.stderr.strip().splitlines()[-1] == (
+      "error: train.layerwise_lr_decay=0.8 needs layers with their own weights, but model.sharing='all' shares them "
+      "across layers; set train.layerwise_lr_decay=0.")
+  result = finetune_cli(config, tmp_path / "run", *TINY_RUN, "--config.model.sharing=none", fast_compile=True)
+  assert result.returncode == 0, result.stdout + result.stderr
+  recorded = json.load(open(tmp_path / "run" / "config.json"))
+  assert (recorded["train"]["layerwise_lr_decay"], recorded["train"]["learning_rate"],
+          recorded["model"]["sharing"]) == (0.8, 3e-4, "none")
+  assert json.load(open(tmp_path / "run" / "best" / "best.json"))["step"] in (2, 4)
