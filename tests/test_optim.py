@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import optim
+from albert_jax import engine, optim, pretrain
 from albert_jax.errors import InputError
 from albert_jax.model import init_params
 from albert_jax.model_config import model_config_for
@@ -86,6 +86,33 @@ def test_a_step_is_the_undecayed_step_times_each_factor(optimizer):
     b, plain_state = plain.update(grads, plain_state, params)
     for name, update in flat(a).items():
       np.testing.assert_allclose(update, flat(b)[name] * factors[name], rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.slow
+def test_the_engines_step_changes_each_parameter_by_its_factor_of_the_undecayed_change():
+  """One compiled train step (clipping, AdamW, weight decay, the schedule) of an unshared 3-layer pretraining model
+  at decay 0.8 against the same step at 1.0 (every factor 1), from the same state and batch."""
+  config = common.pretraining_config("tiny")
+  config.model.update(vocab_size=300, max_position_embeddings=16, num_hidden_layers=3, sharing="none",
+                      dtype="float32", remat_policy="none")
+  config.data.update(max_seq_length=16, max_predictions_per_seq=4)
+  config.train.update(global_batch_size=4, warmup_steps=0, learning_rate=0.01, optimizer="adamw")
+  batch = pretrain.synthetic_batch(config.data, 4, 300, (3, 0))
+  changes = {}
+  for decay in (DECAY, 1.0):
+    config.train.layerwise_lr_decay = decay
+    s = engine.setup(config, pretrain.make_job(config), devices=jax.devices()[:1])
+    state = s.create_state(jax.random.key(0))
+    before = jax.tree.map(np.array, state.params)  # copies: the step donates `state`
+    with s.context():
+      after, _ = s.train_step(state, s.global_batch(batch), jax.random.key(5))
+    changes[decay] = flat(jax.tree.map(lambda a, b: np.asarray(a) - b, after.params, before))
+  factors = flat(optim.layerwise_factors(before, DECAY, 3))
+  assert factors["sop_classifier/kernel"] == 1.0 and factors["albert/encoder/group_0/inner_0/ffn/output/kernel"] == (
+      pytest.approx(0.4096))
+  assert np.abs(changes[1.0]["albert/embeddings/word_embeddings/embedding"]).max() > 1e-3
+  for name, change in changes[DECAY].items():  # atol: float32 rounding of the LayerNorm scales near 1
+    np.testing.assert_allclose(change, changes[1.0][name] * factors[name], rtol=1e-5, atol=2e-7, err_msg=name)
 
 
 @pytest.mark.parametrize("sharing", ["all", "attention", "ffn"])
