@@ -65,8 +65,8 @@ LAYER_PREFIX = "group_"  # with sharing="none", group_<l> holds layer l's own we
 
 
 def layer_depth(names: Sequence[str], num_layers: int) -> int:
-  """ELECTRA's `_get_layer_lrs` depth of the parameter at `names`: the embeddings and the E->H projection 0, layer
-  l l + 1, anything above the encoder (the task head, and the pooler, which ELECTRA has not) L + 2."""
+  """ELECTRA's `_get_layer_lrs` depth of the parameter at `names`: the embeddings and the E->H projection at 0,
+  layer l at l + 1, anything above the encoder (the task head, and the pooler, which ELECTRA has not) at L + 2."""
   above_encoder = num_layers + 2
   if names[0] != BACKBONE:
     return above_encoder
