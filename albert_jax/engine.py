@@ -337,7 +337,7 @@ def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.logical_rules(config.mesh)
   split = batch_split(config.train, mesh, process_count, process_index)
-  tx, schedule = optim.create_optimizer(config.train)
+  tx, schedule = optim.create_optimizer(config.train, config.model)
   key = jax.random.key(0)  # outside the mesh context: keys cannot be made on a compile-only topology's devices
 
   def init_state(rng):

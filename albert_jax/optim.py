@@ -4,10 +4,12 @@ The original LAMB and AdamW use Adam moments WITHOUT bias correction and skip we
 trust ratio) for LayerNorm parameters and biases; optax's `scale_by_adam` always bias-corrects, so the faithful
 moments are a small transformation here. The learning rate warms up linearly, then decays polynomially from step 0
 (so it drops from lr to lr·(1 - W/T) at the end of warmup, as the original; `optax.join_schedules` would not).
+`train.layerwise_lr_decay` scales each update by its layer's factor after all of that (ELECTRA's fine-tuning,
+google-research/electra `optimization.py`: the clipping, weight decay and schedule are those of every parameter).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,18 +58,70 @@ def scale_by_adam_without_bias_correction(b1: float, b2: float, eps: float) -> o
   return optax.GradientTransformation(init, update)
 
 
-def create_optimizer(train_config) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The optimizer chain named by `train.optimizer`, with global-norm clipping first (as the original)."""
+BACKBONE = "albert"  # the encoder's top-level name in every model's parameter tree (model.py, tasks/heads.py)
+# The backbone's parts below the first layer: depth 0.
+INPUT_PARTS = ("embeddings", "embedding_hidden_mapping_in")
+LAYER_PREFIX = "group_"  # with sharing="none", group_<l> holds layer l's own weights alone
+
+
+def layer_depth(names: Sequence[str], num_layers: int) -> int:
+  """ELECTRA's `_get_layer_lrs` depth of the parameter at `names`: the embeddings and the E->H projection at 0,
+  layer l at l + 1, anything above the encoder (the task head, and the pooler, which ELECTRA has not) at L + 2."""
+  above_encoder = num_layers + 2
+  if names[0] != BACKBONE:
+    return above_encoder
+  part = names[2] if names[1] == "encoder" else names[1]
+  if part in INPUT_PARTS:
+    return 0
+  if part.startswith(LAYER_PREFIX):
+    return int(part.removeprefix(LAYER_PREFIX)) + 1
+  return above_encoder
+
+
+def layerwise_factors(params: Any, decay: float, num_layers: int) -> Any:
+  """The tree of each parameter's learning-rate factor, decay^(L + 2 - depth) (`layer_depth`)."""
+  def factor(path, _):
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return decay ** (num_layers + 2 - layer_depth(names, num_layers))
+  return jax.tree_util.tree_map_with_path(factor, params)
+
+
+def scale_by_layer(decay: float, num_layers: int) -> optax.GradientTransformation:
+  """Each update times its parameter's `layerwise_factors` (Python floats: the tree's names fix them)."""
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, f: u * f, updates, layerwise_factors(updates, decay, num_layers)), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def layerwise_decay(train_config, model_config) -> list[optax.GradientTransformation]:
+  """`train.layerwise_lr_decay`'s transform (none when it is 0); refused where layers share their weights."""
+  decay = train_config.get("layerwise_lr_decay", 0.0)
+  if not decay:
+    return []
+  if not 0 < decay <= 1:
+    raise InputError(f"train.layerwise_lr_decay={decay} must be in (0, 1] (ELECTRA: 0.8 small and base, 0.9 large); "
+                     "0 turns it off.")
+  if model_config.sharing != "none":
+    raise InputError(f"train.layerwise_lr_decay={decay} needs layers with their own weights, but model.sharing="
+                     f"{model_config.sharing!r} shares them across layers; set train.layerwise_lr_decay=0.")
+  return [scale_by_layer(decay, model_config.num_hidden_layers)]
+
+
+def create_optimizer(train_config, model_config=None) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimizer chain named by `train.optimizer`, with global-norm clipping first (as the original), then
+  `train.layerwise_lr_decay`'s per-layer factors, which read `model_config`'s layers and sharing."""
   t = train_config
   if t.optimizer not in OPTIMIZERS:
     raise InputError(f"train.optimizer={t.optimizer!r}; choose one of {OPTIMIZERS}.")
   schedule = learning_rate_schedule(t.learning_rate, t.warmup_steps, t.num_train_steps, t.poly_power)
   clip = [optax.clip_by_global_norm(t.clip_grad_norm)] if t.clip_grad_norm > 0 else []
+  layerwise = layerwise_decay(t, model_config)
   if t.optimizer == "optax_lamb":  # bias-corrected moments, trust ratio on every leaf
     return optax.chain(*clip, optax.lamb(schedule, t.b1, t.b2, t.eps, weight_decay=t.weight_decay,
-                                         mask=decay_mask)), schedule
+                                         mask=decay_mask), *layerwise), schedule
   chain = [scale_by_adam_without_bias_correction(t.b1, t.b2, t.eps),
            optax.add_decayed_weights(t.weight_decay, mask=decay_mask)]
   if t.optimizer == "lamb":
     chain.append(optax.masked(optax.scale_by_trust_ratio(), decay_mask))
-  return optax.chain(*clip, *chain, optax.scale_by_learning_rate(schedule)), schedule
+  return optax.chain(*clip, *chain, optax.scale_by_learning_rate(schedule), *layerwise), schedule

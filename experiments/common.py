@@ -10,6 +10,8 @@ A config has these sections:
 """
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from albert_jax.errors import InputError
@@ -206,6 +208,7 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
   c.train.poly_power = 1.0
   c.train.eval_batches = 0        # pretraining's held-out batches; fine-tuning scores whole dev splits
   c.train.early_stopping_patience = 0  # dev evaluations without a new best before training stops; 0: off
+  c.train.layerwise_lr_decay = 0.0  # lr x decay^(L + 2 - depth) per layer (albert_jax/optim.py); 0: off
   return c
 
 
@@ -239,6 +242,11 @@ def set_recipe(c: ml_collections.ConfigDict, learning_rate: float, warmup_steps:
   cap_micro_batch(c, sequences_per_example)
   if not _is_v1(c.model_size):
     learning_rate = min(learning_rate, V2_LEARNING_RATE_CAP.get(c.model_size.removesuffix("_v2"), learning_rate))
+  return _schedule(c, learning_rate, warmup_steps, num_train_steps, global_batch_size, eval_every)
+
+
+def _schedule(c: ml_collections.ConfigDict, learning_rate: float, warmup_steps: int, num_train_steps: int,
+              global_batch_size: int, eval_every: int) -> ml_collections.ConfigDict:
   c.train.learning_rate = learning_rate
   c.train.warmup_steps = warmup_steps
   c.train.num_train_steps = num_train_steps
@@ -248,10 +256,40 @@ def set_recipe(c: ml_collections.ConfigDict, learning_rate: float, warmup_steps:
   return c
 
 
-def squad_config(size: str, version: int, data: str, spm_model: str) -> ml_collections.ConfigDict:
+# ELECTRA's fine-tuning (Clark et al. 2020, appendix table; google-research/electra `configure_finetuning.py`): AdamW
+# at batch 32 with 10% warmup, 3 epochs (10 for RTE and STS-B, 2 for SQuAD), GLUE at 128 tokens and SQuAD at 512.
+# recipe: (learning_rate, layerwise_lr_decay)
+ELECTRA_RECIPES = {"electra_small": (3e-4, 0.8), "electra_base": (1e-4, 0.8), "electra_large": (5e-5, 0.9)}
+RECIPES = ("albert", *ELECTRA_RECIPES)  # "albert": the original ALBERT recipes above (run_glue.sh, the README's SQuAD)
+ELECTRA_BATCH = 32
+ELECTRA_EPOCHS = {"rte": 10, "sts-b": 10, "squad_v1": 2, "squad_v2": 2}  # every other task: 3
+# Training examples per task: the rows of GLUE's train.tsv; SQuAD's questions (about one 512-token window each).
+TRAIN_EXAMPLES = {"cola": 8551, "sst-2": 67349, "mrpc": 3668, "sts-b": 5749, "qqp": 363846, "mnli": 392702,
+                  "qnli": 104743, "rte": 2490, "wnli": 635, "squad_v1": 87599, "squad_v2": 130319}
+
+
+def check_recipe(recipe: str) -> str:
+  if recipe not in RECIPES:
+    raise InputError(f"Config argument recipe={recipe!r}; choose one of {list(RECIPES)}.")
+  return recipe
+
+
+def electra_recipe(c: ml_collections.ConfigDict, recipe: str, task: str) -> ml_collections.ConfigDict:
+  """ELECTRA's recipe `recipe` for `task` (a key of TRAIN_EXAMPLES): its epochs at batch 32 as steps, dev scored at
+  each tenth of them (the best kept), and its layer-wise learning-rate decay."""
+  learning_rate, decay = ELECTRA_RECIPES[recipe]
+  steps = math.ceil(ELECTRA_EPOCHS.get(task, 3) * TRAIN_EXAMPLES[task] / ELECTRA_BATCH)
+  c.data.max_seq_length = 512 if task.startswith("squad") else 128
+  c.train.layerwise_lr_decay = decay
+  cap_micro_batch(c, 1)
+  return _schedule(c, learning_rate, steps // 10, steps, ELECTRA_BATCH, math.ceil(steps / 10))
+
+
+def squad_config(size: str, version: int, data: str, spm_model: str,
+                 recipe: str = "albert") -> ml_collections.ConfigDict:
   """The README's run_squad_v1/v2 commands: msl 384, doc_stride 128, max_query 64, batch 48, lr 5e-5,
   2 epochs with 10% warmup, n_best 20, max_answer 30; only the final checkpoint is evaluated there
-  (save_checkpoints_steps=5000 > steps)."""
+  (save_checkpoints_steps=5000 > steps). An ELECTRA `recipe` replaces the length and schedule (`electra_recipe`)."""
   c = finetuning_config(size, f"squad_v{version}", data=data, spm_model=spm_model)
   c.data.max_seq_length = 384
   c.data.doc_stride = 128         # tokens between the starts of consecutive context windows
@@ -265,6 +303,8 @@ def squad_config(size: str, version: int, data: str, spm_model: str) -> ml_colle
     c.data.end_n_top = 5           # answer_class: ends kept per start
   # 2 epochs of the train windows: v1.1 3649 steps (= the paper's count, 87.6k questions -> ~88.6k windows);
   # v2.0 ~5500 (130.3k questions -> ~132k windows; for the exact count use ceil(2 * windows / 48)).
+  if recipe in ELECTRA_RECIPES:
+    return electra_recipe(c, recipe, c.task)
   steps = 3649 if version == 1 else 5500
   return set_recipe(c, 5e-5, steps // 10, steps, 48, eval_every=steps)
 

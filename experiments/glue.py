@@ -1,7 +1,9 @@
 """GLUE fine-tuning with the original `run_glue.sh` recipes: `experiments/glue.py:task=sst-2,size=base`.
 
 Args: task (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, ax), size (a model size name, e.g. base,
-large_v1), data (the GLUE root holding CoLA/, SST-2/, ..., diagnostic/), spm (the SentencePiece model).
+large_v1), data (the GLUE root holding CoLA/, SST-2/, ..., diagnostic/), spm (the SentencePiece model), recipe
+(albert: run_glue.sh's; electra_small, electra_base or electra_large: ELECTRA's, with layer-wise learning-rate
+decay, for an ELECTRA or BERT backbone: `experiments/glue.py:task=rte,recipe=electra_base`).
 `ax` (the diagnostic set) only predicts, with the MNLI model: set init_checkpoint to the MNLI run.
 """
 import os
@@ -11,7 +13,8 @@ from experiments import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, task="sst-2", size="base", data="", spm="")
+  args = common.parse_arg(arg, task="sst-2", size="base", data="", spm="", recipe="albert")
+  recipe = common.check_recipe(args.recipe)
   task = args.task.lower()
   spec = spec_for(task)
   c = common.finetuning_config(args.size, "glue", task_name=task, spm_model=args.spm,
@@ -19,4 +22,6 @@ def get_config(arg=None):
   if task == "ax":  # predictions only: no training steps
     learning_rate, warmup, _, batch, every = common.GLUE_RECIPES["mnli"]
     return common.set_recipe(c, learning_rate, warmup, 0, batch, every)
+  if recipe in common.ELECTRA_RECIPES:
+    return common.electra_recipe(c, recipe, task)
   return common.set_recipe(c, *common.GLUE_RECIPES[task])

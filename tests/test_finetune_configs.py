@@ -1,6 +1,7 @@
 """Fine-tuning configs: the original recipes, per-size learning rates, the explicit-init rule, flat data keys."""
 import pytest
 
+from albert_jax.errors import InputError
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks import get_task
 from albert_jax.tasks.glue import SPECS
@@ -65,6 +66,44 @@ def test_squad_and_race_configs():
   _common_checks(c)
   assert (c.data.max_seq_length, c.data.max_qa_length, c.train.global_batch_size, c.train.num_train_steps,
           c.train.warmup_steps) == (512, 128, 32, 12000, 1000)
+
+
+# ELECTRA's recipe (its appendix table): steps = ceil(epochs x train examples / 32), by hand:
+# CoLA 3 x 8,551 / 32 = 801.7 -> 802; RTE 10 x 2,490 / 32 = 778.1 -> 779; STS-B 10 x 5,749 / 32 = 1,796.6 -> 1,797; ...
+ELECTRA_STEPS = {"cola": 802, "sst-2": 6314, "mrpc": 344, "sts-b": 1797, "qqp": 34111, "mnli": 36816,
+                 "qnli": 9820, "rte": 779, "wnli": 60}
+ELECTRA_SIZES = {"electra_small": (3e-4, 0.8), "electra_base": (1e-4, 0.8), "electra_large": (5e-5, 0.9)}
+
+
+@pytest.mark.parametrize("task", sorted(ELECTRA_STEPS))
+def test_electra_glue_recipes(task):
+  assert glue.get_config(f"task={task}").train.layerwise_lr_decay == 0.0  # ALBERT's recipe: off
+  steps = ELECTRA_STEPS[task]
+  for recipe, (lr, decay) in ELECTRA_SIZES.items():
+    c = glue.get_config(f"task={task},size=large,data=/d/glue,recipe={recipe}")  # no ALBERT v2 large cap
+    _common_checks(c)
+    assert (c.train.learning_rate, c.train.layerwise_lr_decay, c.train.global_batch_size, c.data.max_seq_length,
+            c.train.num_train_steps, c.train.warmup_steps) == (lr, decay, 32, 128, steps, steps // 10)
+    assert c.train.eval_every == c.checkpoint.every == -(-steps // 10)
+
+
+def test_electra_squad_recipes():
+  for module, version, steps in ((squad_v1, 1, 5475), (squad_v2, 2, 8145)):  # 2 x 87,599 and 2 x 130,319 / 32
+    for recipe, (lr, decay) in ELECTRA_SIZES.items():
+      c = module.get_config(f"data=/d/squad,recipe={recipe}")
+      _common_checks(c)
+      assert c.task == f"squad_v{version}"
+      assert (c.train.learning_rate, c.train.layerwise_lr_decay, c.train.global_batch_size, c.data.max_seq_length,
+              c.train.num_train_steps, c.train.warmup_steps) == (lr, decay, 32, 512, steps, steps // 10)
+      assert (c.data.doc_stride, c.data.max_query_length, c.data.max_answer_length) == (128, 64, 30)
+  assert squad_v2.get_config("recipe=electra_base,head=answer_class").data.v2_head == "answer_class"
+
+
+def test_an_unknown_recipe_is_refused():
+  for module, arg in ((glue, "task=rte,"), (squad_v1, ""), (squad_v2, "")):
+    with pytest.raises(InputError, match=r"^Config argument recipe='electra'; choose one of \['albert', "
+                       r"'electra_small', 'electra_base', 'electra_large'\]\.$"):
+      module.get_config(f"{arg}recipe=electra")
 
 
 def test_unknown_task_and_args():

@@ -1,0 +1,149 @@
+"""Layer-wise learning-rate decay (ELECTRA's fine-tuning): each parameter's factor against a hand computation on a
+3-layer model, a step equal to the undecayed step times those factors, the refusal where layers share weights, and
+a tiny fine-tuning run on ELECTRA's recipe."""
+import json
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from albert_jax import engine, optim, pretrain
+from albert_jax.errors import InputError
+from albert_jax.model import init_params
+from albert_jax.model_config import model_config_for
+from albert_jax.tasks.heads import PooledClassifier
+from experiments import common
+from tests.cli_forks import run_each
+from tests.helpers import TINY_RUN, cpu_env, finetune_cli, glue_data, spm
+
+DECAY = 0.8
+# L = 3: the embeddings and the E -> H projection at depth 0, layer l at l + 1, the pooler and the head at L + 2;
+# factor = 0.8^(5 - depth).
+HAND_FACTORS = {"albert/embeddings/": 0.32768, "albert/encoder/embedding_hidden_mapping_in/": 0.32768,
+                "albert/encoder/group_0/": 0.4096, "albert/encoder/group_1/": 0.512,
+                "albert/encoder/group_2/": 0.64, "albert/pooler/": 1.0, "classifier/": 1.0}
+
+
+def three_layers(**overrides):
+  """Unshared, E (32) != H (64), so the projection is there."""
+  return model_config_for("tiny", num_hidden_layers=3, sharing="none", vocab_size=97, max_position_embeddings=32,
+                          **overrides)
+
+
+def classifier_params(config):
+  return nn.unbox(init_params(PooledClassifier(config, num_outputs=2), jax.random.key(0)))
+
+
+def flat(tree):
+  return {"/".join(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def train_config(decay, optimizer="adamw"):
+  c = common.finetuning_config("base", "glue").train
+  c.update(dict(optimizer=optimizer, learning_rate=1e-3, warmup_steps=0, num_train_steps=10,
+                layerwise_lr_decay=decay))
+  return c
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_each_parameter_gets_its_layers_factor(scan_layers):
+  params = jax.eval_shape(lambda: classifier_params(three_layers(scan_layers=scan_layers)))
+  factors = flat(optim.layerwise_factors(params, DECAY, 3))
+  for name, factor in factors.items():
+    expected = [f for prefix, f in HAND_FACTORS.items() if name.startswith(prefix)]
+    assert len(expected) == 1, name
+    assert factor == pytest.approx(expected[0], rel=1e-12), name
+  for prefix in HAND_FACTORS:  # every part of the model is there
+    assert any(name.startswith(prefix) for name in factors), prefix
+
+
+def named_like_a_three_layer_classifier():
+  """Small arrays under the names of `classifier_params(three_layers())`'s parts (few shapes: fast on CPU)."""
+  rng = np.random.default_rng(0)
+  dense = lambda: {"kernel": rng.normal(size=(3, 4)).astype(np.float32), "bias": rng.normal(size=4).astype(np.float32)}
+  layer = lambda: {"inner_0": {"attention": {"query": dense(), "LayerNorm": {"scale": np.ones(4, np.float32)}},
+                               "ffn": {"output": dense()}}}
+  return {"albert": {"embeddings": {"word_embeddings": {"embedding": rng.normal(size=(3, 4)).astype(np.float32)}},
+                     "encoder": {"embedding_hidden_mapping_in": dense(),
+                                 **{f"group_{l}": layer() for l in range(3)}},
+                     "pooler": dense()},
+          "classifier": dense()}
+
+
+@pytest.mark.parametrize("optimizer", optim.OPTIMIZERS)
+def test_a_step_is_the_undecayed_step_times_each_factor(optimizer):
+  params = named_like_a_three_layer_classifier()
+  rng = np.random.default_rng(1)
+  decayed, _ = optim.create_optimizer(train_config(DECAY, optimizer), three_layers())
+  plain, _ = optim.create_optimizer(train_config(0.0, optimizer), three_layers())
+  decayed_state, plain_state = decayed.init(params), plain.init(params)
+  factors = flat(optim.layerwise_factors(params, DECAY, 3))
+  assert sorted(set(factors.values())) == pytest.approx(sorted(set(HAND_FACTORS.values())))
+  for _ in range(2):  # the moments carry over: the second step too
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+    a, decayed_state = decayed.update(grads, decayed_state, params)
+    b, plain_state = plain.update(grads, plain_state, params)
+    for name, update in flat(a).items():
+      np.testing.assert_allclose(update, flat(b)[name] * factors[name], rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.slow
+def test_the_engines_step_changes_each_parameter_by_its_factor_of_the_undecayed_change():
+  """One compiled train step (clipping, AdamW, weight decay, the schedule) of an unshared 3-layer pretraining model
+  at decay 0.8 against the same step at 1.0 (every factor 1), from the same state and batch."""
+  config = common.pretraining_config("tiny")
+  config.model.update(vocab_size=300, max_position_embeddings=16, num_hidden_layers=3, sharing="none",
+                      dtype="float32", remat_policy="none")
+  config.data.update(max_seq_length=16, max_predictions_per_seq=4)
+  config.train.update(global_batch_size=4, warmup_steps=0, learning_rate=0.01, optimizer="adamw")
+  batch = pretrain.synthetic_batch(config.data, 4, 300, (3, 0))
+  changes = {}
+  for decay in (DECAY, 1.0):
+    config.train.layerwise_lr_decay = decay
+    s = engine.setup(config, pretrain.make_job(config), devices=jax.devices()[:1])
+    state = s.create_state(jax.random.key(0))
+    before = jax.tree.map(np.array, state.params)  # copies: the step donates `state`
+    with s.context():
+      after, _ = s.train_step(state, s.global_batch(batch), jax.random.key(5))
+    changes[decay] = flat(jax.tree.map(lambda a, b: np.asarray(a) - b, after.params, before))
+  factors = flat(optim.layerwise_factors(before, DECAY, 3))
+  assert factors["sop_classifier/kernel"] == 1.0 and factors["albert/encoder/group_0/inner_0/ffn/output/kernel"] == (
+      pytest.approx(0.4096))
+  assert np.abs(changes[1.0]["albert/embeddings/word_embeddings/embedding"]).max() > 1e-3
+  for name, change in changes[DECAY].items():  # atol: float32 rounding of the LayerNorm scales near 1
+    np.testing.assert_allclose(change, changes[1.0][name] * factors[name], rtol=1e-5, atol=2e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("sharing", ["all", "attention", "ffn"])
+def test_shared_layers_are_refused(sharing):
+  with pytest.raises(InputError, match=(
+      rf"^train.layerwise_lr_decay=0.8 needs layers with their own weights, but model.sharing='{sharing}' shares "
+      r"them across layers; set train.layerwise_lr_decay=0.$")):
+    optim.create_optimizer(train_config(DECAY), three_layers().replace(sharing=sharing))
+
+
+def test_a_decay_outside_0_to_1_is_refused_and_0_adds_nothing():
+  with pytest.raises(InputError, match=r"^train.layerwise_lr_decay=1.5 must be in \(0, 1\]"):
+    optim.create_optimizer(train_config(1.5), three_layers())
+  params = named_like_a_three_layer_classifier()
+  off, _ = optim.create_optimizer(train_config(0.0), three_layers())
+  without_model, _ = optim.create_optimizer(train_config(0.0))
+  assert jax.tree.structure(off.init(params)) == jax.tree.structure(without_model.init(params))
+
+
+@pytest.mark.slow
+def test_fine_tuning_on_electras_recipe_runs_unshared_and_is_refused_shared(shared_data, tmp_path):
+  root = glue_data(shared_data, "rte", tmp_path / "glue")
+  config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)},recipe=electra_small"
+  shared, = run_each([[f"--config={config}", f"--workdir={tmp_path / 'shared'}", "--mode=train", *TINY_RUN]],
+                     cpu_env())
+  assert shared.returncode == 1 and shared.stderr.strip().splitlines()[-1] == (
+      "error: train.layerwise_lr_decay=0.8 needs layers with their own weights, but model.sharing='all' shares them "
+      "across layers; set train.layerwise_lr_decay=0.")
+  result = finetune_cli(config, tmp_path / "run", *TINY_RUN, "--config.model.sharing=none", fast_compile=True)
+  assert result.returncode == 0, result.stdout + result.stderr
+  recorded = json.load(open(tmp_path / "run" / "config.json"))
+  assert (recorded["train"]["layerwise_lr_decay"], recorded["train"]["learning_rate"],
+          recorded["model"]["sharing"]) == (0.8, 3e-4, "none")
+  assert json.load(open(tmp_path / "run" / "best" / "best.json"))["step"] in (2, 4)
