@@ -19,6 +19,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from albert_jax import storage
 from albert_jax.errors import InputError
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.tokenizer_json import JsonTokenizer, is_json_tokenizer
 
 VOCAB_FILE = "vocab.txt"
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
@@ -33,8 +34,11 @@ def is_wordpiece_vocab(path: str) -> bool:
 class WordPieceTokenizer:
   """A WordPiece vocabulary (one piece a line, its line number its id) and BERT's pipeline (module docstring)."""
 
+  kind = "wordpiece"   # a word's later pieces start with "##" (data_pipeline.masking)
+
   def __init__(self, vocab_path: str, do_lower_case: bool = True):
     self.model_path = str(vocab_path)
+    self.files = [self.model_path]
     self.do_lower_case = do_lower_case
     try:
       self._bytes = storage.path(self.model_path).read_bytes()
@@ -98,7 +102,11 @@ class WordPieceTokenizer:
 
 
 def load_tokenizer(path: str, do_lower_case: bool = True):
-  """The tokenizer a file holds: a WordPiece vocabulary (`is_wordpiece_vocab`) or a SentencePiece model."""
+  """The tokenizer a file holds: a WordPiece vocabulary (`is_wordpiece_vocab`), a tokenizer.json or byte-level BPE
+  vocab.json (`tokenizer_json.is_json_tokenizer`: their own normalisation, whatever `do_lower_case` says), or a
+  SentencePiece model."""
   if is_wordpiece_vocab(path):
     return WordPieceTokenizer(path, do_lower_case)
+  if is_json_tokenizer(path):
+    return JsonTokenizer(path)
   return Tokenizer(path, do_lower_case)
