@@ -71,11 +71,10 @@ def _read(path: str) -> bytes:
 
 
 class JsonTokenizer:
-  """A tokenizer.json, or byte-level BPE files (module docstring). `do_lower_case` is the file's own: its
-  normaliser decides the case, whatever the caller asks."""
+  """A tokenizer.json, or byte-level BPE files (module docstring). `do_lower_case` is read from the file: its
+  normaliser decides the case."""
 
-  def __init__(self, path: str, do_lower_case: bool | None = None):
-    del do_lower_case   # the file's normaliser decides
+  def __init__(self, path: str):
     self.model_path = str(path)
     self.files = files_of(self.model_path)
     self._bytes = [_read(f) for f in self.files]

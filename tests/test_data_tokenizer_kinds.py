@@ -14,7 +14,7 @@ from data_pipeline.loader import DocumentSource, make_pretraining_iterator
 from data_pipeline.masking import Masker, segment_starts_word, start_piece_table
 from data_pipeline.prepare import PrepareConfig, prepare
 from data_pipeline.sources import Source
-from data_pipeline.tokenizer_json import JsonTokenizer
+from data_pipeline.tokenizer_json import byte_level_bpe
 from data_pipeline.wordpiece import WordPieceTokenizer, load_tokenizer
 
 pytestmark = pytest.mark.shared_data
@@ -60,7 +60,8 @@ def test_trained_bpe_and_wordpiece_are_deterministic_and_give_transformers_ids(s
 
   ours = load_tokenizer(str(tmp_path / "bpe" / "vocab.json"))
   from_json = load_tokenizer(str(tmp_path / "bpe" / "tokenizer.json"))
-  roberta = transformers.RobertaTokenizerFast(str(tmp_path / "bpe" / "vocab.json"), str(tmp_path / "bpe" / "merges.txt"))
+  roberta = transformers.RobertaTokenizerFast(str(tmp_path / "bpe" / "vocab.json"),
+                                              str(tmp_path / "bpe" / "merges.txt"))
   fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "bpe" / "tokenizer.json"))
   bert = {lower: transformers.BertTokenizerFast(str(tmp_path / "wp" / "vocab.txt"), do_lower_case=lower)
           for lower in (True, False)}
@@ -86,14 +87,28 @@ def test_trainer_refusals_name_the_flag(shared_data, tmp_path):
   cases = [
       (["--model_type=bpe", "--do_lower_case=true"], r"^--do_lower_case=true with --model_type=bpe: byte-level BPE"),
       (["--model_type=char"], r"^--model_type=char is not one of unigram, bpe, wordpiece"),
-      (["--model_type=bpe", "--vocab_size=200"], r"vocab_size"),
+      (["--model_type=bpe", "--vocab_size=200"], r"^--vocab_size=200 must be at least 261\.$"),
       (["--model_type=wordpiece", f"--output={tmp_path / 'a_file'}"], r"is a file; with --model_type=wordpiece"),
   ]
   for flags, message in cases:
     output = [] if any(f.startswith("--output") for f in flags) else [f"--output={tmp_path / 'out'}"]
-    with pytest.raises((InputError, ValueError), match=message):
+    with pytest.raises(InputError, match=message):
       train_spm.main([f"--input={corpus}", *output, *flags])
   assert not (tmp_path / "out").exists()
+
+
+def test_unreadable_tokenizer_files_are_refused_naming_the_file(tmp_path):
+  (tmp_path / "vocab.json").write_text('{"a": 0}')
+  (tmp_path / "tokenizer.json").write_text("{not json")
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  (bare / "tokenizer.json").write_text(byte_level_bpe({"a": 0, "b": 1, "ab": 2}, [("a", "b")]).to_str())
+  cases = [(tmp_path / "vocab.json", r"merges.txt' not found; pass a tokenizer.json, or a BPE vocab.json"),
+           (tmp_path / "tokenizer.json", r"tokenizer.json is not a tokenizer file \(.*\); pass a tokenizer.json"),
+           (bare / "tokenizer.json", r"has no \[PAD\] \(or <pad>\) token; pass one with the special tokens")]
+  for path, message in cases:
+    with pytest.raises(InputError, match=message):
+      load_tokenizer(str(path))
 
 
 def _text_corpus(tmp_path):
