@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from albert_jax.errors import InputError
+from albert_jax.tasks import alignment
 from data_pipeline import records, train_spm
 from data_pipeline.loader import DocumentSource, make_pretraining_iterator
 from data_pipeline.masking import Masker, segment_starts_word, start_piece_table
@@ -78,6 +79,12 @@ def test_trained_bpe_and_wordpiece_are_deterministic_and_give_transformers_ids(s
     assert pair == from_json.hf.encode(first, second).ids == fast(first, second)["input_ids"]
     assert pair[0] == 0 and pair.count(2) == 3 and pair[-1] == 2
   assert (ours.kind, ours.cls_id, ours.sep_id, ours.pad_id, ours.unk_id, ours.mask_id) == ("bpe", 0, 2, 1, 3, 4)
+  # SQuAD's answer spans: each token's characters in the original text, the space before a word left out
+  text = "The Time  Traveller (for so"
+  aligned = alignment.align(ours, text)
+  assert [text[a:b] for a, b in zip(aligned.start, aligned.end)] == [
+      "The", "Time", "", "Traveller", "", "(", "f", "or", "so"] and aligned.ids == ours.encode(text)
+  assert aligned.token_span(text.index("Traveller"), text.index(" (")) == (3, 3)
   assert ours.tokenize("The cat")[1].startswith("\u0120") and not ours.do_lower_case
 
 
