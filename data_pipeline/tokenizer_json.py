@@ -67,10 +67,35 @@ def _read(path: str) -> bytes:
     return storage.path(path).read_bytes()
   except FileNotFoundError:
     raise InputError(f"Tokenizer file {path!r} not found; pass a tokenizer.json, or a BPE vocab.json with its "
-                     "merges.txt beside it (train one with `python -m data_pipeline.train_spm --model_type=bpe`).")
+                     "merges.txt beside it (train one with `python -m data_pipeline.train_spm --model_type=bpe`)."
+                     ) from None
 
 
-class JsonTokenizer:
+class LibraryTokenizer:
+  """The encoding methods of a tokenizer the `tokenizers` library runs (`self.hf`), special tokens left out."""
+
+  hf: tokenizers.Tokenizer
+
+  def tokenize(self, text: str) -> list[str]:
+    return self.hf.encode(text, add_special_tokens=False).tokens
+
+  def encode(self, text: str) -> list[int]:
+    return self.encode_batch([text])[0]
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return [encoding.ids for encoding in self.hf.encode_batch(texts, add_special_tokens=False)]
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """(ids, each piece's [start, end) character span in `text`): what SQuAD's answer alignment needs."""
+    encoding = self.hf.encode(text, add_special_tokens=False)
+    spans = np.asarray(encoding.offsets, np.int64).reshape(-1, 2)
+    return encoding.ids, spans[:, 0], spans[:, 1]
+
+  def decode(self, ids: list[int]) -> str:
+    return self.hf.decode(ids)
+
+
+class JsonTokenizer(LibraryTokenizer):
   """A tokenizer.json, or byte-level BPE files (module docstring). `do_lower_case` is read from the file: its
   normaliser decides the case."""
 
@@ -86,7 +111,8 @@ class JsonTokenizer:
       else:
         self.hf = tokenizers.Tokenizer.from_str(self._bytes[0].decode())
     except Exception as e:   # json's ValueError, or the library's bare Exception on a malformed file
-      raise InputError(f"{self.model_path} is not a tokenizer file ({str(e).splitlines()[0][:120]}); pass a "
+      said = (str(e).splitlines() or [type(e).__name__])[0][:120]
+      raise InputError(f"{self.model_path} is not a tokenizer file ({said}); pass a "
                        "tokenizer.json, or a BPE vocab.json with its merges.txt beside it.") from None
     saved = json.loads(self.hf.to_str())
     self.kind = _KINDS.get(saved["model"]["type"], "")
@@ -111,24 +137,6 @@ class JsonTokenizer:
     """The file's sha256; of a vocab.json and its merges.txt, the sha256 of their two sha256s."""
     hashes = [hashlib.sha256(b).hexdigest() for b in self._bytes]
     return hashes[0] if len(hashes) == 1 else hashlib.sha256(" ".join(hashes).encode()).hexdigest()
-
-  def tokenize(self, text: str) -> list[str]:
-    return self.hf.encode(text, add_special_tokens=False).tokens
-
-  def encode(self, text: str) -> list[int]:
-    return self.encode_batch([text])[0]
-
-  def encode_batch(self, texts: list[str]) -> list[list[int]]:
-    return [encoding.ids for encoding in self.hf.encode_batch(texts, add_special_tokens=False)]
-
-  def encode_with_offsets(self, text: str) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """(ids, each piece's [start, end) character span in `text`)."""
-    encoding = self.hf.encode(text, add_special_tokens=False)
-    spans = np.asarray(encoding.offsets, np.int64).reshape(-1, 2)
-    return encoding.ids, spans[:, 0], spans[:, 1]
-
-  def decode(self, ids: list[int]) -> str:
-    return self.hf.decode(ids)
 
   def id_to_piece(self, i: int) -> str:
     return self.hf.id_to_token(i) or ""
