@@ -116,9 +116,9 @@ class JsonTokenizer(LibraryTokenizer):
                        "tokenizer.json, or a BPE vocab.json with its merges.txt beside it.") from None
     saved = json.loads(self.hf.to_str())
     self.kind = _KINDS.get(saved["model"]["type"], "")
-    if not self.kind:
-      raise InputError(f"{self.model_path} holds a tokenizer model of a kind not read here; pass a BPE, WordPiece "
-                       "or Unigram tokenizer.json.")
+    if not self.kind or (self.kind == "bpe" and "ByteLevel" not in json.dumps(saved["pre_tokenizer"])):
+      raise InputError(f"{self.model_path} holds a tokenizer of a kind not read here (whole-word masking needs its "
+                       "word marker); pass a byte-level BPE, a WordPiece or a Unigram tokenizer.json.")
     for name, choices in SPECIAL_TOKENS.items():
       found = next((i for i in map(self.hf.token_to_id, choices) if i is not None), None)
       if found is None:

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import tokenizers
 
 from albert_jax.errors import InputError
 from albert_jax.tasks import alignment
@@ -110,7 +111,11 @@ def test_unreadable_tokenizer_files_are_refused_naming_the_file(tmp_path):
   bare = tmp_path / "bare"
   bare.mkdir()
   (bare / "tokenizer.json").write_text(byte_level_bpe({"a": 0, "b": 1, "ab": 2}, [("a", "b")]).to_str())
-  cases = [(tmp_path / "vocab.json", r"merges.txt' not found; pass a tokenizer.json, or a BPE vocab.json"),
+  not_byte_level = tokenizers.Tokenizer(tokenizers.models.BPE({"a": 0, "<unk>": 1}, [], unk_token="<unk>"))
+  not_byte_level.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+  not_byte_level.save(str(tmp_path / "metaspace.json"))
+  cases = [(tmp_path / "metaspace.json", r"a tokenizer of a kind not read here .*; pass a byte-level BPE, a"),
+           (tmp_path / "vocab.json", r"merges.txt' not found; pass a tokenizer.json, or a BPE vocab.json"),
            (tmp_path / "tokenizer.json", r"tokenizer.json is not a tokenizer file \(.*\); pass a tokenizer.json"),
            (bare / "tokenizer.json", r"has no \[PAD\] \(or <pad>\) token; pass one with the special tokens")]
   for path, message in cases:
