@@ -4,8 +4,8 @@ model with ALBERT's settings, written to the --output .model file; bpe (RoBERTa'
 
 Unigram follows the README's recipe: unigram, <pad> 0, <unk> 1, control symbols [CLS] [SEP] [MASK] (ids 2-4), no
 BOS/EOS, character_coverage 0.99995, user symbols ( ) " - . – £ €, a random sample of `input_sentence_size`
-sentences. Text is streamed (ALBERT's `preprocess_text` applied, so lower-cased like the model's input) through a reservoir
-sampler (`sample`), so memory is bounded by the sample, not the corpus; the sample is drawn here, seeded by
+sentences. Text is streamed (ALBERT's `preprocess_text` applied, so lower-cased like the model's input) through a
+reservoir sampler (`sample`), so memory is bounded by the sample, not the corpus; the sample is drawn here, seeded by
 --seed, because the trainer's own sampler gives another sample in every process whatever its seed. A sentence
 longer than the trainer's `max_sentence_length` (a paragraph per line, as in Wikipedia extracts) is fed in pieces
 cut at spaces: the trainer would skip it without a word. bpe and wordpiece learn from the same sample, with only
