@@ -98,7 +98,7 @@ def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predi
   import grain
   from data_pipeline import loader, records
   from data_pipeline.examples import BatchBuilder, ExampleConfig
-  from data_pipeline.tokenization import Tokenizer
+  from data_pipeline.wordpiece import load_tokenizer
 
   class Decoded:
     """The split's documents decoded once (bench-sized data), drawn from as `DocumentSource` does."""
@@ -142,7 +142,8 @@ def loader_vs_builder(path: str, vocab_size: int, max_seq_length: int, max_predi
   # Every document gives at least one instance, so this many stream elements cover the batches and a last window.
   needed = (blocks * block + 1) * batch_size + config.shuffle_buffer
   elements = loader.document_stream(source, seed, 0, 1).order(range(needed))
-  tokenizer = Tokenizer(os.path.join(path, manifest["tokenizer"]["model"]), manifest["tokenizer"]["do_lower_case"])
+  tokenizer = load_tokenizer(os.path.join(path, manifest["tokenizer"]["model"]),
+                             manifest["tokenizer"]["do_lower_case"])
   builder = BatchBuilder(tokenizer, config)
   in_memory_bytes = 0 if from_disk else loader.DocumentSource.IN_MEMORY_BYTES
   iterators = {"loader": loader.make_pretraining_iterator(data, "train", batch_size, seed, 0, 1, vocab_size,

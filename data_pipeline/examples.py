@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from data_pipeline import instances as inst
-from data_pipeline.masking import Masker, start_piece_table
+from data_pipeline.masking import Masker, segment_starts_word, start_piece_table
 from data_pipeline.tokenization import Tokenizer
 
 from albert_jax.errors import InputError
@@ -82,9 +82,10 @@ class BatchBuilder:
     self.pair_config = config.pair_config()
     self.cls_id, self.sep_id = tokenizer.cls_id, tokenizer.sep_id
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-    self.masker = Masker(start_piece_table(pieces), tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id,
-                         config.max_seq_length, config.max_predictions_per_seq, config.masked_lm_prob,
-                         config.ngram, config.favor_shorter_ngram)
+    self.masker = Masker(start_piece_table(pieces, tokenizer.kind), tokenizer.cls_id, tokenizer.sep_id,
+                         tokenizer.mask_id, config.max_seq_length, config.max_predictions_per_seq,
+                         config.masked_lm_prob, config.ngram, config.favor_shorter_ngram,
+                         segment_starts_word(tokenizer.kind))
 
   def __call__(self, instances: list[inst.Instance]) -> dict[str, np.ndarray]:
     batch = inst.assemble(instances, self.config.max_seq_length, self.cls_id, self.sep_id)

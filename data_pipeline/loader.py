@@ -35,6 +35,7 @@ from data_pipeline.examples import BatchBuilder, ExampleConfig
 from data_pipeline.instances import Document, Instance, document_instances
 from data_pipeline.packing import FullSentences
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.wordpiece import load_tokenizer
 
 from albert_jax.errors import InputError
 
@@ -251,7 +252,7 @@ def check_preparation(path: str, vocab_size: int, spm_model: str | None = None) 
   """The manifest of the preparation at `path`, refused unless it was tokenized for a model of `vocab_size` pieces
   and, when given, with `spm_model` (the tokenizer the model is trained with)."""
   manifest = records.read_manifest(path)
-  if spm_model and Tokenizer(spm_model).sha256 != manifest["tokenizer"]["sha256"]:
+  if spm_model and load_tokenizer(spm_model).sha256 != manifest["tokenizer"]["sha256"]:
     raise InputError(f"The shards in {path} were tokenized with {os.path.join(path, manifest['tokenizer']['model'])}, "
                      f"not with data.spm_model={spm_model} (sha256 differs); prepare the data with that model "
                      "(python -m data_pipeline.prepare --spm_model=...) or point data.spm_model at the shards' one.")
@@ -267,7 +268,8 @@ def _open_split(path: str, split: str, vocab_size: int, spm_model: str | None = 
   """The split's documents and tokenizer, refused unless the shards fit the model (`check_preparation`) and were
   written with the manifest's own copy of the tokenizer."""
   manifest = check_preparation(path, vocab_size, spm_model)
-  tokenizer = Tokenizer(os.path.join(path, manifest["tokenizer"]["model"]), manifest["tokenizer"]["do_lower_case"])
+  tokenizer = load_tokenizer(os.path.join(path, manifest["tokenizer"]["model"]),
+                             manifest["tokenizer"]["do_lower_case"])
   if tokenizer.sha256 != manifest["tokenizer"]["sha256"]:
     raise InputError(f"{tokenizer.model_path} does not match the sha256 in {path}/manifest.json; the directory was "
                      "modified after preparation. Prepare it again.")

@@ -3,8 +3,10 @@
 The original's greedy loop is kept step for step, but run for a whole batch at once: step k takes the k-th word
 of every example's random word order, samples n with p(n) ∝ 1/n (n ≤ `ngram`; reversed when not
 favor_shorter_ngram), shrinks n while the span would exceed the budget, skips it if still too long or if it
-overlaps an earlier span, else covers it; an example stops once its budget is reached. A word is a SentencePiece
-start piece plus the non-start pieces after it (`is_start_piece`); [CLS], [SEP] and padding are never candidates.
+overlaps an earlier span, else covers it; an example stops once its budget is reached. A word is a start piece plus
+the non-start pieces after it, by the tokenizer's own marker (`start_piece_table`): SentencePiece's "▁"
+(`is_start_piece`), WordPiece's "##" continuations, byte-level BPE's "Ġ" (where a segment's first word has none, so
+a segment's first piece starts a word too: `segment_starts_word`); [CLS], [SEP] and padding are never candidates.
 Budget: min(max_predictions_per_seq, max(1, round(0.15 * tokens incl. specials))), or without the cap when
 max_predictions_per_seq is 0. Each chosen token independently becomes [MASK] (80%), stays (10%) or becomes a
 uniformly random id of the whole vocabulary (10%). Random numbers are hashes of each example's key (data_pipeline.rng),
@@ -28,8 +30,28 @@ def is_start_piece(piece: str) -> bool:
           or not all(c.lower() in _ENGLISH or c in _PUNCTUATION for c in piece))
 
 
-def start_piece_table(pieces: list[str]) -> np.ndarray:
-  return np.array([is_start_piece(p) for p in pieces], bool)
+def is_wordpiece_start(piece: str) -> bool:
+  return not piece.startswith("##")
+
+
+def is_byte_level_start(piece: str) -> bool:
+  """A piece after a space ("Ġ"), or a special token such as <s>."""
+  return piece.startswith("\u0120") or (piece.startswith("<") and piece.endswith(">"))
+
+
+# Each tokenizer kind's word-start rule, and whether the first piece of a segment opens a word whatever it is.
+_START_RULES = {"sentencepiece": (is_start_piece, False), "unigram": (is_start_piece, False),
+                "wordpiece": (is_wordpiece_start, False), "bpe": (is_byte_level_start, True)}
+
+
+def start_piece_table(pieces: list[str], kind: str = "sentencepiece") -> np.ndarray:
+  """bool [vocab]: whether each piece starts a word, by the rule of the tokenizer `kind`."""
+  rule, _ = _START_RULES[kind]
+  return np.array([rule(p) for p in pieces], bool)
+
+
+def segment_starts_word(kind: str) -> bool:
+  return _START_RULES[kind][1]
 
 
 def num_prediction_slots(max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float) -> int:
@@ -60,6 +82,7 @@ class Masker:
   masked_lm_prob: float = 0.15
   ngram: int = 3
   favor_shorter_ngram: bool = True
+  segment_starts_word: bool = False   # the first piece after each [SEP] opens a word (byte-level BPE)
 
   @property
   def num_slots(self) -> int:
@@ -76,6 +99,8 @@ class Masker:
     candidate = (attention_mask > 0) & (input_ids != self.cls_id) & (input_ids != self.sep_id)
     starts = candidate & self.start_table[input_ids]
     starts[:, 1] = candidate[:, 1]             # the first piece after [CLS] always opens a word
+    if self.segment_starts_word:
+      starts[:, 1:] |= candidate[:, 1:] & (input_ids[:, :-1] == self.sep_id)
     word_of_token = np.cumsum(starts, axis=1, dtype=np.int32) - 1
     num_words = word_of_token[:, -1] + 1
     width = max(int(num_words.max()), 1)

@@ -8,8 +8,10 @@ Every shard is written under a temporary name and renamed when complete (for a g
 locally, then uploaded in one put); rerunning after a crash skips finished shards. `manifest.json` is written last
 and marks the preparation complete; like the shards it depends only on the inputs and settings (the time taken is
 printed, not recorded), so rerunning a finished preparation leaves it byte-identical and a pretraining run that
-recorded its sha256 resumes. The SentencePiece model is copied in as `spiece.model`, so the directory is all a
-loader needs.
+recorded its sha256 resumes. The tokenizer (--spm_model: a SentencePiece model, a WordPiece vocab.txt, a byte-level
+BPE vocab.json with its merges.txt, or a tokenizer.json; `wordpiece.load_tokenizer`) is copied in under the name
+transformers looks for (spiece.model, vocab.txt, vocab.json + merges.txt, tokenizer.json), so the directory is all a
+loader needs; the manifest records its kind and each file's sha256.
 
 What may be reused is decided by `prepare_config.json`: the settings plus a fingerprint of every input file (path,
 size, the sha256 of its contents; for a TFDS input, every file of the prepared dataset) and the tokenizer's sha256;
@@ -47,6 +49,7 @@ from data_pipeline.prepare_outputs import SPLITS, absolute_paths, check_or_recor
 from data_pipeline.prepare_shards import write_shards
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.wordpiece import load_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +123,7 @@ def _watch_parent(parent: int) -> None:
 def prepare(config: PrepareConfig) -> dict:
   """Write (or finish writing) the shards and the manifest; returns the manifest. The output folder has one writer
   at a time (`writers.WriterLock`), apart from the inputs."""
-  tokenizer = Tokenizer(config.spm_model, config.do_lower_case)   # fails early on a bad model path
+  tokenizer = load_tokenizer(config.spm_model, config.do_lower_case)   # fails early on a bad model path
   source = config.source()
   files = source.files("data_pipeline.prepare")
   for file in files:
@@ -148,9 +151,10 @@ def _prepare(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inpu
     else:
       with multiprocessing.get_context("spawn").Pool(workers, _watch_parent, (os.getpid(),)) as pool:
         pool.starmap(write_shards, [(config, todo[k::workers], k == 0) for k in range(workers)])
-  model_copy = os.path.join(config.output_dir, records.SPM_MODEL)
-  if not is_done(model_copy) or fingerprints.sha256(model_copy) != tokenizer.sha256:
-    storage.copy_atomic(config.spm_model, model_copy)
+  for file, name in zip(tokenizer.files, records.tokenizer_copy_names(tokenizer.files)):
+    copy = os.path.join(config.output_dir, name)
+    if not is_done(copy) or fingerprints.sha256(copy) != fingerprints.sha256(file):
+      storage.copy_atomic(file, copy)
   manifest_path = os.path.join(config.output_dir, records.MANIFEST)
   complete = not todo and is_done(manifest_path)   # then kept byte for byte: a run that read it resumes
   manifest = (json.loads(storage.path(manifest_path).read_text()) if complete
@@ -198,7 +202,7 @@ _EMPTY_SPLIT = {
 def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inputs: list[dict]) -> dict:
   """A function of the inputs and settings only (no time taken, no --workers): the same preparation run again
   writes the same bytes, so a pretraining run that checked its sha256 resumes on it."""
-  counts = config.shard_counts()
+  counts, names = config.shard_counts(), records.tokenizer_copy_names(tokenizer.files)
   splits, totals = {}, collections.Counter(empty_files=sum(i["size"] == 0 for i in inputs))
   for split in SPLITS:
     shards = []
@@ -210,8 +214,9 @@ def _manifest(config: PrepareConfig, tokenizer: Tokenizer, files: list[str], inp
     splits[split] = {"shards": shards, "documents": sum(s["documents"] for s in shards)}
   return {
       "format_version": records.FORMAT_VERSION,
-      "tokenizer": {"model": records.SPM_MODEL, "sha256": tokenizer.sha256,
-                    "vocab_size": tokenizer.vocab_size, "do_lower_case": config.do_lower_case},
+      "tokenizer": {"model": names[0], "kind": tokenizer.kind, "sha256": tokenizer.sha256,
+                    "files": {name: fingerprints.sha256(file) for file, name in zip(tokenizer.files, names)},
+                    "vocab_size": tokenizer.vocab_size, "do_lower_case": tokenizer.do_lower_case},
       "token_dtype": records.token_dtype(tokenizer.vocab_size).name,
       "config": config.identity(),
       "input_files": len(files),

@@ -34,8 +34,8 @@ def _outputs(config) -> list[str]:
   counts = config.shard_counts()
   shards = [os.path.join(config.output_dir, records.shard_name(split, i, counts[split]))
             for split in SPLITS for i in range(counts[split])]
-  return [os.path.join(config.output_dir, name) for name in (records.MANIFEST, records.MANIFEST + ".tmp",
-                                                             records.SPM_MODEL, records.SPM_MODEL + ".tmp")] + [
+  names = (records.MANIFEST,) + records.TOKENIZER_COPIES
+  return [os.path.join(config.output_dir, name + suffix) for name in names for suffix in ("", ".tmp")] + [
       shard + suffix for shard in shards for suffix in ("", ".tmp", ".stats.json", ".stats.json.tmp")] + [
       os.path.join(config.output_dir, CONFIG_FILE)]
 

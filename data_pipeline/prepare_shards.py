@@ -16,6 +16,7 @@ from data_pipeline.progress import Progress
 from data_pipeline.sentences import split_sentences
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.wordpiece import load_tokenizer
 
 # A record per chunk, stored uncompressed: the loader reads one random document at a time, and zstd (ArrayRecord's
 # default) costs about half of such a read (~15 us a document, ~4% of the loader's rate at seq 512) to save a
@@ -47,7 +48,7 @@ def write_shards(config, shards: list[tuple[str, int]], reports: bool = True) ->
   """Stream the input once and write the given (split, shard) files: locally under a temporary name, then
   renamed, or uploaded for a gs:// output (ArrayRecord writes local files only). `reports`: show progress (one
   worker does, for all: each reads the whole input at about the same pace)."""
-  tokenizer = Tokenizer(config.spm_model, config.do_lower_case)
+  tokenizer = load_tokenizer(config.spm_model, config.do_lower_case)
   dtype = records.token_dtype(tokenizer.vocab_size)
   counts, source = config.shard_counts(), config.source()
   final = {s: os.path.join(config.output_dir, records.shard_name(s[0], s[1], counts[s[0]])) for s in shards}

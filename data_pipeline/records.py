@@ -16,7 +16,10 @@ from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 
 MANIFEST = "manifest.json"
-SPM_MODEL = "spiece.model"   # a copy of the tokenizer, next to the shards
+SPM_MODEL = "spiece.model"   # a copy of the tokenizer, next to the shards: a SentencePiece model's name
+# The names of the copies of the other kinds: a WordPiece vocabulary, a tokenizer.json, a byte-level BPE pair.
+WORDPIECE_VOCAB, TOKENIZER_JSON, BPE_FILES = "vocab.txt", "tokenizer.json", ("vocab.json", "merges.txt")
+TOKENIZER_COPIES = (SPM_MODEL, WORDPIECE_VOCAB, TOKENIZER_JSON) + BPE_FILES
 FORMAT_VERSION = 1
 
 
@@ -39,6 +42,14 @@ def document_view(record: bytes, dtype: np.dtype) -> tuple[np.ndarray, np.ndarra
   offsets = np.frombuffer(record, np.uint32, n + 1).astype(np.int64)   # n, then the sentence lengths
   offsets[0] = 0
   return np.frombuffer(record, dtype, offset=4 + 4 * n), offsets.cumsum()   # (a cumsum that casts costs 3x)
+
+
+def tokenizer_copy_names(files: list[str]) -> list[str]:
+  """The names the copies of a tokenizer's files take beside the shards (the names transformers looks for)."""
+  if len(files) == 2:
+    return list(BPE_FILES)
+  return [WORDPIECE_VOCAB if files[0].endswith(".txt") else TOKENIZER_JSON if files[0].endswith(".json")
+          else SPM_MODEL]
 
 
 def shard_name(split: str, index: int, count: int) -> str:

@@ -33,8 +33,11 @@ def _is_digit_comma(piece: str) -> bool:
 class Tokenizer:
   """A SentencePiece model plus ALBERT's preprocessing. Ids: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4."""
 
+  kind = "sentencepiece"   # words start with "▁" (data_pipeline.masking)
+
   def __init__(self, model_path: str, do_lower_case: bool = True):
     self.model_path = str(model_path)
+    self.files = [self.model_path]
     self.do_lower_case = do_lower_case
     self.sp = spm.SentencePieceProcessor()
     try:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import functools
 import hashlib
 
-import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from albert_jax import storage
 from albert_jax.errors import InputError
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.tokenizer_json import JsonTokenizer, LibraryTokenizer, is_json_tokenizer
 
 VOCAB_FILE = "vocab.txt"
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
@@ -30,11 +30,14 @@ def is_wordpiece_vocab(path: str) -> bool:
   return str(path).endswith(".txt")
 
 
-class WordPieceTokenizer:
+class WordPieceTokenizer(LibraryTokenizer):
   """A WordPiece vocabulary (one piece a line, its line number its id) and BERT's pipeline (module docstring)."""
+
+  kind = "wordpiece"   # a word's later pieces start with "##" (data_pipeline.masking)
 
   def __init__(self, vocab_path: str, do_lower_case: bool = True):
     self.model_path = str(vocab_path)
+    self.files = [self.model_path]
     self.do_lower_case = do_lower_case
     try:
       self._bytes = storage.path(self.model_path).read_bytes()
@@ -71,21 +74,6 @@ class WordPieceTokenizer:
   def sha256(self) -> str:
     return hashlib.sha256(self._bytes).hexdigest()
 
-  def tokenize(self, text: str) -> list[str]:
-    return self.hf.encode(text, add_special_tokens=False).tokens
-
-  def encode(self, text: str) -> list[int]:
-    return self.encode_batch([text])[0]
-
-  def encode_batch(self, texts: list[str]) -> list[list[int]]:
-    return [encoding.ids for encoding in self.hf.encode_batch(texts, add_special_tokens=False)]
-
-  def encode_with_offsets(self, text: str) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """(ids, each piece's [start, end) character span in `text`): what SQuAD's answer alignment needs."""
-    encoding = self.hf.encode(text, add_special_tokens=False)
-    spans = np.asarray(encoding.offsets, np.int64).reshape(-1, 2)
-    return encoding.ids, spans[:, 0], spans[:, 1]
-
   def id_to_piece(self, i: int) -> str:
     return self._pieces.get(i, "")
 
@@ -98,7 +86,11 @@ class WordPieceTokenizer:
 
 
 def load_tokenizer(path: str, do_lower_case: bool = True):
-  """The tokenizer a file holds: a WordPiece vocabulary (`is_wordpiece_vocab`) or a SentencePiece model."""
+  """The tokenizer a file holds: a WordPiece vocabulary (`is_wordpiece_vocab`), a tokenizer.json or byte-level BPE
+  vocab.json (`tokenizer_json.is_json_tokenizer`: their own normalisation, whatever `do_lower_case` says), or a
+  SentencePiece model."""
   if is_wordpiece_vocab(path):
     return WordPieceTokenizer(path, do_lower_case)
+  if is_json_tokenizer(path):
+    return JsonTokenizer(path)
   return Tokenizer(path, do_lower_case)

@@ -69,7 +69,7 @@ class AlignedText:
 
 
 def align(tokenizer: Tokenizer | WordPieceTokenizer, text: str) -> AlignedText:
-  if isinstance(tokenizer, WordPieceTokenizer):  # the tokenizers library keeps each piece's span
+  if not isinstance(tokenizer, Tokenizer):  # WordPiece, BPE, tokenizer.json: the tokenizers library keeps the spans
     return AlignedText(*tokenizer.encode_with_offsets(text))
   normalized, spans = normalize_with_offsets(text, tokenizer.do_lower_case)
   pieces = tokenizer.encode_pieces(normalized)
