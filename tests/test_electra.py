@@ -246,11 +246,11 @@ def test_the_cli_runs_electra_as_its_own_kind_and_refuses_predict(monkeypatch):
   kind = job_kinds.kind_for(config)
   assert isinstance(kind, job_kinds.Electra) and isinstance(kind, job_kinds.Pretraining)
   called = []
-  monkeypatch.setattr(electra, "train", lambda config, workdir, args: called.append(("train", workdir)))
-  monkeypatch.setattr(electra, "evaluate_checkpoint", lambda config, workdir, args: called.append(("eval", workdir)))
+  monkeypatch.setattr(electra, "train", lambda config, run, args: called.append(("train", run)))
+  monkeypatch.setattr(electra, "evaluate_checkpoint", lambda config, run, args: called.append(("eval", run)))
   runner.run(config, Run("W"), "train")
   runner.run(config, Run("W"), "eval")
-  assert called == [("train", "W"), ("eval", "W")]
+  assert called == [("train", Run("W")), ("eval", Run("W"))]
   assert kind.make_job(config).flops_per_token == electra.train_flops_per_token(config)
   with pytest.raises(InputError, match="--mode=predict does not apply to ELECTRA pretraining configs"):
     runner.run(config, Run("W"), "predict")
