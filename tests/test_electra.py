@@ -248,8 +248,8 @@ def test_the_cli_runs_electra_as_its_own_kind_and_refuses_predict(monkeypatch):
   kind = job_kinds.kind_for(config)
   assert isinstance(kind, job_kinds.Electra) and isinstance(kind, job_kinds.Pretraining)
   called = []
-  monkeypatch.setattr(electra, "train", lambda config, workdir, args: called.append(("train", workdir)))
-  monkeypatch.setattr(electra, "evaluate_checkpoint", lambda config, workdir, args: called.append(("eval", workdir)))
+  monkeypatch.setattr(electra, "train", lambda config, run, args: called.append(("train", run)))
+  monkeypatch.setattr(electra, "evaluate_checkpoint", lambda config, run, args: called.append(("eval", run)))
   runner.run(config, Run("W"), "train")
   runner.run(config, Run("W"), "eval")
   assert called == [("train", Run("W")), ("eval", Run("W"))]

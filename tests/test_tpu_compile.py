@@ -27,7 +27,7 @@ def test_the_slice_gets_flat_matmuls_and_fused_qkv_only_when_asked(monkeypatch, 
   from albert_jax import job_kinds, pretrain, tpu_compile
   from experiments import pretrain_tiny
   seen = []
-  monkeypatch.setattr(pretrain, "make_job", lambda config, workdir=None: seen.append(config.model[field]))
+  monkeypatch.setattr(pretrain, "make_job", lambda config, run=None: seen.append(config.model[field]))
   config = pretrain_tiny.get_config("synthetic")
   config.model[field] = setting
   tpu_compile.job_for(config, job_kinds.kind_for(config))
