@@ -134,8 +134,8 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
         for name in ("num_train_steps", "warmup_steps")),
       (0 <= config.seed <= 2**32 - 1, f"seed={config.seed} must be from 0 to {2**32 - 1:,}: jax.random.key keeps 32 "
                                       "bits (seed 2**32 would repeat seed 0) and numpy takes no negative seed"),
-      (t.learning_rate >= 0, f"train.learning_rate={t.learning_rate} is negative (that is gradient ascent); "
-                             "give a positive rate"),
+      (optim.learning_rate_problem(t.learning_rate) is None,
+       f"train.learning_rate={optim.learning_rate_problem(t.learning_rate)}; give a positive rate such as 1e-4"),
       (t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be 0 or positive"),
       (t.eval_every >= 0, f"train.eval_every={t.eval_every} must be 0 (never) or positive"),
       (c.every > 0, f"checkpoint.every={c.every} must be positive (steps between checkpoints)"),

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 from absl import app, flags
 
-from albert_jax import cli, hf_import, job_kinds, main, pretrained, runner, storage
+from albert_jax import cli, hf_import, job_kinds, main, optim, pretrained, runner, storage
 from albert_jax.errors import InputError, one_line_user_errors
 from albert_jax.head_identity import best_weights, check_identity, read_best, recorded_identity, task_for_weights
 from albert_jax.run import SEEDS_FILE as REPORT_FILE, Run, check_output
@@ -80,6 +80,8 @@ def parse_learning_rates(values: list[str] | None) -> list[float] | None:
       rate = math.nan
     if not (math.isfinite(rate) and rate > 0):
       raise InputError(f"--learning_rates: {value!r} is not a positive number; list rates such as 1e-5,2e-5,3e-5.")
+    if optim.learning_rate_problem(rate):
+      raise InputError(f"--learning_rates: {optim.learning_rate_problem(rate)}; list rates such as 1e-5,2e-5,3e-5.")
     if f"{rate:g}" in {f"{listed:g}" for listed in rates}:
       raise InputError(f"--learning_rates lists the rate {rate:g} twice; list each rate once.")
     rates.append(rate)

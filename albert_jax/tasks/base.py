@@ -251,6 +251,7 @@ class Task(abc.ABC):
   # Outputs per example, which padding does not change: batches are cut to length buckets (albert_jax/buckets.py).
   # Tasks with outputs per token keep every batch at max_seq_length.
   length_buckets_apply: bool = True
+  text_pairs: bool = False  # inputs are [CLS] A [SEP] B [SEP]: max_seq_length holds a token of each
 
   def __init__(self, settings: TaskSettings):
     self.settings = settings
@@ -306,7 +307,7 @@ class Task(abc.ABC):
   # --- model ----------------------------------------------------------------------------------------------
   def build_model(self, model_config: ModelConfig):
     """The backbone (submodule "albert") + this task's head; checks the inputs fit the position table."""
-    model_config.check_seq_length(self.settings.max_seq_length)
+    model_config.check_seq_length(self.settings.max_seq_length, text_pairs=self.text_pairs)
     return self.make_model(model_config)
 
   @abc.abstractmethod

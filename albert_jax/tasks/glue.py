@@ -97,6 +97,10 @@ class GlueTask(SequenceClassificationTask):
     return self.spec.labels
 
   @property
+  def text_pairs(self) -> bool:
+    return self.spec.test_columns[1] is not None
+
+  @property
   def test_splits(self) -> tuple[str, ...]:
     """MNLI: matched, mismatched and AX (the diagnostic set, from the folder beside MNLI/)."""
     return (*(s for s in self.spec.files if s.startswith("test")), *self.spec.companions)
