@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import safetensors.numpy
 
-from albert_jax import head_identity, pretrained, storage
+from albert_jax import head_identity, pretrained, storage, weight_files
 from albert_jax import model as model_lib
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
 from albert_jax.head_identity import (HF_HEAD_PARAMS, MASKED_LM, QUESTION_ANSWERING, TOKEN_CLASSIFICATION,
@@ -151,9 +151,9 @@ def _expected_shapes(c: ModelConfig) -> dict[Path, tuple[int, ...]]:
 
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
   if os.path.isfile(os.path.join(path, SAFETENSORS_FILE)):
-    return safetensors.numpy.load_file(os.path.join(path, SAFETENSORS_FILE))
+    return weight_files.read_safetensors(os.path.join(path, SAFETENSORS_FILE))
   if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):  # sharded checkpoint
-    return {k: v for name in _shard_files(path) for k, v in safetensors.numpy.load_file(name).items()}
+    return {k: v for name in _shard_files(path) for k, v in weight_files.read_safetensors(name).items()}
   if os.path.isfile(os.path.join(path, TORCH_FILE)):
     return _read_torch(os.path.join(path, TORCH_FILE))
   raise MissingFileError(f"No weights in {path!r}: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "

@@ -28,7 +28,7 @@ LAYERS = {
     "tasks and weights": ("albert_jax.tasks", "albert_jax.buckets", "albert_jax.feature_batches",
                           "albert_jax.head_identity", "albert_jax.best_checkpoint", "albert_jax.pretrained",
                           "albert_jax.interop", "albert_jax.electra_interop", "albert_jax.tf1", "albert_jax.hf_export",
-                          "albert_jax.hf_import"),
+                          "albert_jax.hf_import", "albert_jax.weight_files"),
     "process set-up": ("albert_jax.console",),
     "jobs": ("albert_jax.pretrain", "albert_jax.electra", "albert_jax.finetune", "albert_jax.embed",
              "albert_jax.describe", "albert_jax.evaluate", "albert_jax.glue_submission", "albert_jax.convert",
