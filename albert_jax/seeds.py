@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 from typing import Any, Callable
 
 import numpy as np
 from absl import app, flags
 
-from albert_jax import cli, hf_import, job_kinds, main, optim, pretrained, runner, storage
+from albert_jax import cli, hf_import, job_kinds, main, optim, pretrained, runner, stop_signals, storage
 from albert_jax.errors import InputError, one_line_user_errors
 from albert_jax.head_identity import best_weights, check_identity, read_best, recorded_identity, task_for_weights
 from albert_jax.run import SEEDS_FILE as REPORT_FILE, Run, check_output
@@ -204,6 +205,18 @@ def train_seed(config, workdir: str, seed: int) -> None:
   runner.run(seed_config, seed_workdir(workdir, seed), "train")
 
 
+def stop_if_signalled(workdir: str) -> None:
+  """Starts no run after a SIGTERM or Ctrl-C (held for the whole command, `stop_signals.hold_for_the_process`):
+  exits as `main` does after a stop, with its exit code."""
+  signum = stop_signals.held_signal()
+  if signum is None:
+    return
+  reason = "Interrupted" if signum == signal.SIGINT else "Preemption"
+  say(f"{reason}: no further run starts; {Run(workdir).seeds_report} records the finished ones (rerun the same "
+      "command to continue).")
+  raise SystemExit(stop_signals.exit_code(signum))
+
+
 def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_collapsed: int = 0,
               on_report: Callable[[dict], None] | None = None) -> dict[str, Any]:
   """Trains seeds first_seed ... first_seed + seeds - 1 of `config`, each collapsed one again up to
@@ -218,6 +231,7 @@ def run_seeds(config, workdir: str, seeds: int, first_seed: int = 0, rerun_colla
       if seed in done:
         say(f"seed {seed}: finished (recorded in {Run(workdir).seeds_report}), skipped")
       else:
+        stop_if_signalled(workdir)
         say(f"seed {seed}: training in {seed_workdir(workdir, seed)}")
         train_seed(config, workdir, seed)
       run = {**run_record(config, workdir, seed), "rerun_of": slot if attempt else None, "rerun_as": None,
@@ -247,6 +261,7 @@ def run_grid(config, workdir: str, learning_rates: list[float], seeds: int, firs
     rate_config = config.copy_and_resolve_references()
     rate_config.train.learning_rate = rate
     rate_dir = Run(workdir).learning_rate(rate).workdir
+    stop_if_signalled(workdir)
     say(f"learning rate {rate:g}: seeds in {rate_dir}")
 
     def write_grid_report(result: dict[str, Any], rate: float = rate) -> None:
@@ -309,5 +324,12 @@ def cli_main(argv: list[str]) -> None:
       run_grid(config, workdir, learning_rates, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """`cli.parse_flags`, with SIGTERM and Ctrl-C held from the command's start to its end: one that arrives before
+  the first run, between runs or around one's training loop starts no further run."""
+  stop_signals.hold_for_the_process()
+  return cli.parse_flags(argv)
+
+
 if __name__ == "__main__":
-  app.run(cli_main, flags_parser=cli.parse_flags)
+  app.run(cli_main, flags_parser=parse_flags)
