@@ -6,7 +6,7 @@
   # --to=hf writes the run's tokenizer too (`hf_export`), checked to give the run's ids; --spm_model=PATH names it
   # where --src records none (a converted directory, synthetic data), --spm_model=none writes the weights alone
   # --src may also be a training workdir: a pretraining run's newest checkpoint, a fine-tuning run's best one
-  python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder alone: AlbertModel
+  python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder: AlbertModel, ElectraModel
   python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
 
 ELECTRA (transformers' ElectraForPreTraining, ElectraForMaskedLM, ElectraModel; an ELECTRA run's generator goes to
@@ -40,8 +40,9 @@ flags.DEFINE_string("revision", None, "--from=hf with a Hub name: the branch, ta
 flags.DEFINE_string("dst", None, "Directory to write.")
 flags.DEFINE_bool("overwrite", False, "Replace an earlier conversion in --dst: its files that this one does not "
                   "write are removed (a --dst holding no model is refused).")
-flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an AlbertModel), dropping any head; for "
-                  "heads transformers has no class for, such as SQuAD v2's answer-class head.")
+flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an AlbertModel; an ElectraModel for an "
+                  "ELECTRA run or backbone), dropping any head; for heads transformers has no class for, such as "
+                  "SQuAD v2's answer-class head.")
 flags.DEFINE_string("spm_model", None, "--to=hf: the SentencePiece model to export with the weights where --src "
                     "records none (its run's config.json data.spm_model, or its prepared data, name it otherwise); "
                     "'none': the weights alone, no tokenizer.")

@@ -18,7 +18,7 @@ import shutil
 
 import ml_collections
 
-from albert_jax import electra_interop, hf_export, interop, pretrained, storage
+from albert_jax import electra_interop, hf_export, interop, pretrained, storage, weight_files
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
 from data_pipeline import wordpiece
 
@@ -190,6 +190,7 @@ def use_converted_init_checkpoint(config: ml_collections.ConfigDict) -> None:
   as a converted folder and the run's config.json records it (a Hub commit in its path); the revision, now part
   of that path, is cleared. Several processes are refused: each host would convert into its own cache."""
   value, revision = config.get("init_checkpoint", ""), config.get("init_checkpoint_revision", "")
+  weight_files.check_holds_weights(value, "init_checkpoint")
   if revision and not value:
     raise InputError(f"init_checkpoint_revision={revision} pins a revision of nothing: set "
                      "--config.init_checkpoint=NAME (a Hugging Face Hub model) too, or drop it.")

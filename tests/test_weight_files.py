@@ -121,3 +121,25 @@ def test_a_damaged_model_safetensors_as_init_checkpoint_or_convert_src_is_one_li
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(("error: ", "convert: error: ")) and f"error: {file} is damaged or cut short" in last
   assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("holds", [[], ["notes.txt"], ["config.json"], ["config.json", "spiece.model"]],
+                         ids=["empty", "other-files", "hf-config-only", "hf-config-and-tokenizer"])
+def test_a_folder_of_no_weights_as_init_checkpoint_is_named_as_such(shared_data, tmp_path, holds):
+  """`init_checkpoint=../../etc` was blamed on an empty data.spm_model; a Hugging Face folder without its weights on
+  the vocabulary; with data.spm_model given or not, the folder is named."""
+  folder = tmp_path / "weights"
+  folder.mkdir()
+  for name in holds:
+    (folder / name).write_text('{"model_type": "albert", "vocab_size": 30000}' if name == "config.json" else "x")
+  for spm_model in ([], [f"--config.data.spm_model={spm(shared_data)}"]):
+    result = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config=experiments/glue.py:task=rte,size=tiny",
+                             f"--workdir={tmp_path / 'run'}", f"--config.init_checkpoint={folder}", *spm_model],
+                            cwd=REPO, env=cpu_env(1), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stderr == (
+        f"error: init_checkpoint={folder} holds no weights: pass an albert_jax.convert output (model_config.json), a "
+        "training workdir (checkpoints/ or best/) or a Hugging Face folder (config.json with model.safetensors or "
+        "pytorch_model.bin).\n"), result.stderr
+    assert not (tmp_path / "run").exists()
+  weight_files.check_holds_weights(str(tmp_path / "absent"), "init_checkpoint")  # named by the tokenizer's message
+  weight_files.check_holds_weights("", "init_checkpoint")
