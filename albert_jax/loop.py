@@ -17,7 +17,7 @@ from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, pro
 from albert_jax.errors import InputError, NotFiniteError
 from albert_jax.run import Run
 from albert_jax.stop_signals import StopSignals
-from albert_jax.workdir_config import check_workdir_config, write_workdir_config
+from albert_jax.workdir_config import check_workdir_config, keep_replaced_config, write_workdir_config
 from albert_jax.workdir_lock import WorkdirLock
 
 
@@ -143,7 +143,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dic
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> dict[str, float]:
-  check_workdir_config(workdir, config)
+  replaced = check_workdir_config(workdir, config)
   s = engine.setup(config, job, workdir)  # opening the checkpoints: every process has passed the check
   ckpt = s.checkpointer
   total_steps = config.train.num_train_steps
@@ -155,11 +155,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, job: engine.Job) -> 
     first_step = int(state.step)
     if first_step >= total_steps:
       ckpt.close()
+      keep_replaced_config(replaced)  # as said
       if jax.process_index() == 0:
         print(f"Nothing to train: {workdir} holds step {first_step} and train.num_train_steps={total_steps}; "
               "raise --config.train.num_train_steps to train further.", flush=True)
       return {}
-    write_workdir_config(workdir, config, provenance.fingerprint(job.inputs))
+    write_workdir_config(workdir, config, provenance.fingerprint(job.inputs), replaced)
     train_step = _StepPerShape(s)
     writer = metrics_lib.MetricWriter(workdir, total_steps, config)
     signals = StopSignals()
