@@ -19,7 +19,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from albert_jax import cli, job_kinds, runner
+from albert_jax import cli, job_kinds, refused_run, runner
 from albert_jax.errors import one_line_user_errors
 
 FLAGS = flags.FLAGS
@@ -68,6 +68,11 @@ def main(argv) -> None:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
+  with refused_run.leaves_no_new_workdir(workdir if runner.MODES[mode_name].needs_workdir else None):
+    _run(config, workdir, mode_name)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
   kind = job_kinds.kind_for(config)
   if runner.MODES[mode_name].needs_workdir:
     cli.check_workdir(workdir, mode_name, FLAGS.output, eval_reads_only=kind.eval_reads_only())

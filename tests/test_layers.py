@@ -16,7 +16,7 @@ PACKAGES = ("albert_jax", "data_pipeline", "experiments", "bench")
 LAYERS = {
     "errors and storage": ("albert_jax.errors", "albert_jax.storage"),
     "data": ("data_pipeline",),
-    "the run's folder": ("albert_jax.run", "albert_jax.provenance"),
+    "the run's folder": ("albert_jax.run", "albert_jax.provenance", "albert_jax.refused_run"),
     "model and engine": ("albert_jax.ops", "albert_jax.families", "albert_jax.model_config", "albert_jax.model",
                          "albert_jax.electra_model",
                          "albert_jax.flops", "albert_jax.optim", "albert_jax.sharding", "albert_jax.topology",
