@@ -156,6 +156,7 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
   _check_dst_apart(src, dst)
   with writers.WriterLock(os.path.join(dst, writers.LOCK_FILE), f"--dst={dst}", "--dst"):
     earlier = _earlier_files(dst, overwrite)
+    folders = {path for path in earlier if storage.path(path).is_dir()}
     clear = lambda: [storage.path(p).rmtree() if storage.path(p).is_dir() else storage.remove(p) for p in earlier]
     try:
       if source:
@@ -168,7 +169,8 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
       raise EnvironmentUserError(f"Writing --dst={dst} failed: no space left on device ({type(e).__name__}: "
                                  f"{str(e).strip().splitlines()[0][:300]}); free space and run again, which "
                                  "removes what this one left.") from None
-    if stale := [os.path.basename(file) for file in earlier if not storage.path(file).exists()]:
+    if stale := [os.path.basename(path) + ("/" if path in folders else "") for path in earlier
+                 if not storage.path(path).exists()]:
       print(f"Removed from --dst={dst} what this conversion does not write: {', '.join(stale)}.", flush=True)
 
 
@@ -185,10 +187,10 @@ ORBAX_TEMPORARY, WRITING = ".orbax-checkpoint-tmp", ".tmp"
 
 def _earlier_files(dst: str, overwrite: bool) -> list[str]:
   """What is removed from --dst before writing: a failed conversion's leftovers (ORBAX_TEMPORARY, WRITING), with or
-  without --overwrite, and with it an earlier conversion's files (tokenizer files of another tool that transformers
-  would read beside the new ones); other folders stay, since neither transformers nor our loader reads any but
-  params/, which is replaced. Refuses a --dst holding more without --overwrite, and one that holds no model, whose
-  files are not a conversion's to remove."""
+  without --overwrite, and with it everything of an earlier conversion, files and folders (tokenizer files of
+  another tool that transformers would read beside the new ones, an onnx/ export of the earlier weights). Refuses a
+  --dst holding more without --overwrite, and one that holds no model, whose files are not a conversion's to
+  remove."""
   entries = sorted(p for p in storage.path(dst).iterdir() if p.name != writers.LOCK_FILE)
   leftovers = [p for p in entries if ORBAX_TEMPORARY in p.name or p.name.endswith(WRITING)]
   entries = [p for p in entries if p not in leftovers]
@@ -198,7 +200,7 @@ def _earlier_files(dst: str, overwrite: bool) -> list[str]:
     names = ", ".join(p.name for p in entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
     raise ExistsError(f"--dst={dst} holds {names} but no model ({', '.join(MODEL_FILES)}); --overwrite replaces an "
                       "earlier conversion, not other files: choose a new or empty directory.")
-  return [os.path.join(dst, p.name) for p in leftovers + [p for p in entries if not p.is_dir()]]
+  return [os.path.join(dst, p.name) for p in leftovers + entries]
 
 
 def main(argv):

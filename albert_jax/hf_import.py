@@ -116,6 +116,7 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> str:
   if electra:
     print(f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({electra_interop.POOLER_NOTE}).",
           flush=True)
+  _check_tokenizer_fits(src, model_config.vocab_size)
   clear()
   pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None,
                              family=pretrained.ELECTRA if electra else "albert")
@@ -124,12 +125,30 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> str:
   return f"{', '.join(sorted(params))}{trained}; {_carry_tokenizer(src, dst)}"
 
 
+def _tokenizer_file(src: str) -> str | None:
+  """The folder's SentencePiece model, else its WordPiece vocab.txt (the released ELECTRA folders'), else None."""
+  return next((name for name in (hf_export.SPM_FILE, wordpiece.VOCAB_FILE) if os.path.isfile(os.path.join(src, name))),
+              None)
+
+
+def _check_tokenizer_fits(src: str, vocab_size: int) -> None:
+  """Refuses a tokenizer with more pieces than the embeddings have rows: its ids beyond them have no embedding.
+  Fewer is fine (models round their tables up)."""
+  name = _tokenizer_file(src)
+  if name is None:
+    return
+  pieces = wordpiece.load_tokenizer(os.path.join(src, name)).vocab_size
+  if pieces > vocab_size:
+    raise InputError(f"{os.path.join(src, name)} has {pieces:,} pieces but the weights' embeddings have "
+                     f"{vocab_size:,} rows (config.json vocab_size): ids beyond them have no embedding; put the "
+                     "tokenizer the model was trained with in the folder.")
+
+
 def _carry_tokenizer(src: str, dst: str) -> str:
   """Copies the folder's SentencePiece model (or WordPiece vocab.txt, as the released ELECTRA folders have) and its
   tokenizer_config.json (do_lower_case) beside the weights, where `pretrained.recorded_tokenizer` finds them:
   fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns what was carried, for the closing line."""
-  name = next((name for name in (hf_export.SPM_FILE, wordpiece.VOCAB_FILE) if os.path.isfile(os.path.join(src, name))),
-              None)
+  name = _tokenizer_file(src)
   if name is None:
     return (f"no tokenizer: {src} has no {hf_export.SPM_FILE} nor {wordpiece.VOCAB_FILE}, so runs from {dst} need "
             "data.spm_model and --to=hf needs --spm_model")

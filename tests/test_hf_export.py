@@ -149,11 +149,12 @@ def test_overwrite_removes_the_files_an_earlier_tool_left_and_the_folder_loads_w
   shutil.copytree(run.hf, dst)
   for name, (content, _) in STALE.items():
     (dst / name).write_text(json.dumps(content))
-  (dst / "notes").mkdir()  # a folder, which transformers does not read, stays
+  (dst / "onnx").mkdir()  # an export of the earlier weights: a folder is the earlier conversion's too
+  (dst / "onnx" / "model.onnx").write_text("earlier weights")
   said = quietly(convert.convert, None, "hf", str(run.workdir), str(dst), True)
-  assert (f"Removed from --dst={dst} what this conversion does not write: added_tokens.json, "
+  assert (f"Removed from --dst={dst} what this conversion does not write: added_tokens.json, onnx/, "
           "special_tokens_map.json.") in said
-  assert sorted(p.name for p in dst.iterdir()) == sorted([p.name for p in run.hf.iterdir()] + ["notes"])
+  assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in run.hf.iterdir())
   theirs = transformers.AutoTokenizer.from_pretrained(str(dst))
   assert theirs("I said hello")["input_ids"] == hf_export.our_ids(tokenizer, "I said hello", None)[0]
   assert (theirs.cls_token_id, theirs.mask_token_id) == (tokenizer.cls_id, tokenizer.mask_id) == (2, 4)

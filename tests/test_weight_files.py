@@ -143,3 +143,22 @@ def test_a_folder_of_no_weights_as_init_checkpoint_is_named_as_such(shared_data,
     assert not (tmp_path / "run").exists()
   weight_files.check_holds_weights(str(tmp_path / "absent"), "init_checkpoint")  # named by the tokenizer's message
   weight_files.check_holds_weights("", "init_checkpoint")
+
+
+def test_convert_from_hf_refuses_a_tokenizer_larger_than_the_embeddings_and_writes_nothing(shared_data, tmp_path):
+  """ALBERT's 30,000 pieces beside embeddings of 97 rows: ids beyond them would have no embedding. The same
+  tokenizer beside 30,000 rows converts."""
+  from albert_jax import convert
+  hf = pytest.importorskip("tests.hf_models")
+  small = hf.saved(hf.hf_model(), tmp_path / "small")
+  (tmp_path / "small" / "spiece.model").write_bytes(spm(shared_data).read_bytes())
+  with pytest.raises(InputError) as refused:
+    convert.convert("hf", None, small, str(tmp_path / "out"))
+  assert str(refused.value) == (f"{tmp_path / 'small' / 'spiece.model'} has 30,000 pieces but the weights' embeddings "
+                                "have 97 rows (config.json vocab_size): ids beyond them have no embedding; put the "
+                                "tokenizer the model was trained with in the folder.")
+  assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+  fitting = hf_folder(tmp_path, "fitting")
+  (tmp_path / "fitting" / "spiece.model").write_bytes(spm(shared_data).read_bytes())
+  convert.convert("hf", None, fitting, str(tmp_path / "ours"))
+  assert (tmp_path / "ours" / "spiece.model").read_bytes() == spm(shared_data).read_bytes()
