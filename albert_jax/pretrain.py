@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 from typing import Any
 
 import jax
@@ -294,10 +295,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, args=None, job_for=ma
 
 
 def _fine_tuning_command(workdir: str) -> str:
-  """The command that fine-tunes GLUE RTE from the run in `workdir` (DATA: the GLUE folder): its model, and its
-  tokenizer where it recorded one, are taken from there (`pretrained.take_recorded`)."""
+  """The command that fine-tunes GLUE RTE from the run in `workdir` (DATA/glue: the GLUE folder, whose "not found"
+  names the download command): its model, and its tokenizer where it recorded one, are taken from there
+  (`pretrained.take_recorded`). The experiment file by its absolute path, so the line runs from any folder."""
   spm = "" if pretrained.recorded_tokenizer(workdir) else ",spm=SPM"
-  return (f"{console.python()} -m albert_jax.main --config experiments/glue.py:task=rte,data=DATA/glue{spm} "
+  glue = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "glue.py")
+  return (f"{console.python()} -m albert_jax.main --config {shlex.quote(f'{glue}:task=rte,data=DATA/glue{spm}')} "
           f"--workdir {workdir.rstrip('/')}_rte --config.init_checkpoint={workdir}")
 
 

@@ -69,6 +69,23 @@ def test_a_pipeline_on_the_export_gives_our_labels_and_probabilities(run):
     assert {row["label"]: row["score"] for row in their} == pytest.approx(mine["probabilities"], abs=1e-5)
 
 
+def test_a_pipeline_with_truncation_takes_a_text_longer_than_the_positions_as_we_do(run):
+  """The README's `pipeline(..., truncation=True)`: without it a text longer than the model's positions fails in the
+  model (a size mismatch); with it the text is cut where ours is, and the probabilities agree."""
+  transformers = require_module("transformers", extra="hf")
+  long_text = " ".join(TEXTS * 40)
+  (run.root / "long.tsv").write_text(f"sentence\n{long_text}\n")
+  args = types.SimpleNamespace(input=str(run.root / "long.tsv"), output=str(run.root / "long.jsonl"), split="")
+  quietly(finetune.predict, run.config, str(run.workdir), args)
+  (mine,) = [json.loads(line) for line in open(run.root / "long.jsonl")]
+  classify = transformers.pipeline("text-classification", model=str(run.hf), top_k=None)
+  assert len(classify.tokenizer(long_text)["input_ids"]) > classify.model.config.max_position_embeddings
+  with pytest.raises(Exception):  # noqa: B017 - torch's own error, a size mismatch in the embeddings
+    classify([long_text])
+  (theirs,) = classify([long_text], truncation=True)
+  assert {row["label"]: row["score"] for row in theirs} == pytest.approx(mine["probabilities"], abs=1e-5)
+
+
 def _shared_texts(shared_data) -> list[str]:
   """The 14,630 texts hf_export's docstring counts: 400 lines of 30 corpus books, 299 lines of each GLUE dev set,
   the contexts of SQuAD's first 20 articles."""

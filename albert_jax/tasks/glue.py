@@ -82,6 +82,7 @@ def spec_for(task_name: str) -> GlueSpec:
 
 class GlueTask(SequenceClassificationTask):
   predictions_suffix = ".tsv"
+  download = ("glue", "glue")
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
