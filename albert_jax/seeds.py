@@ -30,7 +30,7 @@ from albert_jax import cli, hf_import, job_kinds, main, optim, pretrained, runne
 from albert_jax.errors import InputError, one_line_user_errors
 from albert_jax.head_identity import best_weights, check_identity, read_best, recorded_identity, task_for_weights
 from albert_jax.run import SEEDS_FILE as REPORT_FILE, Run, check_output
-from albert_jax.seeds_report import grid_report, grid_table, report, table
+from albert_jax.seeds_report import best_run, grid_report, grid_table, report, table
 from albert_jax.tasks.classification import MultiLabelClassificationTask
 
 FLAGS = flags.FLAGS
@@ -270,6 +270,7 @@ def run_grid(config, workdir: str, learning_rates: list[float], seeds: int, firs
 
     reports[rate] = run_seeds(rate_config, rate_dir, seeds, first_seed, rerun_collapsed, on_report=write_grid_report)
   result = grid_report(learning_rates, reports)
+  say(f"{best_run(result)} at the best rate, {result['best_learning_rate']:g}")
   say(grid_table(result))
   return result
 

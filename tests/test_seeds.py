@@ -282,6 +282,20 @@ def rate_report(values, higher_is_better=True):
           "summary": {"seeds": list(range(len(values))), "collapsed": 0, **seeds_report.summarize(values)}}
 
 
+def test_the_summary_names_the_best_counted_run_s_folder():
+  """Collapsed runs trained again do not count; the first of a tie; lower is better for a loss-like metric."""
+  run = lambda seed, value, counted=True: {"seed": seed, "workdir": f"/runs/seed_{seed}", "best_step": 20 + seed,
+                                           "value": value, "collapsed": False, "collapse": None, "rerun_as": None,
+                                           "counted": counted}
+  result = {"metric": "accuracy", "higher_is_better": True, "seeds": [0, 1, 2],
+            "runs": [run(0, 0.9, counted=False), run(1, 0.7), run(2, 0.8), run(3, 0.8)],
+            "summary": {"seeds": [1, 2, 3], "collapsed": 0, **seeds_report.summarize([0.7, 0.8, 0.8])}}
+  assert seeds_report.best_run(result) == "best run: /runs/seed_2 (seed 2, accuracy 0.8000 at step 22)"
+  assert seeds_report.table(result).splitlines()[-1] == seeds_report.best_run(result)
+  assert seeds_report.best_run({**result, "higher_is_better": False}).startswith("best run: /runs/seed_1 (seed 1, ")
+  assert seeds_report.best_run({**result, "runs": [run(0, 0.9, counted=False)]}) is None
+
+
 def test_the_best_learning_rate_is_the_best_median_and_the_first_listed_of_a_tie():
   grid = [{"learning_rate": rate, "summary": {"median": median}} for rate, median in [(1e-5, 0.7), (2e-5, 0.8),
                                                                                          (3e-5, 0.8), (4e-5, 0.6)]]
