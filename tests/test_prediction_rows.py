@@ -38,11 +38,13 @@ def rows(path):
   return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_warmup_warning_is_printed_once(run):
   assert run.trained.stdout.count("WARNING: train.warmup_steps=10 > train.num_train_steps=2") == 1, \
       run.trained.stdout
 
 
+@pytest.mark.slow
 def test_predict_to_jsonl_writes_every_class_s_probability_and_logit(run):
   dev = rows(run.root / "dev.jsonl")
   tsv = [line.split("\t") for line in (run.root / "dev.tsv").read_text().splitlines()[1:]]

@@ -170,6 +170,7 @@ def test_a_boolean_flag_takes_only_a_boolean(tmp_path, capsys):
     assert "argument --do_lower_case: 'ture' is not a boolean" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_refused_resume_writes_nothing(tmp_path):
   """A resume with a legitimate change (a longer schedule) that a later check refuses (its only checkpoint cannot be
   read) keeps no config.<step>.json and leaves config.json as it was; only the compilation cache, the run's own
