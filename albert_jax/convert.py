@@ -156,7 +156,6 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
   _check_dst_apart(src, dst)
   with writers.WriterLock(os.path.join(dst, writers.LOCK_FILE), f"--dst={dst}", "--dst"):
     earlier = _earlier_files(dst, overwrite)
-    folders = {path for path in earlier if storage.path(path).is_dir()}
     clear = lambda: [storage.path(p).rmtree() if storage.path(p).is_dir() else storage.remove(p) for p in earlier]
     try:
       if source:
@@ -169,8 +168,7 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
       raise EnvironmentUserError(f"Writing --dst={dst} failed: no space left on device ({type(e).__name__}: "
                                  f"{str(e).strip().splitlines()[0][:300]}); free space and run again, which "
                                  "removes what this one left.") from None
-    if stale := [os.path.basename(path) + ("/" if path in folders else "") for path in earlier
-                 if not storage.path(path).exists()]:
+    if stale := [os.path.basename(file) for file in earlier if not storage.path(file).exists()]:
       print(f"Removed from --dst={dst} what this conversion does not write: {', '.join(stale)}.", flush=True)
 
 
