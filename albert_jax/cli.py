@@ -12,7 +12,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from albert_jax import runner
+from albert_jax import runner, storage
 from albert_jax.run import Run, check_output, config as run_config
 from albert_jax.errors import (EnvironmentUserError, InputError, MissingFileError, NotADirectoryUserError,
                                NotWritableError, UserError)
@@ -134,6 +134,17 @@ def _experiment_error(error: flags.Error) -> Exception | None:
   return found
 
 
+def _mode_error(argv: list[str]) -> str | None:
+  """A --mode that names no mode without --config: said rather than the missing --config (a misspelt mode that
+  reads the run's config.json, which the workdir would provide); with --config, absl's message names it."""
+  mode_name = _flag_value(argv, "mode")
+  if mode_name is None or mode_name in runner.MODES or _config_spec(argv) is not None:
+    return None
+  close = difflib.get_close_matches(mode_name, list(runner.MODES), n=1)
+  hint = f" (did you mean --mode={close[0]}?)" if close else ""
+  return f"error: --mode={mode_name} is not a mode{hint}; choose one of {', '.join(runner.MODES)}."
+
+
 def _config_file_error(argv: list[str]) -> str | None:
   """A `--config` that names no file; ml_collections would raise it only when the config is first read (as it does
   any OSError of get_config: a run's config.json that cannot be read raises its one-line error here)."""
@@ -178,8 +189,10 @@ def parse_flags(argv: list[str]) -> list[str]:
       FLAGS(argv)  # prints the usage, then exits 1
     sys.exit(0)
   try:
-    argv = _with_run_config(argv)
-    message = _config_file_error(argv)
+    message = _mode_error(argv)
+    if message is None:
+      argv = _with_run_config(argv)
+      message = _config_file_error(argv)
     if message is None:
       remaining = FLAGS(argv)
       message = _not_a_config_dict(argv)
@@ -268,6 +281,13 @@ def check_command_line(argv: list[str], mode_name: str) -> None:
     if FLAGS[name].present and mode_name not in modes:
       raise InputError(f"--{name} does nothing with --mode={mode_name}; it is read by --mode="
                        f"{' and --mode='.join(modes)}. Drop it, or choose that mode.")
+  if FLAGS.input and storage.path(FLAGS.input).is_dir():
+    raise InputError(f"--input={FLAGS.input} is a folder; --mode={mode_name} reads one file of examples: pass that "
+                     "file (its format: docs/finetuning.md).")
+  if FLAGS.output and mode_name in ("predict", "embed") and storage.path(FLAGS.output).is_dir():
+    example = "embeddings.npy" if mode_name == "embed" else "predictions.jsonl"
+    raise InputError(f"--output={FLAGS.output} is a folder; --mode={mode_name} writes one file: name it, e.g. "
+                     f"--output={os.path.join(FLAGS.output, example)}.")
   if FLAGS.output:
     _check_output_apart(FLAGS.output, FLAGS.input, FLAGS.workdir)
 

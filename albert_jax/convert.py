@@ -6,7 +6,7 @@
   # --to=hf writes the run's tokenizer too (`formats.hf_tokenizer`), checked to give the run's ids; --spm_model=PATH
   # names it where --src records none (a converted directory, synthetic data), --spm_model=none: the weights alone
   # --src may also be a training workdir: a pretraining run's newest checkpoint, a fine-tuning run's best one
-  python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder alone: AlbertModel
+  python -m albert_jax.convert --to=hf --encoder_only --src=... --dst=...  # the encoder: AlbertModel, ElectraModel
   python -m albert_jax.convert --from=tf1 --src=TF_DIR --dst=OUR_DIR  # the original's release / TF-Hub checkpoints
 
 A dispatcher over the registered formats (`formats.registry`): --from takes any that reads, --to any that writes.
@@ -42,8 +42,9 @@ flags.DEFINE_string("revision", None, "--from=hf with a Hub name: the branch, ta
 flags.DEFINE_string("dst", None, "Directory to write.")
 flags.DEFINE_bool("overwrite", False, "Replace an earlier conversion in --dst: its files that this one does not "
                   "write are removed (a --dst holding no model is refused).")
-flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an AlbertModel), dropping any head; for "
-                  "heads transformers has no class for, such as SQuAD v2's answer-class head.")
+flags.DEFINE_bool("encoder_only", False, "--to=hf: write the encoder alone (an AlbertModel; an ElectraModel for an "
+                  "ELECTRA run or backbone), dropping any head; for heads transformers has no class for, such as "
+                  "SQuAD v2's answer-class head.")
 flags.DEFINE_string("spm_model", None, "--to=hf: the SentencePiece model to export with the weights where --src "
                     "records none (its run's config.json data.spm_model, or its prepared data, name it otherwise); "
                     f"'{NO_TOKENIZER}': the weights alone, no tokenizer.")
@@ -123,10 +124,10 @@ ORBAX_TEMPORARY, WRITING = ".orbax-checkpoint-tmp", ".tmp"
 
 def _earlier_files(dst: str, overwrite: bool) -> list[str]:
   """What is removed from --dst before writing: a failed conversion's leftovers (ORBAX_TEMPORARY, WRITING), with or
-  without --overwrite, and with it an earlier conversion's files (tokenizer files of another tool that transformers
-  would read beside the new ones); other folders stay, since neither transformers nor our loader reads any but
-  params/, which is replaced. Refuses a --dst holding more without --overwrite, and one that holds no model, whose
-  files are not a conversion's to remove."""
+  without --overwrite, and with it everything of an earlier conversion, files and folders (tokenizer files of
+  another tool that transformers would read beside the new ones, an onnx/ export of the earlier weights). Refuses a
+  --dst holding more without --overwrite, and one that holds no model, whose files are not a conversion's to
+  remove."""
   entries = sorted(p for p in storage.path(dst).iterdir() if p.name != writers.LOCK_FILE)
   leftovers = [p for p in entries if ORBAX_TEMPORARY in p.name or p.name.endswith(WRITING)]
   entries = [p for p in entries if p not in leftovers]
@@ -136,7 +137,7 @@ def _earlier_files(dst: str, overwrite: bool) -> list[str]:
     names = ", ".join(p.name for p in entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
     raise ExistsError(f"--dst={dst} holds {names} but no model ({', '.join(MODEL_FILES)}); --overwrite replaces an "
                       "earlier conversion, not other files: choose a new or empty directory.")
-  return [os.path.join(dst, p.name) for p in leftovers + [p for p in entries if not p.is_dir()]]
+  return [os.path.join(dst, p.name) for p in leftovers + entries]
 
 
 def main(argv):

@@ -123,8 +123,9 @@ def batch_split(train_config, mesh, process_count: int | None = None, process_in
   return BatchSplit(global_batch, micro, dp, global_batch // (micro * dp), process_count, process_index)
 
 
-def check_training_config(config: ml_collections.ConfigDict) -> None:
-  """Refuses, by field name, values that would crash later, train silently wrong or lose checkpoints."""
+def check_training_config(config: ml_collections.ConfigDict, warn: bool = True) -> None:
+  """Refuses, by field name, values that would crash later, train silently wrong or lose checkpoints; warns of a
+  warmup longer than the run unless `warn` is off (a check ahead of the one the training loop makes)."""
   t, c, log = config.train, config.checkpoint, config.log
   checks = [
       *_batch_size_checks(t),
@@ -135,8 +136,8 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
         for name in ("num_train_steps", "warmup_steps")),
       (0 <= config.seed <= 2**32 - 1, f"seed={config.seed} must be from 0 to {2**32 - 1:,}: jax.random.key keeps 32 "
                                       "bits (seed 2**32 would repeat seed 0) and numpy takes no negative seed"),
-      (t.learning_rate >= 0, f"train.learning_rate={t.learning_rate} is negative (that is gradient ascent); "
-                             "give a positive rate"),
+      (optim.learning_rate_problem(t.learning_rate) is None,
+       f"train.learning_rate={optim.learning_rate_problem(t.learning_rate)}; give a positive rate such as 1e-4"),
       (t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be 0 or positive"),
       (t.eval_every >= 0, f"train.eval_every={t.eval_every} must be 0 (never) or positive"),
       (c.every > 0, f"checkpoint.every={c.every} must be positive (steps between checkpoints)"),
@@ -145,7 +146,7 @@ def check_training_config(config: ml_collections.ConfigDict) -> None:
   ]
   _refuse(checks)
   trackers.check_trackers(log)
-  if t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
+  if warn and t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
     print(f"WARNING: train.warmup_steps={t.warmup_steps} > train.num_train_steps={t.num_train_steps}: the learning "
           f"rate never reaches train.learning_rate={t.learning_rate}.", flush=True)
 

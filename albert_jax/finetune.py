@@ -15,7 +15,7 @@ from typing import Callable
 import flax.linen as nn
 import jax
 
-from albert_jax import buckets, console, engine, loop, pretrained, storage
+from albert_jax import buckets, console, engine, loop, prediction_rows, pretrained, storage
 from albert_jax.errors import InputError
 from albert_jax.feature_batches import FeatureBatches, length_buckets, predict_features
 from albert_jax.head_identity import (check_head_trained_for, check_identity, describe, head_trained_for,
@@ -111,7 +111,7 @@ def predict_split_file(config, run: Run, task, model, params, split: Split, outp
                                f"predicting split {split.name}", length_buckets(config, task))
     path = output or run.predictions(task.submission_name(split.name))
     if jax.process_index() == 0:
-      task.write_predictions(split, task.postprocess(split, outputs), path)
+      prediction_rows.write(task, split, outputs, path)
   return path
 
 
@@ -124,7 +124,7 @@ def train(config, run: Run, args=None) -> None:
                      "train.eval_every.")
   predict_only = config.train.num_train_steps == 0  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
   if not predict_only:
-    engine.check_training_config(config)  # before head.json or anything else is written into the workdir
+    engine.check_training_config(config, warn=False)  # before head.json or anything is written; the loop warns
   task, tokenizer, model_config, model = _task_and_model(config, config.init_checkpoint or None,
                                                          warm_start=not predict_only)
   if predict_only:
@@ -230,6 +230,8 @@ def predict(config, run: Run, args) -> None:
                      "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
   config = pretrained.with_recorded_model(config, run.workdir)
   task, tokenizer, _, model = _task_and_model(config, run.workdir)
+  if output_path:
+    prediction_rows.check_output(task, output_path)
   params, which = _trained_params(config, run, task, model)
   if args.split:
     path = predict_split_file(config, run, task, model, params, task.load_split(args.split, tokenizer),
@@ -242,5 +244,5 @@ def predict(config, run: Run, args) -> None:
     outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
                                f"predicting {input_path}", length_buckets(config, task))
     if jax.process_index() == 0:
-      task.write_predictions(split, task.postprocess(split, outputs), output_path)
+      prediction_rows.write(task, split, outputs, output_path)
       print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

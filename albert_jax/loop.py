@@ -142,7 +142,7 @@ def fit(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[st
 
 
 def _train(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[str, float]:
-  run_config.check_resume(run, config)
+  replaced = run_config.check_resume(run, config)
   s = engine.setup(config, job, run)  # opening the checkpoints: every process has passed the check
   ckpt = s.checkpointer
   total_steps = config.train.num_train_steps
@@ -154,11 +154,12 @@ def _train(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict
     first_step = int(state.step)
     if first_step >= total_steps:
       ckpt.close()
+      run_config.keep_replaced(replaced)  # as said
       if jax.process_index() == 0:
         print(f"Nothing to train: {run.workdir} holds step {first_step} and train.num_train_steps={total_steps}; "
               "raise --config.train.num_train_steps to train further.", flush=True)
       return {}
-    run_config.write(run, config, provenance.fingerprint(job.inputs))
+    run_config.write(run, config, provenance.fingerprint(job.inputs), replaced)
     train_step = _StepPerShape(s)
     writer = metrics_lib.MetricWriter(run, total_steps, config)
     signals = StopSignals()

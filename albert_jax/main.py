@@ -21,7 +21,7 @@ from ml_collections import config_flags
 
 from albert_jax import cli, job_kinds, runner
 from albert_jax.errors import one_line_user_errors
-from albert_jax.run import Run
+from albert_jax.run import Run, refusal
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment file: `file.py` or `file.py:arg`. Left out, eval, predict, "
@@ -69,6 +69,11 @@ def main(argv) -> None:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
+  with refusal.leaves_no_new_workdir(workdir if runner.MODES[mode_name].needs_workdir else None):
+    _run(config, workdir, mode_name)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
   kind, training_run = job_kinds.kind_for(config), Run(workdir) if workdir else None
   if runner.MODES[mode_name].needs_workdir:
     cli.check_workdir(workdir, mode_name, FLAGS.output, eval_reads_only=kind.eval_reads_only())

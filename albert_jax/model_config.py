@@ -94,15 +94,17 @@ class ModelConfig:
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
-  def check_seq_length(self, max_seq_length: int, max_predictions_per_seq: int | None = None) -> None:
+  def check_seq_length(self, max_seq_length: int, max_predictions_per_seq: int | None = None,
+                       text_pairs: bool = False) -> None:
     """Positions are a slice of the learned table, so longer inputs have no embedding (the original asserts too).
-    Inputs are [CLS] text [SEP]; with `max_predictions_per_seq` (pretraining) [CLS] A [SEP] B [SEP], whose masked
-    positions follow [CLS] (0: masked_lm_prob of the tokens)."""
+    Inputs are [CLS] text [SEP], holding a token of text at least; with `max_predictions_per_seq` (pretraining) or
+    `text_pairs` [CLS] A [SEP] B [SEP], a token each, whose masked positions follow [CLS] (0: masked_lm_prob of the
+    tokens)."""
     if max_seq_length > self.max_position_embeddings:
       raise InputError(f"data.max_seq_length={max_seq_length} exceeds model.max_position_embeddings="
                        f"{self.max_position_embeddings}; lower --config.data.max_seq_length.")
     pretraining = max_predictions_per_seq is not None
-    shortest, form = (5, "[CLS] A [SEP] B [SEP]") if pretraining else (2, "[CLS] and [SEP]")
+    shortest, form = (5, "[CLS] A [SEP] B [SEP]") if pretraining or text_pairs else (3, "[CLS] text [SEP]")
     if max_seq_length < shortest:
       raise InputError(f"data.max_seq_length={max_seq_length} leaves no room for {form}; give "
                        f"--config.data.max_seq_length={shortest} or more.")

@@ -9,15 +9,32 @@ google-research/electra `optimization.py`: the clipping, weight decay and schedu
 """
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from albert_jax.errors import InputError
 
 OPTIMIZERS = ("lamb", "optax_lamb", "adamw")
+
+
+def learning_rate_problem(rate: float) -> str | None:
+  """Why `rate` cannot train (None if it can): the schedule runs in float32, where a rate below its smallest
+  normal number is 0 (XLA flushes subnormals) and one beyond its largest is infinite. 0 itself is a frozen run."""
+  if not math.isfinite(rate):
+    return f"{rate} is not a finite number"
+  if rate < 0:
+    return f"{rate} is negative (that is gradient ascent)"
+  smallest, largest = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+  if 0 < rate < smallest:
+    return f"{rate} is 0 in float32 (below its smallest normal number, {smallest:g}), so nothing would train"
+  if rate > largest:
+    return f"{rate} is infinite in float32 (beyond {largest:g})"
+  return None
 
 
 def learning_rate_schedule(lr: float, warmup_steps: int, total_steps: int, power: float = 1.0) -> optax.Schedule:

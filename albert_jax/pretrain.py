@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 from typing import Any
 
 import jax
@@ -142,7 +143,7 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, run: 
                                              seed=config.seed, vocab_size=config.model.vocab_size)
   global_position = loader.position_is_global(data_config)
   if kind == "tiny":  # bundled and built the same way every time
-    return LoaderPosition(batches, global_position)
+    return LoaderPosition(batches, global_position, config.get("resume_with_changes", False))
   return PreparedDataPosition(batches, global_position, config.data.path, config.get("resume_with_changes", False))
 
 
@@ -159,8 +160,9 @@ class LoaderPosition:
   """The loader's iterator, declaring whether its saved position is the same on every process
   (`loader.position_is_global`: full_sentences packing), which lets `loop` resume it on another process count."""
 
-  def __init__(self, batches, position_is_global: bool):
+  def __init__(self, batches, position_is_global: bool, resume_with_changes: bool = False):
     self.batches, self.position_is_global = batches, position_is_global
+    self.resume_with_changes = resume_with_changes
 
   def __iter__(self):
     return self
@@ -172,7 +174,15 @@ class LoaderPosition:
     return self.batches.get_state()
 
   def set_state(self, state: dict[str, Any]) -> None:
-    self.batches.set_state(state)
+    """The saved position; with resume_with_changes, one this loader refuses (saved with another data.packing, a
+    change that flag lets through) is left behind: the data is read from its start, said."""
+    try:
+      self.batches.set_state(state)
+    except InputError:
+      if not self.resume_with_changes:
+        raise
+      print("The saved data position belongs to other data settings (data.packing); reading the data from its start "
+            "(resume_with_changes).", flush=True)
 
 
 class PreparedDataPosition(LoaderPosition):
@@ -181,8 +191,8 @@ class PreparedDataPosition(LoaderPosition):
   where the position alone would silently continue somewhere in other data."""
 
   def __init__(self, batches, position_is_global: bool, path: str, resume_with_changes: bool):
-    super().__init__(batches, position_is_global)
-    self.path, self.resume_with_changes = path, resume_with_changes
+    super().__init__(batches, position_is_global, resume_with_changes)
+    self.path = path
     self.manifest_sha256 = hashlib.sha256((storage.path(path) / "manifest.json").read_bytes()).hexdigest()
 
   def get_state(self) -> dict[str, Any]:
@@ -190,10 +200,10 @@ class PreparedDataPosition(LoaderPosition):
 
   def set_state(self, state: dict[str, Any]) -> None:
     if "manifest_sha256" not in state:  # a checkpoint written before positions were tagged
-      self.batches.set_state(state)
+      super().set_state(state)
       return
     if state["manifest_sha256"] == self.manifest_sha256:
-      self.batches.set_state(state["loader"])
+      super().set_state(state["loader"])
       return
     if not self.resume_with_changes:
       raise InputError(f"The data at {self.path} is not the preparation this run's checkpoint was reading (its "
@@ -285,10 +295,12 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
 
 
 def _fine_tuning_command(workdir: str) -> str:
-  """The command that fine-tunes GLUE RTE from the run in `workdir` (DATA: the GLUE folder): its model, and its
-  tokenizer where it recorded one, are taken from there (`pretrained.take_recorded`)."""
+  """The command that fine-tunes GLUE RTE from the run in `workdir` (DATA/glue: the GLUE folder, whose "not found"
+  names the download command): its model, and its tokenizer where it recorded one, are taken from there
+  (`pretrained.take_recorded`). The experiment file by its absolute path, so the line runs from any folder."""
   spm = "" if pretrained.recorded_tokenizer(workdir) else ",spm=SPM"
-  return (f"{console.python()} -m albert_jax.main --config experiments/glue.py:task=rte,data=DATA/glue{spm} "
+  glue = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "glue.py")
+  return (f"{console.python()} -m albert_jax.main --config {shlex.quote(f'{glue}:task=rte,data=DATA/glue{spm}')} "
           f"--workdir {workdir.rstrip('/')}_rte --config.init_checkpoint={workdir}")
 
 

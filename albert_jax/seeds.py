@@ -20,19 +20,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 from typing import Any, Callable
 
 import numpy as np
 from absl import app, flags
 
-from albert_jax import cli, job_kinds, main, pretrained, runner, storage
-from albert_jax.formats import hf
+from albert_jax import cli, job_kinds, main, optim, pretrained, runner, stop_signals, storage
 from albert_jax.errors import InputError, one_line_user_errors
+from albert_jax.formats import hf
 from albert_jax.head_identity import check_identity, task_for_weights
 from albert_jax.run import Run, check_output, config as run_config
 from albert_jax.run.best import read_best, recorded_identity
 from albert_jax.run.layout import SEEDS_FILE as REPORT_FILE
-from albert_jax.seeds_report import grid_report, grid_table, report, table
+from albert_jax.seeds_report import best_run, grid_report, grid_table, report, table
 from albert_jax.tasks.classification import MultiLabelClassificationTask
 
 FLAGS = flags.FLAGS
@@ -79,6 +80,8 @@ def parse_learning_rates(values: list[str] | None) -> list[float] | None:
       rate = math.nan
     if not (math.isfinite(rate) and rate > 0):
       raise InputError(f"--learning_rates: {value!r} is not a positive number; list rates such as 1e-5,2e-5,3e-5.")
+    if optim.learning_rate_problem(rate):
+      raise InputError(f"--learning_rates: {optim.learning_rate_problem(rate)}; list rates such as 1e-5,2e-5,3e-5.")
     if f"{rate:g}" in {f"{listed:g}" for listed in rates}:
       raise InputError(f"--learning_rates lists the rate {rate:g} twice; list each rate once.")
     rates.append(rate)
@@ -200,6 +203,18 @@ def train_seed(config, folder: Run, seed: int) -> None:
   runner.run(seed_config, folder.seed(seed), "train")
 
 
+def stop_if_signalled(folder: Run) -> None:
+  """Starts no run after a SIGTERM or Ctrl-C (held for the whole command, `stop_signals.hold_for_the_process`):
+  exits as `main` does after a stop, with its exit code."""
+  signum = stop_signals.held_signal()
+  if signum is None:
+    return
+  reason = "Interrupted" if signum == signal.SIGINT else "Preemption"
+  say(f"{reason}: no further run starts; {folder.seeds_report} records the finished ones (rerun the same "
+      "command to continue).")
+  raise SystemExit(stop_signals.exit_code(signum))
+
+
 def run_seeds(config, folder: Run, seeds: int, first_seed: int = 0, rerun_collapsed: int = 0,
               on_report: Callable[[dict], None] | None = None) -> dict[str, Any]:
   """Trains seeds first_seed ... first_seed + seeds - 1 of `config`, each collapsed one again up to
@@ -214,6 +229,7 @@ def run_seeds(config, folder: Run, seeds: int, first_seed: int = 0, rerun_collap
       if seed in done:
         say(f"seed {seed}: finished (recorded in {folder.seeds_report}), skipped")
       else:
+        stop_if_signalled(folder)
         say(f"seed {seed}: training in {folder.seed(seed).workdir}")
         train_seed(config, folder, seed)
       run = {**run_record(config, folder, seed), "rerun_of": slot if attempt else None, "rerun_as": None,
@@ -243,6 +259,7 @@ def run_grid(config, folder: Run, learning_rates: list[float], seeds: int, first
     rate_config = config.copy_and_resolve_references()
     rate_config.train.learning_rate = rate
     rate_folder = folder.learning_rate(rate)
+    stop_if_signalled(folder)
     say(f"learning rate {rate:g}: seeds in {rate_folder.workdir}")
 
     def write_grid_report(result: dict[str, Any], rate: float = rate) -> None:
@@ -251,6 +268,7 @@ def run_grid(config, folder: Run, learning_rates: list[float], seeds: int, first
 
     reports[rate] = run_seeds(rate_config, rate_folder, seeds, first_seed, rerun_collapsed, on_report=write_grid_report)
   result = grid_report(learning_rates, reports)
+  say(f"{best_run(result)} at the best rate, {result['best_learning_rate']:g}")
   say(grid_table(result))
   return result
 
@@ -306,5 +324,12 @@ def cli_main(argv: list[str]) -> None:
       run_grid(config, folder, learning_rates, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """`cli.parse_flags`, with SIGTERM and Ctrl-C held from the command's start to its end: one that arrives before
+  the first run, between runs or around one's training loop starts no further run."""
+  stop_signals.hold_for_the_process()
+  return cli.parse_flags(argv)
+
+
 if __name__ == "__main__":
-  app.run(cli_main, flags_parser=cli.parse_flags)
+  app.run(cli_main, flags_parser=parse_flags)

@@ -50,8 +50,19 @@ def grid_table(result: dict[str, Any]) -> str:
   return "\n".join(rows)
 
 
+def best_run(result: dict[str, Any]) -> str | None:
+  """'best run: DIR (seed k, metric v at step n)': the counted run with the best value (the first of a tie), whose
+  folder holds the weights to use; None before any run counts."""
+  counted = [run for run in result["runs"] if run["counted"]]
+  if not counted:
+    return None
+  run = (max if result["higher_is_better"] else min)(counted, key=lambda run: run["value"])
+  return (f"best run: {run['workdir']} (seed {run['seed']}, {result['metric']} {run['value']:.4f} at step "
+          f"{run['best_step']})")
+
+
 def table(result: dict[str, Any]) -> str:
-  """The report as a table: a row per run, then the statistics over the runs that count."""
+  """The report as a table: a row per run, then the statistics over the runs that count and the best run."""
   rows = [f"{'seed':>10}  {'step':>7}  {result['metric']:>10}  collapsed"]
   for run in result["runs"]:
     note = run["collapse"] or "no"
@@ -63,4 +74,5 @@ def table(result: dict[str, Any]) -> str:
     rows.append(f"{len(summary['seeds'])} runs: median {summary['median']:.4f}, mean {summary['mean']:.4f}, "
                 f"std {_std(summary)}, min {summary['min']:.4f}, max {summary['max']:.4f}; "
                 f"{summary['collapsed']} collapsed")
+    rows.append(best_run(result))
   return "\n".join(rows)

@@ -166,3 +166,38 @@ def test_help_prints_the_flags_and_exits_0(flag):
   assert opening[2] == "  python -m albert_jax.main --config experiments/pretrain_tiny.py --workdir /tmp/albert_tiny"
   assert "--config: Experiment file" in result.stdout and "--mode: <train|eval|predict|embed|compile|describe>" in \
       result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("predcit", "--mode=predcit is not a mode (did you mean --mode=predict?); choose one of train, eval, predict, "
+                "embed, compile, describe."),
+    ("xyz", "--mode=xyz is not a mode; choose one of train, eval, predict, embed, compile, describe."),
+])
+def test_a_mode_that_is_not_one_is_named_rather_than_the_missing_config(tmp_path, mode, message):
+  result = run("albert_jax.main", f"--workdir={tmp_path / 'run'}", f"--mode={mode}")
+  assert result.returncode == 1 and result.stderr == f"error: {message}\n", result.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_an_input_or_output_that_is_a_folder_is_named_with_the_fix(tmp_path):
+  """A folder as --input was read as a file (errno 21); the workdir as --output was refused as the run's place."""
+  folder, workdir = tmp_path / "texts", tmp_path / "run"
+  folder.mkdir()
+  config = "--config=experiments/pretrain_tiny.py"
+  as_input = run("albert_jax.main", config, "--mode=embed", f"--workdir={workdir}", f"--input={folder}",
+                 f"--output={tmp_path / 'v.npy'}")
+  as_output = run("albert_jax.main", config, "--mode=embed", f"--workdir={workdir}", f"--input={tmp_path / 'x.txt'}",
+                  f"--output={folder}")
+  assert as_input.returncode == 1 and as_input.stderr == (
+      f"error: --input={folder} is a folder; --mode=embed reads one file of examples: pass that file (its format: "
+      "docs/finetuning.md).\n"), as_input.stderr
+  assert as_output.returncode == 1 and as_output.stderr == (
+      f"error: --output={folder} is a folder; --mode=embed writes one file: name it, e.g. "
+      f"--output={folder / 'embeddings.npy'}.\n"), as_output.stderr
+  assert not workdir.exists() and list(folder.iterdir()) == []
+
+
+def test_encoder_only_says_it_writes_an_electra_model_for_electra_weights():
+  result = run("albert_jax.convert", "--helpfull")
+  assert "write the encoder alone (an AlbertModel; an ElectraModel for an ELECTRA run or backbone)" in \
+      " ".join(result.stdout.split()), result.stdout

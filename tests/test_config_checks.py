@@ -8,9 +8,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import engine
+from albert_jax import engine, seeds
+from albert_jax.model_config import ModelConfig
+from experiments.common import pretraining_config
 from tests.cli_forks import run_each
-from tests.helpers import SMALL_RUN, compile_cli, compile_env, cpu_env, require_module
+from tests.helpers import SMALL_RUN, TINY_RUN, compile_cli, compile_env, cpu_env, glue_data, require_module, spm
 
 FORM = "(('data', -1), ('fsdp', 1), ('tensor', 1))"
 PRETRAINING = "--config=experiments/pretrain_tiny.py:synthetic"
@@ -89,6 +91,75 @@ def test_lengths_the_model_cannot_take_are_refused_before_anything_is_written(le
   result, workdir = length_refusals[mode, override]
   assert last_line(result).startswith(f"error: {message}")
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize("length, pretraining, text_pairs, refused", [
+    (2, False, False, "[CLS] text [SEP]"), (3, False, False, None),   # [CLS][SEP] holds no text
+    (4, False, True, "[CLS] A [SEP] B [SEP]"), (5, False, True, None),
+    (4, True, False, "[CLS] A [SEP] B [SEP]"), (5, True, False, None),
+])
+def test_a_sequence_length_that_holds_no_text_is_refused(length, pretraining, text_pairs, refused):
+  model = ModelConfig(vocab_size=97, max_position_embeddings=32)
+  check = lambda: model.check_seq_length(length, 0 if pretraining else None, text_pairs=text_pairs)
+  if refused is None:
+    check()
+    return
+  with pytest.raises(ValueError, match=re.escape(f"data.max_seq_length={length} leaves no room for {refused}; give "
+                                                 f"--config.data.max_seq_length={length + 1} or more")):
+    check()
+
+
+@pytest.mark.parametrize("rate, message", [
+    (5e-324, "train.learning_rate=5e-324 is 0 in float32 (below its smallest normal number, 1.17549e-38), so nothing "
+             "would train"),
+    (1e-39, "train.learning_rate=1e-39 is 0 in float32 (below its smallest normal number, 1.17549e-38), so nothing "
+            "would train"),
+    (1e39, "train.learning_rate=1e+39 is infinite in float32 (beyond 3.40282e+38)"),
+    (float("nan"), "train.learning_rate=nan is not a finite number"),
+    (float("inf"), "train.learning_rate=inf is not a finite number"),
+    (-1e-5, "train.learning_rate=-1e-05 is negative (that is gradient ascent)"),
+    (0.0, None), (1e-37, None), (1e30, None),     # 0: a frozen run
+])
+def test_a_learning_rate_that_is_0_or_infinite_in_float32_is_refused(rate, message):
+  config = pretraining_config("tiny")
+  config.train.learning_rate = rate
+  if message is None:
+    engine.check_training_config(config)
+    return
+  with pytest.raises(ValueError, match=re.escape(f"{message}; give a positive rate such as 1e-4")):
+    engine.check_training_config(config)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("5e-324", "--learning_rates: 5e-324 is 0 in float32"),
+    ("1e-40", "--learning_rates: 1e-40 is 0 in float32"),
+    ("1e39", "--learning_rates: 1e+39 is infinite in float32"),
+])
+def test_a_grid_rate_that_is_0_or_infinite_in_float32_is_refused(value, message):
+  with pytest.raises(ValueError, match=re.escape(message)) as refusal:
+    seeds.parse_learning_rates(["1e-5", value])
+  assert str(refusal.value).endswith("; list rates such as 1e-5,2e-5,3e-5.")
+
+
+def test_fine_tuning_lengths_and_rates_that_train_nothing_are_refused_before_anything_is_written(shared_data,
+                                                                                                  tmp_path):
+  """RTE's pairs need 5 positions, SST-2's single sentences 3; pretraining's rates the same as fine-tuning's."""
+  data = glue_data(shared_data, "rte", glue_data(shared_data, "sst-2", tmp_path / "glue"))
+  glue = lambda task: [f"--config=experiments/glue.py:task={task},size=tiny,data={data},spm={spm(shared_data)}",
+                       *TINY_RUN]
+  cases = {
+      "rte": (glue("rte") + ["--config.data.max_seq_length=4"],
+              "data.max_seq_length=4 leaves no room for [CLS] A [SEP] B [SEP]; give --config.data.max_seq_length=5"),
+      "sst-2": (glue("sst-2") + ["--config.data.max_seq_length=2"],
+                "data.max_seq_length=2 leaves no room for [CLS] text [SEP]; give --config.data.max_seq_length=3"),
+      "rate": (glue("sst-2") + ["--config.train.learning_rate=5e-324"], "train.learning_rate=5e-324 is 0 in"),
+      "pretraining": ([PRETRAINING, *SMALL_RUN, "--config.train.learning_rate=1e-45"], "train.learning_rate=1e-45 is "),
+  }
+  workdirs = {name: tmp_path / name for name in cases}
+  results = refused({name: [*args, f"--workdir={workdirs[name]}"] for name, (args, _) in cases.items()}, cpu_env(1))
+  for name, (_, message) in cases.items():
+    assert last_line(results[name]).startswith(f"error: {message}"), name
+    assert not workdirs[name].exists(), name
 
 
 MALFORMED_MESHES = [

@@ -241,6 +241,24 @@ def test_an_absurd_batch_is_one_line_in_seconds(tmp_path):
       result.stderr.count("\n") == 1, result.stderr
 
 
+def test_a_batch_refused_when_the_step_is_set_up_leaves_no_workdir(shared_data, tmp_path):
+  """4,000,000 rows of 128 tokens: their arrays may fit, their layer inputs (about 500 GiB) do not; refused once
+  fine-tuning wrote its head.json and the compilation cache was set up, which are removed with the new workdir. A
+  workdir that existed keeps what it held."""
+  root = glue_data(shared_data, "rte", tmp_path / "glue")
+  batch = ["--config.train.global_batch_size=4000000", "--config.data.max_seq_length=128"]
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  (kept / "notes.txt").write_text("mine")
+  for workdir in (tmp_path / "run", kept):
+    result = finetune_cli(f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}", workdir,
+                          *TINY_RUN, *batch)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: train.global_batch_size=4000000 "), result.stderr
+  assert not (tmp_path / "run").exists()
+  assert (kept / "notes.txt").read_text() == "mine"
+
+
 def test_a_negative_seed_leaves_the_workdir_untouched(shared_data, tmp_path):
   """Pretraining, and fine-tuning, which writes its head.json before the training loop starts."""
   root = glue_data(shared_data, "rte", tmp_path / "glue")

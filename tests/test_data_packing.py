@@ -233,3 +233,28 @@ def test_a_position_saved_with_the_other_packing_is_refused(tiny_prepared):
     packed.set_state(pairs.get_state())
   with pytest.raises(ValueError, match=r"\(those hold \['next_index'\]\)"):
     pairs.set_state(packed.get_state())
+
+
+@pytest.mark.parametrize("kind", ["prepared", "tiny"])
+def test_resume_with_changes_to_the_other_packing_reads_the_data_from_its_start(tiny_prepared, kind, tmp_path,
+                                                                                 capsys):
+  """The refusal of a resume with another data.packing offers --config.resume_with_changes=True: with it the saved
+  position, which the loader cannot take, is left behind (said) rather than refused a second time."""
+  path = tiny_prepared if kind == "prepared" else pathlib.Path(tiny_prepared).parent
+  split = engine.BatchSplit(8, 8, 1, 1, 1, 0)
+  pairs = pretrain.pretraining_batches(
+      _run_config(path, f"--config.data.kind={kind}", "--config.data.packing=segment_pairs",
+                  "--config.data.sentence_task=sop"), "train", split, str(tmp_path))
+  next(pairs)
+  saved = json.loads(json.dumps(pairs.get_state()))
+  with pytest.raises(InputError, match="is not one of this data.packing's"):
+    pretrain.pretraining_batches(_run_config(path, f"--config.data.kind={kind}"), "train", split,
+                                 str(tmp_path)).set_state(saved)
+  packed = _run_config(path, f"--config.data.kind={kind}", "--config.resume_with_changes=True")
+  resumed = pretrain.pretraining_batches(packed, "train", split, str(tmp_path))
+  resumed.set_state(saved)
+  assert capsys.readouterr().out == ("The saved data position belongs to other data settings (data.packing); reading "
+                                     "the data from its start (resume_with_changes).\n")
+  fresh = pretrain.pretraining_batches(packed, "train", split, str(tmp_path))
+  batch, again = next(fresh), next(resumed)
+  assert all(np.array_equal(batch[key], again[key]) for key in batch)

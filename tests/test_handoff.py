@@ -30,7 +30,7 @@ def said_model(model: dict) -> str:
 
 
 def training_workdir(path, data: dict) -> str:
-  """A training workdir's config.json as `workdir_config.write_workdir_config` writes it, with the default run's
+  """A training workdir's config.json as `run.config.write` writes it, with the default run's
   model."""
   path.mkdir(parents=True, exist_ok=True)
   model = {**model_config_for("tiny").to_dict(), **TINY_RUN_MODEL}
@@ -186,7 +186,8 @@ def test_the_readme_pretrains_fine_tunes_predicts_and_exports(shared_data, tmp_p
   assert progress[0].startswith("step 1/3 done in ") and progress[1].startswith("step 3/3 | ")
   last = done[0].stdout.splitlines()[-1]
   assert last.startswith(f"done: checkpoint {tmp_path}/albert_tiny/checkpoints/3; next: ")
-  assert shlex.split(last.split("; next: ")[1]) == [PYTHON, *fine_tune[1:]]
+  experiment = [arg.replace("experiments/", f"{REPO}/experiments/", 1) for arg in fine_tune[1:]]  # any folder
+  assert shlex.split(last.split("; next: ")[1]) == [PYTHON, *experiment]
   assert list(logged(tmp_path / "albert_tiny")) == [3]  # the first step's line is said, not logged
   spm = f"{tmp_path}/albert_tiny/tiny_data/prepared/spiece.model"
   taken = f"{said_model({**TINY_RUN_MODEL, 'num_hidden_layers': 1})}; spm_model={spm}; {CAPPED}"

@@ -71,6 +71,23 @@ def test_a_pipeline_on_the_export_gives_our_labels_and_probabilities(run):
     assert {row["label"]: row["score"] for row in their} == pytest.approx(mine["probabilities"], abs=1e-5)
 
 
+def test_a_pipeline_with_truncation_takes_a_text_longer_than_the_positions_as_we_do(run):
+  """The README's `pipeline(..., truncation=True)`: without it a text longer than the model's positions fails in the
+  model (a size mismatch); with it the text is cut where ours is, and the probabilities agree."""
+  transformers = require_module("transformers", extra="hf")
+  long_text = " ".join(TEXTS * 40)
+  (run.root / "long.tsv").write_text(f"sentence\n{long_text}\n")
+  args = types.SimpleNamespace(input=str(run.root / "long.tsv"), output=str(run.root / "long.jsonl"), split="")
+  quietly(finetune.predict, run.config, str(run.workdir), args)
+  (mine,) = [json.loads(line) for line in open(run.root / "long.jsonl")]
+  classify = transformers.pipeline("text-classification", model=str(run.hf), top_k=None)
+  assert len(classify.tokenizer(long_text)["input_ids"]) > classify.model.config.max_position_embeddings
+  with pytest.raises(Exception):  # noqa: B017 - torch's own error, a size mismatch in the embeddings
+    classify([long_text])
+  (theirs,) = classify([long_text], truncation=True)
+  assert {row["label"]: row["score"] for row in theirs} == pytest.approx(mine["probabilities"], abs=1e-5)
+
+
 def _shared_texts(shared_data) -> list[str]:
   """The 14,630 texts hf_tokenizer's docstring counts: 400 lines of 30 corpus books, 299 lines of each GLUE dev set,
   the contexts of SQuAD's first 20 articles."""
@@ -151,11 +168,12 @@ def test_overwrite_removes_the_files_an_earlier_tool_left_and_the_folder_loads_w
   shutil.copytree(run.hf, dst)
   for name, (content, _) in STALE.items():
     (dst / name).write_text(json.dumps(content))
-  (dst / "notes").mkdir()  # a folder, which transformers does not read, stays
+  (dst / "onnx").mkdir()  # an export of the earlier weights: a folder is the earlier conversion's too
+  (dst / "onnx" / "model.onnx").write_text("earlier weights")
   said = quietly(convert.convert, None, "hf", str(run.workdir), str(dst), True)
-  assert (f"Removed from --dst={dst} what this conversion does not write: added_tokens.json, "
+  assert (f"Removed from --dst={dst} what this conversion does not write: added_tokens.json, onnx, "
           "special_tokens_map.json.") in said
-  assert sorted(p.name for p in dst.iterdir()) == sorted([p.name for p in run.hf.iterdir()] + ["notes"])
+  assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in run.hf.iterdir())
   theirs = transformers.AutoTokenizer.from_pretrained(str(dst))
   assert theirs("I said hello")["input_ids"] == hf_tokenizer.our_ids(tokenizer, "I said hello", None)[0]
   assert (theirs.cls_token_id, theirs.mask_token_id) == (tokenizer.cls_id, tokenizer.mask_id) == (2, 4)

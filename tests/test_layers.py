@@ -30,7 +30,7 @@ LAYERS = {
     "process set-up": ("albert_jax.console",),
     "jobs": ("albert_jax.pretrain", "albert_jax.families.electra_pretraining", "albert_jax.finetune",
              "albert_jax.embed", "albert_jax.describe", "albert_jax.evaluate", "albert_jax.glue_submission",
-             "albert_jax.convert", "albert_jax.tpu_compile"),
+             "albert_jax.convert", "albert_jax.prediction_rows", "albert_jax.tpu_compile"),
     "job kinds": ("albert_jax.job_kinds",),
     "command line": ("albert_jax.runner", "albert_jax.cli", "albert_jax.main", "albert_jax.seeds",
                      "albert_jax.seeds_report"),

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -282,6 +283,20 @@ def rate_report(values, higher_is_better=True):
           "summary": {"seeds": list(range(len(values))), "collapsed": 0, **seeds_report.summarize(values)}}
 
 
+def test_the_summary_names_the_best_counted_run_s_folder():
+  """Collapsed runs trained again do not count; the first of a tie; lower is better for a loss-like metric."""
+  run = lambda seed, value, counted=True: {"seed": seed, "workdir": f"/runs/seed_{seed}", "best_step": 20 + seed,
+                                           "value": value, "collapsed": False, "collapse": None, "rerun_as": None,
+                                           "counted": counted}
+  result = {"metric": "accuracy", "higher_is_better": True, "seeds": [0, 1, 2],
+            "runs": [run(0, 0.9, counted=False), run(1, 0.7), run(2, 0.8), run(3, 0.8)],
+            "summary": {"seeds": [1, 2, 3], "collapsed": 0, **seeds_report.summarize([0.7, 0.8, 0.8])}}
+  assert seeds_report.best_run(result) == "best run: /runs/seed_2 (seed 2, accuracy 0.8000 at step 22)"
+  assert seeds_report.table(result).splitlines()[-1] == seeds_report.best_run(result)
+  assert seeds_report.best_run({**result, "higher_is_better": False}).startswith("best run: /runs/seed_1 (seed 1, ")
+  assert seeds_report.best_run({**result, "runs": [run(0, 0.9, counted=False)]}) is None
+
+
 def test_the_best_learning_rate_is_the_best_median_and_the_first_listed_of_a_tie():
   grid = [{"learning_rate": rate, "summary": {"median": median}} for rate, median in [(1e-5, 0.7), (2e-5, 0.8),
                                                                                          (3e-5, 0.8), (4e-5, 0.6)]]
@@ -412,3 +427,71 @@ def test_a_grid_rerun_skips_its_finished_runs_and_another_grid_is_refused(grid):
   assert grid.changed.stderr == (f"error: {grid.workdir / 'seeds.json'} records --learning_rates=0.001,0.0003, this "
                                  "command asks for --learning_rates=0.001; a folder's grid does not change: run this "
                                  "one with another --workdir.\n")
+
+
+# --- SIGTERM and Ctrl-C, held for the whole command ----------------------------------------------------------------
+def grid_command(shared_data, root):
+  """`--learning_rates=1e-3,3e-4 --seeds=1` at 4 steps with asynchronous saves, in root/runs."""
+  data = root / "data"
+  data.mkdir(parents=True)
+  write_split(data / "train.tsv", 16)
+  write_split(data / "dev.tsv", 6)
+  return [f"--config=experiments/classification.py:size=tiny,data={data},spm={spm(shared_data)},text=sentence",
+          *RUN, "--config.checkpoint.async_save=true", f"--workdir={root / 'runs'}", "--seeds=1",
+          "--learning_rates=1e-3,3e-4"]
+
+
+def stopped(command, signum, when) -> Launch:
+  """The command, sent `signum` once `when(launch)` holds; finished."""
+  launch = Launch(seeds_cli(*command, wait=False))
+  try:
+    while not when(launch):
+      assert launch.proc.poll() is None and launch.elapsed() < 300, launch.output()
+      time.sleep(0.002)
+    launch.proc.send_signal(signum)
+    launch.finish()
+  finally:
+    if launch.proc.poll() is None:
+      launch.kill()
+  return launch
+
+
+def catches_sigterm(launch) -> bool:
+  """Whether the process has a handler for SIGTERM (the command holds it from reading its flags on: before, it is
+  importing, as `main` does, and ends at once)."""
+  status = (Path("/proc") / str(launch.proc.pid) / "status").read_text()
+  caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+  return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, moment", [
+    (signal.SIGTERM, "step-2 checkpoint"),     # used to be lost: every remaining rate ran to its end
+    (signal.SIGINT, "step-2 checkpoint"),
+    (signal.SIGTERM, "a seed's start-up"),     # used to exit 143 without a word
+    (signal.SIGINT, "the command's start-up"),
+])
+def test_a_stop_at_any_moment_of_a_grid_starts_no_further_run_and_the_rerun_resumes(shared_data, tmp_path, signum,
+                                                                                       moment):
+  command = grid_command(shared_data, tmp_path)
+  first_run = tmp_path / "runs" / "lr_0.001" / "seed_0"
+  when = {"step-2 checkpoint": lambda launch: (first_run / "checkpoints" / "2").is_dir(),
+          "a seed's start-up": lambda launch: launch.saw(f"seed 0: training in {first_run}"),
+          "the command's start-up": catches_sigterm}[moment]
+  first = stopped(command, signum, when)
+  reason, code = ("Interrupted", 130) if signum == signal.SIGINT else ("Preemption", 0)
+  assert first.proc.returncode == code, first.output()
+  last = first.lines[-1][1]
+  saved = re.fullmatch(rf"{reason}: saved step (\d) in {first_run / 'checkpoints'}; exiting cleanly \(rerun the "
+                       r"same command to resume\)\.", last)
+  assert saved or re.fullmatch(rf"{reason}: no further run starts; {tmp_path / 'runs'}/(lr_0\.001/)?seeds\.json "
+                               r"records the finished ones \(rerun the same command to continue\)\.", last), \
+      first.output()
+  assert not first.saw("learning rate 0.0003") and not (tmp_path / "runs" / "lr_0.0003").exists(), first.output()
+  assert "Traceback" not in first.output()
+  second = Launch(seeds_cli(*command, wait=False))
+  assert second.finish() == 0, second.output()
+  if saved:
+    assert second.saw(f"Resumed from step {saved.group(1)}") or saved.group(1) == "4", second.output()
+  report = json.loads((tmp_path / "runs" / "seeds.json").read_text())
+  assert [[run["best_step"] > 0 for run in entry["runs"]] for entry in report["grid"]] == [[True], [True]]

@@ -318,3 +318,24 @@ def test_a_squad_file_of_another_layout_is_named_by_the_field_it_lacks(tmp_path,
   path.write_text(json.dumps(data))
   with _refused(f"{path}{start}"):
     squad_task(1).read_examples(str(path))
+
+
+def test_a_benchmark_s_missing_data_names_its_download_command(tmp_path):
+  """GLUE, SQuAD and RACE data that is not there names the command that fetches it and the data= it then takes;
+  your own data (multiple choice) names data.path only."""
+  from albert_jax.tasks import get_task
+  from experiments import squad_v1
+  missing = tmp_path / "DATA"
+  cases = [(glue.get_config(f"task=rte,data={missing}/glue"), f"{missing}/glue/RTE/train.tsv", "glue", "glue"),
+           (squad_v1.get_config(f"data={missing}/squad"), f"{missing}/squad/train-v1.1.json", "squad", "squad"),
+           (race.get_config(f"data={missing}/RACE"), f"{missing}/RACE/train", "race", "RACE")]
+  for config, path, tasks, folder in cases:
+    with pytest.raises(MissingFileError) as error:
+      get_task(config).load_split("train", None)
+    assert str(error.value) == (f"{path} not found; download the data (python -m data_pipeline.download "
+                                f"--tasks={tasks} --output=DATA) and pass data=DATA/{folder}, or check "
+                                "--config.data.path.")
+  own = multiple_choice.get_config(f"data={missing}/mine")
+  with pytest.raises(MissingFileError) as error:
+    get_task(own).load_split("train", None)
+  assert "data_pipeline.download" not in str(error.value)

@@ -221,3 +221,17 @@ def test_a_workdir_of_an_earlier_version_resumes_with_the_fields_added_since(tmp
   (tmp_path / "config.json").write_text(json.dumps(older))
   with pytest.raises(ValueError, match=r"holds checkpoints of a different model \(model\.hidden_size: saved "):
     run_config.check_resume(Run(str(tmp_path)), config)
+
+
+def test_an_electra_generator_of_another_width_is_refused_as_another_model(tmp_path, monkeypatch):
+  """Another electra.generator_fraction changes the generator's parameter shapes: its checkpoints were said to be
+  unreadable (move the directory aside), though they are fine and the config changed."""
+  monkeypatch.setattr(run_config, "latest_step", lambda run: 2)
+  config = experiment_config(["main", "--config=experiments/pretrain_electra.py"])
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  config.electra.generator_fraction = 0.5
+  with pytest.raises(ValueError) as refused:
+    run_config.check_resume(Run(str(tmp_path)), config)
+  assert str(refused.value) == (f"Workdir {tmp_path} holds checkpoints of a different model "
+                                "(electra.generator_fraction: saved 0.25 vs now 0.5). Use a new --workdir, or the "
+                                "saved config (config.json there) to resume.")

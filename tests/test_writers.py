@@ -15,7 +15,7 @@ from albert_jax.errors import InputError, UserError
 from data_pipeline import train_spm
 from data_pipeline.prepare import PrepareConfig, parse_args, prepare
 from data_pipeline.sources import Source
-from tests.helpers import TEXT
+from tests.helpers import SMALL_RUN, TEXT, pretrain_cli
 from tests.test_glue_submission import run_dir
 
 
@@ -129,9 +129,10 @@ def test_every_resume_with_changes_keeps_the_config_it_replaced(tmp_path, monkey
   saved = lambda name: json.loads((tmp_path / name).read_text())["log"]["every"]
   run_config.write(Run(str(tmp_path)), config(1))
   for every, kept in ((2, "config.2.json"), (3, "config.2.1.json")):  # two resumes at step 2, nothing saved between
-    run_config.check_resume(Run(str(tmp_path)), config(every))
+    replaced = run_config.check_resume(Run(str(tmp_path)), config(every))
     assert f"(the previous config is kept as {kept})" in capsys.readouterr().out
-    run_config.write(Run(str(tmp_path)), config(every))
+    assert not (tmp_path / kept).exists()  # written with the new config.json, once no refusal can follow
+    run_config.write(Run(str(tmp_path)), config(every), replaced=replaced)
   assert (saved("config.2.json"), saved("config.2.1.json"), saved("config.json")) == (1, 2, 3)
 
 
@@ -168,3 +169,21 @@ def test_a_boolean_flag_takes_only_a_boolean(tmp_path, capsys):
       parse([*flags, "--do_lower_case=ture"])
     assert refused.value.code == 2
     assert "argument --do_lower_case: 'ture' is not a boolean" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_refused_resume_writes_nothing(tmp_path):
+  """A resume with a legitimate change (a longer schedule) that a later check refuses (its only checkpoint cannot be
+  read) keeps no config.<step>.json and leaves config.json as it was; only the compilation cache, the run's own
+  cache, may have grown."""
+  run = tmp_path / "run"
+  first = pretrain_cli(run, *SMALL_RUN, "--config.train.num_train_steps=2", "--config.checkpoint.every=2")
+  assert first.returncode == 0, first.stderr
+  (run / "checkpoints" / "2" / "state" / "_METADATA").unlink()
+  files = lambda: {path.relative_to(run): path.read_bytes() for path in run.rglob("*")
+                   if path.is_file() and path.relative_to(run).parts[0] != "compilation_cache"}
+  before = files()
+  again = pretrain_cli(run, *SMALL_RUN, "--config.train.num_train_steps=4", "--config.checkpoint.every=2")
+  assert again.returncode == 1 and "error: No checkpoint in " in again.stderr, again.stderr
+  assert "the previous config is kept as config.2.json" in again.stdout
+  assert files() == before

@@ -23,7 +23,7 @@ from albert_jax import families, head_identity, pretrained, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.families.albert import ALBERT
 from albert_jax.families.electra import ELECTRA
-from albert_jax.formats import Format, hf_albert, hf_electra, hf_hub, hf_tokenizer
+from albert_jax.formats import Format, hf_albert, hf_electra, hf_hub, hf_tokenizer, weight_files
 from albert_jax.formats.hf_files import CONFIG_FILE, read_config
 from albert_jax.head_identity import HFHead
 from albert_jax.model_config import ModelConfig
@@ -98,6 +98,7 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> str:
   model_config, params = column.load(src)
   if column.imported:
     print(column.imported, flush=True)
+  _check_tokenizer_fits(src, model_config.vocab_size)
   clear()
   pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None, family=family.name)
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
@@ -105,12 +106,31 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> str:
   return f"{', '.join(sorted(params))}{trained}; {_carry_tokenizer(src, dst)}"
 
 
+def _tokenizer_file(src: str) -> str | None:
+  """The folder's SentencePiece model, else its WordPiece vocab.txt (the released ELECTRA folders'), else None."""
+  return next((name for name in (hf_tokenizer.SPM_FILE, wordpiece.VOCAB_FILE)
+               if os.path.isfile(os.path.join(src, name))), None)
+
+
+def _check_tokenizer_fits(src: str, vocab_size: int) -> None:
+  """Refuses a tokenizer with more pieces than the embeddings have rows: its ids beyond them have no embedding.
+  Fewer is fine (models round their tables up)."""
+  name = _tokenizer_file(src)
+  if name is None:
+    return
+  pieces = wordpiece.load_tokenizer(os.path.join(src, name)).vocab_size
+  if pieces > vocab_size:
+    raise InputError(f"{os.path.join(src, name)} has {pieces:,} pieces but the weights' embeddings have "
+                     f"{vocab_size:,} rows (config.json vocab_size): ids beyond them have no embedding; put the "
+                     "tokenizer the model was trained with in the folder.")
+
+
 def _carry_tokenizer(src: str, dst: str) -> str:
   """Copies the folder's SentencePiece model (or WordPiece's vocab.txt, as the released ELECTRA folders have) and its
   tokenizer_config.json (do_lower_case) beside the weights, where `pretrained.recorded_tokenizer` finds them:
   fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns what was carried, for the closing line."""
   spm = hf_tokenizer.SPM_FILE
-  name = next((name for name in (spm, wordpiece.VOCAB_FILE) if os.path.isfile(os.path.join(src, name))), None)
+  name = _tokenizer_file(src)
   if name is None:
     return (f"no tokenizer: {src} has no {spm} nor {wordpiece.VOCAB_FILE}, so runs from {dst} need "
             "data.spm_model and --to=hf needs --spm_model")
@@ -234,6 +254,7 @@ def use_converted_init_checkpoint(config: ml_collections.ConfigDict) -> None:
   as a converted folder and the run's config.json records it (a Hub commit in its path); the revision, now part
   of that path, is cleared. Several processes are refused: each host would convert into its own cache."""
   value, revision = config.get("init_checkpoint", ""), config.get("init_checkpoint_revision", "")
+  weight_files.check_holds_weights(value, "init_checkpoint")
   if revision and not value:
     raise InputError(f"init_checkpoint_revision={revision} pins a revision of nothing: set "
                      "--config.init_checkpoint=NAME (a Hugging Face Hub model) too, or drop it.")

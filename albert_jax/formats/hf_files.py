@@ -14,6 +14,7 @@ import safetensors.numpy
 
 from albert_jax import pretrained, storage
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
+from albert_jax.formats import weight_files
 
 Path = tuple[str, ...]
 CONFIG_FILE = "config.json"
@@ -27,9 +28,9 @@ ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": 
 
 def read_tensors(path: str) -> dict[str, np.ndarray]:
   if os.path.isfile(os.path.join(path, SAFETENSORS_FILE)):
-    return safetensors.numpy.load_file(os.path.join(path, SAFETENSORS_FILE))
+    return weight_files.read_safetensors(os.path.join(path, SAFETENSORS_FILE))
   if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):  # sharded checkpoint
-    return {k: v for name in shard_files(path) for k, v in safetensors.numpy.load_file(name).items()}
+    return {k: v for name in shard_files(path) for k, v in weight_files.read_safetensors(name).items()}
   if os.path.isfile(os.path.join(path, TORCH_FILE)):
     return read_torch(os.path.join(path, TORCH_FILE))
   raise MissingFileError(f"No weights in {path!r}: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "

@@ -34,6 +34,8 @@ PASS_CONFIG = ("pass --config=FILE, the experiment file the run was trained with
 SHAPE_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size", "num_hidden_groups", "inner_group_num", "max_position_embeddings",
                 "type_vocab_size", "sharing", "embedding_projection")
+# Beyond config.model: the ELECTRA generator's widths are a fraction of the discriminator's.
+OTHER_SHAPE_FIELDS = ("electra.generator_fraction",)
 
 # Settings whose change breaks an exact resume (data order, dropout, the function the weights compute, what a step
 # means): refused unless `resume_with_changes` is set. Every other change (schedule length, logging, checkpoints,
@@ -99,12 +101,12 @@ def _flat(tree: dict, prefix: str = "") -> dict:
   return out
 
 
-def check_resume(run: Run, config: ml_collections.ConfigDict) -> None:
+def check_resume(run: Run, config: ml_collections.ConfigDict) -> tuple[str, str] | None:
   """Before a run writes into its folder: refuses a different model shape, and settings changed in ways that break
-  an exact resume; says and records legitimate changes (the previous resolved config is kept as
-  `config.<step>.json`, or `config.<step>.<n>.json` after earlier resumes at that step). Every process must decide
-  alike (opening the checkpoints is a barrier), so the new config.json is written later, by `write`, once all of
-  them are past this check."""
+  an exact resume; says legitimate changes and returns (where the previous resolved config is to be kept:
+  `config.<step>.json`, or `config.<step>.<n>.json` after earlier resumes at that step, its text), None without a
+  change. Every process must decide alike (opening the checkpoints is a barrier), so nothing is written here: the
+  kept and the new config.json are written by `write`, once the run is past every refusal."""
   import jax
   workdir, path = run.workdir, storage.path(run.config)
   latest = latest_step(run) if path.exists() else None
@@ -112,12 +114,15 @@ def check_resume(run: Run, config: ml_collections.ConfigDict) -> None:
     text = path.read_text()
     saved = json.loads(text)
     model = saved.get("model", {})   # without the fields of a later albert_jax, whose defaults keep the shapes
-    diffs = {k: (model[k], config.model.get(k)) for k in SHAPE_FIELDS if k in model and model[k] != config.model.get(k)}
+    diffs = {f"model.{k}": (model[k], config.model.get(k)) for k in SHAPE_FIELDS
+             if k in model and model[k] != config.model.get(k)}
+    before, now = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
+    diffs.update({k: (before[k], now[k]) for k in OTHER_SHAPE_FIELDS
+                  if k in before and k in now and before[k] != now[k]})
     if diffs:
-      listed = ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
+      listed = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
       raise InputError(f"Workdir {workdir} holds checkpoints of a different model ({listed}). Use a new --workdir, "
                        "or the saved config (config.json there) to resume.")
-    before, now = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
     changed = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)}
     if changed:
       listed = ", ".join(f"{k}: {a!r} -> {b!r}" if k in before else f"{k}: {b!r} (new field)" for k, (a, b) in
@@ -127,22 +132,22 @@ def check_resume(run: Run, config: ml_collections.ConfigDict) -> None:
         raise InputError(f"Resuming {workdir} at step {latest} with changed {', '.join(breaking)} would not continue "
                          f"the same run (data order, dropout or step size change). Restore the saved values "
                          f"(config.json there), use a new --workdir, or pass --config.resume_with_changes=True.")
+      kept = _kept_config(run, latest, text)
       if jax.process_index() == 0:
         print(f"Resuming at step {latest} with changed settings: {listed} (the previous config is kept as "
-              f"{_keep_config(run, latest, text)}).", flush=True)
+              f"{os.path.basename(kept)}).", flush=True)
+      return kept, text
+  return None
 
 
-def _keep_config(run: Run, step: int, text: str) -> str:
-  """The name of the file that keeps `text`, the config.json a resume with changes replaces: the first free one of
+def _kept_config(run: Run, step: int, text: str) -> str:
+  """Where to keep `text`, the config.json a resume with changes replaces: the first free one of
   `config.<step>.json`, `config.<step>.1.json`, ..., since writing over an earlier one would lose its settings
   (unless one of them holds `text` already)."""
   for n in itertools.count():
-    kept = storage.path(run.config_history(step, n))
-    if not kept.exists():
-      storage.write_atomic(os.fspath(kept), text)
-      return kept.name
-    if kept.read_text() == text:
-      return kept.name
+    kept = run.config_history(step, n)
+    if not storage.path(kept).exists() or storage.path(kept).read_text() == text:
+      return kept
 
 
 def latest_step(run: Run) -> int | None:
@@ -154,9 +159,19 @@ def latest_step(run: Run) -> int | None:
   return checkpointing.Checkpointer(run.checkpoints, 1, 1).latest_step()
 
 
-def write(run: Run, config: ml_collections.ConfigDict, made_of: dict | None = None) -> None:
-  """The resolved config and what the run is made from (`provenance`), by process 0."""
+def keep_replaced(replaced: tuple[str, str] | None) -> None:
+  """Writes the config a resume with changes replaces where `check_resume` said it is kept."""
   import jax
+  if replaced and jax.process_index() == 0 and not storage.path(replaced[0]).exists():
+    storage.write_atomic(replaced[0], replaced[1])
+
+
+def write(run: Run, config: ml_collections.ConfigDict, made_of: dict | None = None,
+          replaced: tuple[str, str] | None = None) -> None:
+  """The resolved config and what the run is made from (`provenance`), by process 0, after keeping the config it
+  replaces (`replaced`: what `check_resume` returned)."""
+  import jax
+  keep_replaced(replaced)
   if jax.process_index() == 0:
     storage.write_atomic(run.config, config.to_json_best_effort(indent=2))
     provenance.record(run, made_of or {})

@@ -24,8 +24,9 @@ def get_task(config) -> Task:
   if settings.task not in TASKS:
     raise InputError(f"Unknown fine-tuning task {settings.task!r}; choose one of {sorted(TASKS)} "
                      "(GLUE's sub-task goes in config.task_name).")
+  task = TASKS[settings.task](settings)
   if not isinstance(config, TaskSettings) and "model" in config:
-    ModelConfig.from_mapping(config.model).check_seq_length(settings.max_seq_length)
-  return TASKS[settings.task](settings)
+    ModelConfig.from_mapping(config.model).check_seq_length(settings.max_seq_length, text_pairs=task.text_pairs)
+  return task
 
 __all__ = ["Split", "Task", "TASKS", "TaskSettings", "get_task", "make_tokenizer", "model_inputs"]

@@ -250,6 +250,8 @@ class Task(abc.ABC):
   # Outputs per example, which padding does not change: batches are cut to length buckets (albert_jax/buckets.py).
   # Tasks with outputs per token keep every batch at max_seq_length.
   length_buckets_apply: bool = True
+  text_pairs: bool = False  # inputs are [CLS] A [SEP] B [SEP]: max_seq_length holds a token of each
+  download: tuple[str, str] | None = None  # (data_pipeline.download --tasks, the folder it writes in DATA); None: yours
 
   def __init__(self, settings: TaskSettings):
     self.settings = settings
@@ -283,6 +285,10 @@ class Task(abc.ABC):
       names = sorted({entry.name.split(".")[0] for entry in storage.path(folder).iterdir()})
       raise MissingFileError(f"split {split!r}: {path} not found; {folder} holds {', '.join(names) or 'nothing'} "
                              "(a split is named by its file): check the split's name, or --config.data.path.")
+    if not storage.path(path).exists() and self.download:
+      tasks, data_folder = self.download
+      raise MissingFileError(f"{path} not found; download the data (python -m data_pipeline.download --tasks={tasks} "
+                             f"--output=DATA) and pass data=DATA/{data_folder}, or check --config.data.path.")
     return self._featurized(split, path, self.read_examples(path, labeled=not split.startswith("test")), tokenizer)
 
   def read_user_file(self, path: str, tokenizer: Tokenizer) -> Split:
@@ -305,7 +311,7 @@ class Task(abc.ABC):
   # --- model ----------------------------------------------------------------------------------------------
   def build_model(self, model_config: ModelConfig):
     """The backbone (submodule "albert") + this task's head; checks the inputs fit the position table."""
-    model_config.check_seq_length(self.settings.max_seq_length)
+    model_config.check_seq_length(self.settings.max_seq_length, text_pairs=self.text_pairs)
     return self.make_model(model_config)
 
   @abc.abstractmethod

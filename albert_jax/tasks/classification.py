@@ -84,6 +84,10 @@ class ClassificationTask(SequenceClassificationTask):
       self.metric_names = ("pearson", "spearman", "mse")
       self.metric_name = self.metric_names[0]
 
+  @property
+  def text_pairs(self) -> bool:
+    return bool(self.settings.text_pair_column)
+
   @functools.cached_property
   def labels(self) -> tuple[str, ...] | None:
     if self.settings.regression:

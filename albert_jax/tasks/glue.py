@@ -82,6 +82,7 @@ def spec_for(task_name: str) -> GlueSpec:
 
 class GlueTask(SequenceClassificationTask):
   predictions_suffix = ".tsv"
+  download = ("glue", "glue")
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)
@@ -95,6 +96,10 @@ class GlueTask(SequenceClassificationTask):
   @property
   def labels(self) -> tuple[str, ...] | None:
     return self.spec.labels
+
+  @property
+  def text_pairs(self) -> bool:
+    return self.spec.test_columns[1] is not None
 
   @property
   def test_splits(self) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ from albert_jax.tasks.records import Ids, field, optional_id, user_records
 
 class MultipleChoiceTask(RaceTask):
   predictions_suffix = ".jsonl"
+  download = None  # your own data
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)

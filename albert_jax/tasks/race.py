@@ -47,6 +47,7 @@ class RaceTask(Task):
   fewer than `num_choices` options are padded with empty ones that `choice_mask` removes from the softmax."""
   num_choices = len(LETTERS)
   predictions_suffix = ".json"
+  download = ("race", "RACE")
 
   def __init__(self, settings: TaskSettings):
     super().__init__(settings)

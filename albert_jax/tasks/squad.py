@@ -76,6 +76,7 @@ def nbest_path(predictions_path: str) -> str:
 
 class SquadTask(Task):
   predictions_suffix = ".json"
+  download = ("squad", "squad")
   length_buckets_apply = False  # outputs per token, over windows of max_seq_length that most contexts fill
 
   def __init__(self, settings: TaskSettings):

@@ -1,0 +1,27 @@
+"""A run refused while it is set up leaves no workdir behind: the folder it would have created holds only what
+set-up writes (the head's record, the compilation cache, the lock), which a rerun writes again."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from typing import Iterator
+
+from albert_jax import storage
+from albert_jax.errors import is_user_error
+from albert_jax.run.layout import COMPILATION_CACHE_DIR, HEAD_FILE, LOCK_FILE
+
+SET_UP_NAMES = frozenset({HEAD_FILE, COMPILATION_CACHE_DIR, LOCK_FILE})
+
+
+@contextlib.contextmanager
+def leaves_no_new_workdir(workdir: str | None) -> Iterator[None]:
+  """Inside, a user error (a refusal) removes `workdir` if it did not exist on entry and holds nothing but
+  SET_UP_NAMES: nothing trained, nothing to keep. A local workdir only (a bucket is left as it is)."""
+  new = bool(workdir) and not storage.is_remote(workdir) and not os.path.exists(workdir)
+  try:
+    yield
+  except Exception as e:
+    if new and is_user_error(e) and os.path.isdir(workdir) and set(os.listdir(workdir)) <= SET_UP_NAMES:
+      shutil.rmtree(workdir, ignore_errors=True)
+    raise
