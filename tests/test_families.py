@@ -57,14 +57,13 @@ def test_a_run_s_family_is_told_by_its_params_or_its_recorded_config():
 
 def test_no_module_outside_the_families_branches_on_a_family():
   """No comparison with a family's name (a string, or a constant spelled as one), nor a hasattr probe naming one,
-  outside albert_jax/families/ and the format modules, which name their families' weights. A key looked up in a
+  outside albert_jax/families/ and albert_jax/formats/, which name their families' weights. A key looked up in a
   mapping (`"albert" in params`: the backbone's name) is no branch."""
   import ast
   import pathlib
   names = {family.name for family in families.all_families()}
   root = pathlib.Path(families.__file__).parents[1]
-  skipped = {"families", "formats", "interop.py", "electra_interop.py", "tf1.py", "hf_import.py", "hf_export.py",
-             "convert.py"}
+  skipped = {"families", "formats"}
 
   def names_a_family(node) -> bool:
     values = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
