@@ -63,7 +63,7 @@ def _tools(shared_data, tmp_path):
                            eval_fraction=0.2))),
       "train_spm": ("data_pipeline.train_spm", "sample", functools.partial(
           train_spm.train, Source(str(corpus)), str(tmp_path / "spm.model"), vocab_size=40)),
-      "convert": ("albert_jax.convert", "to_hf", functools.partial(
+      "convert": ("albert_jax.convert", "_earlier_files", functools.partial(
           convert.convert, None, "hf", str(tmp_path / "weights"), str(tmp_path / "hf"))),
       "glue_submission": ("albert_jax.storage", "copy_atomic", functools.partial(
           glue_submission.assemble, [run], str(tmp_path / "submission"), allow_partial=True, check_counts=False)),
