@@ -19,7 +19,7 @@ def hold_for_the_process() -> None:
   second Ctrl-C stops at once."""
   global _held
   _held = []
-  for signum in (signal.SIGTERM, signal.SIGINT):
+  for signum in (signal.SIGINT, signal.SIGTERM):  # SIGTERM last: once it is held, both are
     signal.signal(signum, _hold)
 
 

@@ -19,7 +19,7 @@ def run(module, *args):
 
 @pytest.mark.parametrize("spec, message", [
     ("glue.py:task=rtee", f"Unknown GLUE task 'rtee'; choose one of {GLUE_TASKS}."),
-    ("glue.py:tsk=rte", "Unknown config argument 'tsk'; valid: ['data', 'size', 'spm', 'task']."),
+    ("glue.py:tsk=rte", "Unknown config argument 'tsk'; valid: ['data', 'recipe', 'size', 'spm', 'task']."),
     ("glue.py:task", "Config argument 'task' has no value; write task=VALUE."),
     ("race.py:size=xl", "Unknown model size 'xl'; choose one of "),
     ("pretrain_base.py:version=v3", "Config argument version='v3' names no ALBERT release; choose one of "

@@ -78,7 +78,7 @@ def test_a_pipeline_with_truncation_takes_a_text_longer_than_the_positions_as_we
   long_text = " ".join(TEXTS * 40)
   (run.root / "long.tsv").write_text(f"sentence\n{long_text}\n")
   args = types.SimpleNamespace(input=str(run.root / "long.tsv"), output=str(run.root / "long.jsonl"), split="")
-  quietly(finetune.predict, run.config, str(run.workdir), args)
+  quietly(finetune.predict, run.config, Run(str(run.workdir)), args)
   (mine,) = [json.loads(line) for line in open(run.root / "long.jsonl")]
   classify = transformers.pipeline("text-classification", model=str(run.hf), top_k=None)
   assert len(classify.tokenizer(long_text)["input_ids"]) > classify.model.config.max_position_embeddings
