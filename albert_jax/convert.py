@@ -30,10 +30,16 @@ from albert_jax.run import as_run
 from data_pipeline import writers
 
 READERS, WRITERS = registry.readers(), registry.writers()
-_FORMATS = "; ".join(f"{f.name}: {f.summary}" for f in registry.FORMATS.values())
+
+
+def _described(names: list[str]) -> str:
+  return "; ".join(f"{name}: {registry.FORMATS[name].summary}" for name in names)
+
+
 flags.DEFINE_enum("from", None, READERS,
-                  f"Convert from this format into our pretrained-weights directory ({_FORMATS}).")
-flags.DEFINE_enum("to", None, WRITERS, f"Convert our pretrained-weights directory into this format ({_FORMATS}).")
+                  f"Convert from this format into our pretrained-weights directory ({_described(READERS)}).")
+flags.DEFINE_enum("to", None, WRITERS,
+                  f"Convert our pretrained-weights directory into this format ({_described(WRITERS)}).")
 flags.DEFINE_string("src", None, "Directory to read; with --from=hf also a Hugging Face Hub name such as "
                     "albert/albert-base-v2 (fetched into the Hugging Face cache; HF_HUB_OFFLINE=1 reads the cache "
                     "alone).")
