@@ -16,11 +16,12 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import console, engine, flops, loop, pretrained, storage
+from albert_jax import console, engine, flops, loop, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run, config as run_config, provenance
+from albert_jax.weights import loading, record
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.masking import num_prediction_slots
 
@@ -135,7 +136,7 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, run: 
   data_config = config.data
   if kind == "tiny":  # the bundled corpus, built once
     data_config = ml_collections.ConfigDict({**config.data.to_dict(),
-                                             "path": pretrained.tiny_data_dir(config.data.path, run)})
+                                             "path": record.tiny_data_dir(config.data.path, run)})
   if kind == "tiny" and jax.process_count() > 1:
     _build_tiny_dataset_on_process_0_first(data_config.path)
   batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
@@ -276,8 +277,8 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
     provenance.check_resume(run, job.inputs, config)
   elif config.init_checkpoint:  # a warm start; a resume goes on from its own weights
     provenance.check_reader(config.init_checkpoint, "init_checkpoint", config)
-    loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
-    job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
+    loaded = loading.load_init_params(config.init_checkpoint, model=config.model)
+    job = dataclasses.replace(job, warm_start=loading.warm_start(loaded, job.init_params))
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)
   console.say_done(f"checkpoint {os.path.join(run.checkpoints, str(latest))}", _fine_tuning_command(run.workdir))
@@ -286,8 +287,8 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
 
 def _fine_tuning_command(workdir: str) -> str:
   """The command that fine-tunes GLUE RTE from the run in `workdir` (DATA: the GLUE folder): its model, and its
-  tokenizer where it recorded one, are taken from there (`pretrained.take_recorded`)."""
-  spm = "" if pretrained.recorded_tokenizer(workdir) else ",spm=SPM"
+  tokenizer where it recorded one, are taken from there (`record.take_recorded`)."""
+  spm = "" if record.recorded_tokenizer(workdir) else ",spm=SPM"
   return (f"{console.python()} -m albert_jax.main --config experiments/glue.py:task=rte,data=DATA/glue{spm} "
           f"--workdir {workdir.rstrip('/')}_rte --config.init_checkpoint={workdir}")
 
@@ -310,7 +311,7 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
 def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job
                         ) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the run's latest checkpoint, also printed as one JSON line."""
-  pretrained.check_same_function(run.workdir, config.model, "--workdir")
+  record.check_same_function(run.workdir, config.model, "--workdir")
   provenance.check_reader(run.workdir, "--workdir", config, provenance.pretraining_inputs(config))
   if run_config.latest_step(run) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(run.checkpoints)}; train first (--mode=train).")

@@ -4,7 +4,6 @@ import json
 import re
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -230,22 +229,23 @@ def test_embed_with_a_classification_config_needs_no_train_file(shared_data, tmp
   with "train.tsv not found ... set --config.data.labels"."""
   import flax.linen as nn
   import jax
-  from albert_jax import embed, job_kinds, pretrained
+  from albert_jax import embed, job_kinds
   from albert_jax.model import AlbertModel, init_params
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import make_tokenizer
   from albert_jax.tasks.base import stack_packed
   from albert_jax.tasks.sequence import pack_text
+  from albert_jax.weights import store
   config = classification.get_config(f"size=tiny,data={tmp_path / 'no_data'},spm={spm(shared_data)}")
   config.model.num_hidden_layers, config.data.max_seq_length, config.train.global_batch_size = 2, 32, 8
   model_config = model_config_from(config)
   backbone = nn.unbox(init_params(AlbertModel(model_config), jax.random.key(1)))
-  pretrained.save_pretrained(str(tmp_path / "converted"), model_config, {"albert": backbone})
+  store.save_pretrained(str(tmp_path / "converted"), model_config, {"albert": backbone})
   config.init_checkpoint = str(tmp_path / "converted")
   texts = ["a wonderful film", "", "the city at night"]
   (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
-  embed.embed(config, Run(str(tmp_path / "run")), types.SimpleNamespace(input=str(tmp_path / "texts.txt"),
-                                                                   output=str(tmp_path / "out.npy"), pooling="mean"),
+  embed.embed(config, Run(str(tmp_path / "run")), job_kinds.RunArgs(input=str(tmp_path / "texts.txt"),
+                                                               output=str(tmp_path / "out.npy")),
               job_kinds.kind_for(config))
   tokenizer = make_tokenizer(config)
   features = stack_packed([pack_text(tokenizer, text, None, 32) for text in texts], (3,))
