@@ -13,6 +13,7 @@ from albert_jax.errors import InputError
 from albert_jax.run import Run
 from albert_jax.run.layout import HEAD_FILE
 from albert_jax.tasks.classification import label_order
+from albert_jax.weights.resolve import resolve
 from experiments import classification, glue, multiple_choice, token_classification
 from tests.helpers import REPO, TINY_RUN, finetune_cli as cli, spm, task_of as _task
 
@@ -294,7 +295,7 @@ def test_eval_and_predict_choose_the_metric_of_the_recorded_tag_set(shared_data,
                                                     "labels": ["NN", "DT"]}))
   config = token_classification.get_config(f"size=tiny,data={tmp_path / 'gone'},spm={spm(shared_data)}")
   config.data.max_seq_length = 32
-  task = finetune._task_and_model(config, str(run))[0]
+  task = finetune._task_and_model(config, resolve(str(run), config, flag="--workdir"))[0]
   assert task.labels == ("NN", "DT") and task.metric_name == "accuracy"
   finetune.check_identity(task, finetune.recorded_identity(Run(str(run))), "run")  # the head is this run's
 
