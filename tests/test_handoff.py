@@ -117,7 +117,7 @@ TWO_PROCESSES = """
 import json, sys
 import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
-
+from albert_jax.weights import record
 from experiments import glue
 config, _ = record.take_recorded(glue.get_config("task=rte"), sys.argv[3], explicit=())
 print("RESULT", json.dumps([config.model.hidden_size, config.data.max_seq_length]), flush=True)
