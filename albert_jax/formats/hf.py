@@ -232,7 +232,8 @@ def _folder_key(folder: str) -> str:
 def use_converted_init_checkpoint(config: ml_collections.ConfigDict) -> None:
   """Points `config.init_checkpoint` at the conversion of the Hugging Face folder or Hub name it names, in place
   (the command line's config object), so every mode reads it as a converted folder and the run's config.json
-  records it (a Hub commit in its path); the revision, now part of that path, is cleared. Several processes are refused: each host would convert into its own cache."""
+  records it (a Hub commit in its path); the revision, now part of that path, is cleared. Several processes are
+  refused: each host would convert into its own cache."""
   value, revision = config.get("init_checkpoint", ""), config.get("init_checkpoint_revision", "")
   if revision and not value:
     raise InputError(f"init_checkpoint_revision={revision} pins a revision of nothing: set "
