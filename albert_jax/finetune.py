@@ -46,7 +46,8 @@ def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Set
 def _warm_start(config, task, model, weights: Weights | None):
   """`weights`: config.init_checkpoint's, required unless random initialisation was asked for explicitly. A head
   recorded as trained for other classes or another order than `task`'s is not kept (it would start from swapped
-  classes): it starts afresh, said in one line. Weights that do not fit `model` are refused here (`loading.warm_start`)."""
+  classes): it starts afresh, said in one line. Weights that do not fit `model` are refused here
+  (`loading.warm_start`)."""
   if weights is None:
     if config.allow_random_init:
       print("WARNING: fine-tuning from RANDOM weights (allow_random_init=True).", flush=True)
