@@ -22,6 +22,7 @@ from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run, config as run_config, provenance
 from albert_jax.weights import loading, record
+from albert_jax.weights.resolve import resolve
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.masking import num_prediction_slots
 
@@ -276,9 +277,9 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
   if run_config.latest_step(run) is not None:
     provenance.check_resume(run, job.inputs, config)
   elif config.init_checkpoint:  # a warm start; a resume goes on from its own weights
-    provenance.check_reader(config.init_checkpoint, "init_checkpoint", config)
-    loaded = loading.load_init_params(config.init_checkpoint, model=config.model)
-    job = dataclasses.replace(job, warm_start=loading.warm_start(loaded, job.init_params))
+    weights = resolve(config.init_checkpoint, config)
+    provenance.check_reader(weights.path, weights.flag, config)
+    job = dataclasses.replace(job, warm_start=loading.warm_start(weights.params, job.init_params))
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)
   console.say_done(f"checkpoint {os.path.join(run.checkpoints, str(latest))}", _fine_tuning_command(run.workdir))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tokenizers
 
-from albert_jax import convert, finetune
+from albert_jax import convert, finetune, job_kinds
 from albert_jax import model as model_lib
 from albert_jax.errors import ExistsError, InputError
 from albert_jax.formats import hf_tokenizer
@@ -62,7 +62,7 @@ def test_a_pipeline_on_the_export_gives_our_labels_and_probabilities(run):
   transformers = require_module("transformers", extra="hf")
   assert "checked to give its ids through" in run.said, run.said
   (run.root / "in.tsv").write_text("sentence\n" + "".join(f"{t}\n" for t in TEXTS))
-  args = types.SimpleNamespace(input=str(run.root / "in.tsv"), output=str(run.root / "out.jsonl"), split="")
+  args = job_kinds.RunArgs(input=str(run.root / "in.tsv"), output=str(run.root / "out.jsonl"))
   quietly(finetune.predict, run.config, Run(str(run.workdir)), args)
   ours = [json.loads(line) for line in open(run.root / "out.jsonl")]
   theirs = transformers.pipeline("text-classification", model=str(run.hf), top_k=None)(TEXTS)

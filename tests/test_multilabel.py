@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import sklearn.metrics
 
-from albert_jax import buckets, convert, finetune
+from albert_jax import buckets, convert, finetune, job_kinds
 from albert_jax.errors import InputError
 from albert_jax.head_identity import SEQUENCE_CLASSIFICATION, HFHead, check_identity
 from albert_jax.model_config import model_config_from
@@ -254,7 +254,7 @@ def test_predict_chooses_with_the_thresholds_saved_with_the_best_checkpoint(run,
   assert run.best["metrics"]["tuned_micro_f1"] != run.best["metrics"]["micro_f1"]
   texts = tmp_path / "in.tsv"
   texts.write_text("sentence\n" + "".join(f"{text}\n" for text, _ in run.dev))
-  args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
+  args = job_kinds.RunArgs(input=str(texts), output=str(tmp_path / "out.jsonl"))
   quietly(finetune.predict, run.config, Run(str(run.workdir)), args)
   rows, dev = json_lines(args.output), json_lines(run.weights / "dev_predictions.jsonl")
   assert [(row["id"], row["label"]) for row in rows] == [(row["id"], row["label"]) for row in dev]
