@@ -1,7 +1,7 @@
 """`resolve`: whatever names the weights a run reads (a run's folder, its best/step_N, a `convert` output, a
 Hugging Face folder or Hub name, a TF1 checkpoint converted by `convert --from=tf1`) turned, once, into one
 `Weights` value: the config the run takes from them, their family, the head they hold, their tokenizer and where
-they came from. The params are loaded when first asked for: describing a run needs only the rest.
+they came from. The params are loaded when first asked for: a caller that needs only the rest loads nothing.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import ml_collections
 
 from albert_jax import families, storage
 from albert_jax.formats import hf
-from albert_jax.model_config import ModelConfig, model_config_from
 from albert_jax.run.best import weights_identity
 from albert_jax.weights import loading, record
 
@@ -21,10 +20,10 @@ from albert_jax.weights import loading, record
 @dataclasses.dataclass(frozen=True)
 class Weights:
   """Weights named by the flag `flag` (init_checkpoint, --workdir), read from `path` (a Hugging Face name's
-  conversion, else the value given). `config`: the run's config with what the weights fix taken from their record
-  (`resolve`). `head`: the identity of the head they were fine-tuned with (`run.best.weights_identity`), None for
-  a backbone. `tokenizer`: (model file, do_lower_case or None) they were trained with, None where none is
-  recorded."""
+  conversion, else the value given). `config`: the run's config with what the weights fix (config.model among
+  it) taken from their record (`resolve`). `head`: the identity of the head they were fine-tuned with
+  (`run.best.weights_identity`), None for a backbone. `tokenizer`: (model file, do_lower_case or None) they were
+  trained with, None where none is recorded."""
   path: str
   flag: str
   config: ml_collections.ConfigDict
@@ -36,10 +35,6 @@ class Weights:
   def origin(self) -> str:
     """How messages name them: 'init_checkpoint /path'."""
     return f"{self.flag} {self.path}"
-
-  @property
-  def model_config(self) -> ModelConfig:
-    return model_config_from(self.config)
 
   @functools.cached_property
   def params(self) -> Any:
