@@ -21,12 +21,13 @@ import os
 
 from absl import app, flags
 
-from albert_jax import console, pretrained, storage
+from albert_jax import console, storage
 from albert_jax.errors import EnvironmentUserError, ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.formats import registry
 from albert_jax.formats.hf import NO_TOKENIZER
 from albert_jax.formats.hf_files import CONFIG_FILE
 from albert_jax.run import as_run
+from albert_jax.weights import store
 from data_pipeline import writers
 
 READERS, WRITERS = registry.readers(), registry.writers()
@@ -123,7 +124,7 @@ def _disk_full(error: BaseException) -> bool:
 
 
 # What any conversion leaves in its --dst, even one killed part way: --overwrite replaces such a folder's files.
-MODEL_FILES = (CONFIG_FILE, pretrained.CONFIG_FILE, pretrained.PARAMS_DIR)
+MODEL_FILES = (CONFIG_FILE, store.CONFIG_FILE, store.PARAMS_DIR)
 # What a conversion that failed (a full disk) or was killed leaves: orbax's temporary folder, a file being written.
 ORBAX_TEMPORARY, WRITING = ".orbax-checkpoint-tmp", ".tmp"
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import engine, feature_batches, pretrained, storage
+from albert_jax import engine, feature_batches, storage
 from albert_jax.errors import EnvironmentUserError, InputError
 from albert_jax.model import AlbertModel
 from albert_jax.run import Run, provenance
@@ -23,6 +23,7 @@ from albert_jax.tasks import make_tokenizer
 from albert_jax.tasks.base import model_inputs, stack_packed
 from albert_jax.tasks.records import text_lines
 from albert_jax.tasks.sequence import pack_text
+from albert_jax.weights.resolve import resolve
 
 POOLINGS = ("mean", "pooled")
 
@@ -57,16 +58,17 @@ def embed(config, run: Run, args, kind) -> None:
   if args.pooling not in POOLINGS:
     raise InputError(f"--pooling={args.pooling!r}; choose one of {POOLINGS}.")
   path, name = run.weights(config.init_checkpoint)
-  config = pretrained.with_recorded_model(config, path)
+  weights = resolve(path, config, args.overrides, flag=name)
+  config = weights.config
   tokenizer = make_tokenizer(config)
   model_config = kind.model_config(config)
   tokenizer.check_vocab(model_config.vocab_size)
   max_len = config.data.max_seq_length
   model_config.check_seq_length(max_len)
   # Only the backbone is used, so a fine-tuning run's head (its task, its classes) does not matter here.
-  provenance.check_reader(path, name, config)
-  params, which = pretrained.load_init_params(path, name, model=config.model), f"{name} {path}"
-  encoder = kind.backbone_params(params, which)
+  provenance.check_reader(weights.path, name, config)
+  which = weights.origin
+  encoder = kind.backbone_params(weights.params, which)
   texts = [line for _, line in text_lines(args.input)]  # a CR-only file is refused, not embedded as one text
   if texts[-1] == "":  # the newline that ends the last line starts no text
     texts.pop()

@@ -15,17 +15,19 @@ from typing import Callable
 import flax.linen as nn
 import jax
 
-from albert_jax import buckets, console, engine, loop, prediction_rows, pretrained, storage
+from albert_jax import buckets, console, engine, loop, prediction_rows, storage
 from albert_jax.errors import InputError
 from albert_jax.feature_batches import FeatureBatches, length_buckets, predict_features
 from albert_jax.head_identity import (check_head_trained_for, check_identity, describe, head_trained_for,
                                       task_for_weights)
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run, config as run_config, provenance
-from albert_jax.run.best import read_best, recorded_identity, weights_identity
+from albert_jax.run.best import read_best, recorded_identity
 from albert_jax.run.best_keeper import BestKeeper
 from albert_jax.run.lock import WorkdirLock
 from albert_jax.tasks import Split, get_task, make_tokenizer
+from albert_jax.weights import loading, store
+from albert_jax.weights.resolve import Weights, resolve
 
 
 def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup, lengths: tuple[int, ...]):
@@ -41,26 +43,26 @@ def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Set
   return metrics, predictions
 
 
-def _warm_start(config, task, model):
-  """Pretrained weights are required unless random initialisation was asked for explicitly. A head recorded as
-  trained for other classes or another order than `task`'s is not kept (it would start from swapped classes): it
-  starts afresh, said in one line. Weights that do not fit `model` are refused here (`pretrained.warm_start`)."""
-  if not config.init_checkpoint:
+def _warm_start(config, task, model, weights: Weights | None):
+  """`weights`: config.init_checkpoint's, required unless random initialisation was asked for explicitly. A head
+  recorded as trained for other classes or another order than `task`'s is not kept (it would start from swapped
+  classes): it starts afresh, said in one line. Weights that do not fit `model` are refused here
+  (`loading.warm_start`)."""
+  if weights is None:
     if config.allow_random_init:
       print("WARNING: fine-tuning from RANDOM weights (allow_random_init=True).", flush=True)
       return None
     raise InputError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
-  provenance.check_reader(config.init_checkpoint, "init_checkpoint", config)
-  loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
-  recorded = weights_identity(config.init_checkpoint)
-  if set(loaded) - {"albert"} and not head_trained_for(task, recorded):
+  provenance.check_reader(weights.path, weights.flag, config)
+  loaded = weights.params
+  if set(loaded) - {"albert"} and not head_trained_for(task, weights.head):
     if jax.process_index() == 0:
-      print(f"init_checkpoint={config.init_checkpoint} holds a head trained for {describe(recorded)}, not for "
+      print(f"{weights.flag}={weights.path} holds a head trained for {describe(weights.head)}, not for "
             f"this run's {describe(task.identity())}: it starts afresh.", flush=True)
     loaded = {"albert": loaded["albert"]}
-  return pretrained.warm_start(loaded, lambda rng: task.init_params(model, rng))
+  return loading.warm_start(loaded, lambda rng: task.init_params(model, rng))
 
 
 def make_job(config, task, model, train_split: Callable[[], Split] | None = None,
@@ -90,12 +92,11 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
                     evaluate=evaluate, warm_start=warm_start, inputs=provenance.fine_tuning_inputs(config, task))
 
 
-def _task_and_model(config, trained_in: str | None = None, warm_start: bool = False):
-  """`trained_in`: where the weights come from (eval/predict: the workdir; training: init_checkpoint, with
-  `warm_start`). When the config names no class order, the one recorded there is used
-  (`head_identity.task_for_weights`); by a warm start only for the train file's classes: a head for other classes
-  starts afresh (`_warm_start`)."""
-  task = task_for_weights(get_task(config), weights_identity(trained_in) if trained_in else None, warm_start)
+def _task_and_model(config, weights: Weights | None = None, warm_start: bool = False):
+  """`weights`: those the run reads (eval/predict: the workdir's; training: init_checkpoint's, with `warm_start`).
+  When the config names no class order, the one recorded with them is used (`head_identity.task_for_weights`); by
+  a warm start only for the train file's classes: a head for other classes starts afresh (`_warm_start`)."""
+  task = task_for_weights(get_task(config), weights.head if weights else None, warm_start)
   tokenizer = make_tokenizer(config)
   model_config = model_config_from(config)
   tokenizer.check_vocab(model_config.vocab_size)
@@ -117,7 +118,8 @@ def predict_split_file(config, run: Run, task, model, params, split: Split, outp
 
 def train(config, run: Run, args=None) -> None:
   """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
-  config = pretrained.with_recorded_model(config, config.init_checkpoint)
+  weights = resolve(config.init_checkpoint, config, args and args.overrides) if config.init_checkpoint else None
+  config = weights.config if weights else config
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
     raise InputError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
                      "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
@@ -125,17 +127,14 @@ def train(config, run: Run, args=None) -> None:
   predict_only = config.train.num_train_steps == 0  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
   if not predict_only:
     engine.check_training_config(config, warn=False)  # before head.json or anything is written; the loop warns
-  task, tokenizer, model_config, model = _task_and_model(config, config.init_checkpoint or None,
-                                                         warm_start=not predict_only)
+  task, tokenizer, model_config, model = _task_and_model(config, weights, warm_start=not predict_only)
   if predict_only:
-    if not config.init_checkpoint:
+    if weights is None:
       raise InputError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
                        "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
-    check_head_trained_for(task, weights_identity(config.init_checkpoint),
-                           f"init_checkpoint={config.init_checkpoint}")  # refused, naming both and the fix
-    params = pretrained.merge_init_params(
-        jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))),
-        pretrained.load_init_params(config.init_checkpoint, model=config.model), required_prefix="",
+    check_head_trained_for(task, weights.head, f"{weights.flag}={weights.path}")  # refused, naming both and the fix
+    params = loading.merge_init_params(
+        jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))), weights.params, required_prefix="",
         head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
                  "to that run's workdir (for AX, the MNLI run's).")[0]
     path = predict_split_file(config, run, task, model, params, task.load_split("test", tokenizer))
@@ -146,7 +145,7 @@ def train(config, run: Run, args=None) -> None:
   # Read now, so that a bad test file stops the run before training rather than after it.
   test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
                  if storage.path(task.split_path(name)).exists()]
-  warm_start = _warm_start(config, task, model)  # weights refused before the workdir is written
+  warm_start = _warm_start(config, task, model, weights)  # weights refused before the workdir is written
   with WorkdirLock(run, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
     start = run_config.latest_step(run) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
@@ -172,7 +171,7 @@ def train(config, run: Run, args=None) -> None:
   if best is None:
     return
   if test_splits:
-    params = pretrained.load_pretrained(best["weights"])[1]
+    params = store.load_pretrained(best["weights"])[1]
     task.use_tuning(best["weights"])
   for split in test_splits:
     print(f"Test predictions (best checkpoint): {predict_split_file(config, run, task, model, params, split)}",
@@ -186,28 +185,29 @@ def train(config, run: Run, args=None) -> None:
                    f"--dst={prefix}_hf")
 
 
-def _trained_params(config, run: Run, task, model):
-  """The run's best (else latest) weights, refused unless their head was trained for `task` as it is now
-  (a pretraining run has none) and their model is config.model's."""
+def _trained_params(config, run: Run, weights: Weights, task, model):
+  """The run's best (else latest) weights (`weights`, resolved from its workdir), refused unless their head was
+  trained for `task` as it is now (a pretraining run has none) and their model is config.model's."""
   workdir, best = run.workdir, read_best(run)
-  check_identity(task, recorded_identity(run, best), f"--workdir={workdir}")
+  check_identity(task, weights.head, f"--workdir={workdir}")
   provenance.check_reader(workdir, "--workdir", config)
   task.use_tuning(run.best_weights(best) if best else workdir)
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
-  params = pretrained.load_init_params(workdir, "--workdir", model=config.model)
-  pretrained.check_params(jax.eval_shape(lambda: nn.unbox(task.init_params(model, jax.random.key(0)))), params,
-                          required_prefix="", name=f"--workdir={workdir}",
-                          head_fix="Pass the --workdir of a run fine-tuned for this task; pretrained weights "
-                                   "are what fine-tuning starts from (--config.init_checkpoint).")
+  params = weights.params
+  loading.check_params(jax.eval_shape(lambda: nn.unbox(task.init_params(model, jax.random.key(0)))), params,
+                       required_prefix="", name=f"--workdir={workdir}",
+                       head_fix="Pass the --workdir of a run fine-tuned for this task; pretrained weights "
+                                "are what fine-tuning starts from (--config.init_checkpoint).")
   return params, which
 
 
 def evaluate(config, run: Run, args=None) -> None:
   """`--mode=eval`: scores the dev splits with the best (else latest) weights and writes their predictions into the
   run's folder, or into the folder `--output` names (then the run's folder is only read)."""
-  config = pretrained.with_recorded_model(config, run.workdir)
-  task, tokenizer, _, model = _task_and_model(config, run.workdir)
-  params, which = _trained_params(config, run, task, model)
+  weights = resolve(run.workdir, config, args and args.overrides, flag="--workdir")
+  config = weights.config
+  task, tokenizer, _, model = _task_and_model(config, weights)
+  params, which = _trained_params(config, run, weights, task, model)
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
@@ -228,11 +228,12 @@ def predict(config, run: Run, args) -> None:
   if bool(args.split) == bool(input_path) or (input_path and not output_path):
     raise InputError("--mode=predict needs --input=FILE (your TSV/JSONL) and --output=PATH, or --split=NAME (a "
                      "split of the task: test, dev, test_mismatched, ax, ...) with an optional --output.")
-  config = pretrained.with_recorded_model(config, run.workdir)
-  task, tokenizer, _, model = _task_and_model(config, run.workdir)
+  weights = resolve(run.workdir, config, args.overrides, flag="--workdir")
+  config = weights.config
+  task, tokenizer, _, model = _task_and_model(config, weights)
   if output_path:
     prediction_rows.check_output(task, output_path)
-  params, which = _trained_params(config, run, task, model)
+  params, which = _trained_params(config, run, weights, task, model)
   if args.split:
     path = predict_split_file(config, run, task, model, params, task.load_split(args.split, tokenizer),
                               output_path)

@@ -10,7 +10,7 @@ recorded with the weights:
 - which transformers class fine-tuned params leave as and come in from (`hf_head_from_config`, `hf_head_for`,
   `hf_config_fields`; SQuAD v2's answer-class head has none);
 - whether weights computed the config's model in what no shape shows: heads, layers, activation
-  (`check_shapeless_fields`, run at every weight load by `pretrained.check_same_function`).
+  (`check_shapeless_fields`, run at every weight load by `record.check_same_function`).
 The Flax heads themselves are in `tasks/heads.py`.
 """
 from __future__ import annotations

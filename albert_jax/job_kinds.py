@@ -29,6 +29,7 @@ class RunArgs:
   fit: bool = False
   pooling: str = "mean"
   split: str | None = None
+  overrides: tuple[str, ...] | None = None  # the `a.b` of each --config.a.b given; None: a config built in Python
 
 
 class JobKind:
@@ -194,9 +195,10 @@ class FineTuning(EncoderJob):
   def describe(self, run: Run | None = None, args: RunArgs | None = None) -> None:
     """The task's model (the same encoder, the task's head): the counts of the parameters it trains."""
     import jax
-    from albert_jax import describe, pretrained
+    from albert_jax import describe
     from albert_jax.tasks import get_task
-    config = pretrained.with_classifier_head(self.config, self.config.get("init_checkpoint"))
+    from albert_jax.weights import record
+    config = record.with_classifier_head(self.config, self.config.get("init_checkpoint"))
     model_config = self.model_config(config)
     task = get_task(config)
     model = task.build_model(model_config)

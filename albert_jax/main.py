@@ -65,15 +65,19 @@ def main(argv) -> None:
   console.install()
   with one_line_user_errors():
     cli.check_command_line(argv, FLAGS.mode)
-    run(FLAGS.config, FLAGS.workdir, FLAGS.mode)
+    run(FLAGS.config, FLAGS.workdir, FLAGS.mode, tuple(config_flags.get_override_values(FLAGS["config"])))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
+def run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str,
+        overrides: tuple[str, ...] | None = None) -> None:
+  """`overrides`: the `a.b` of each `--config.a.b` of the command line, which the weights' record does not replace
+  (`weights.resolve`); None for a config built in Python."""
   with refusal.leaves_no_new_workdir(workdir if runner.MODES[mode_name].needs_workdir else None):
-    _run(config, workdir, mode_name)
+    _run(config, workdir, mode_name, overrides)
 
 
-def _run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str) -> None:
+def _run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str,
+         overrides: tuple[str, ...] | None) -> None:
   kind, training_run = job_kinds.kind_for(config), Run(workdir) if workdir else None
   if runner.MODES[mode_name].needs_workdir:
     cli.check_workdir(workdir, mode_name, FLAGS.output, eval_reads_only=kind.eval_reads_only())
@@ -88,7 +92,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str)
     jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip
   runner.run_mode(kind, training_run, mode_name, job_kinds.RunArgs(
       input=FLAGS.input, output=FLAGS.output, topology=FLAGS.topology, num_slices=FLAGS.num_slices, fit=FLAGS.fit,
-      pooling=FLAGS.pooling, split=FLAGS.split))
+      pooling=FLAGS.pooling, split=FLAGS.split, overrides=overrides))
 
 
 if __name__ == "__main__":

@@ -17,11 +17,13 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import console, engine, flops, loop, pretrained, storage
+from albert_jax import console, engine, flops, loop, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run, config as run_config, provenance
+from albert_jax.weights import loading, record
+from albert_jax.weights.resolve import resolve
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.masking import num_prediction_slots
 
@@ -136,7 +138,7 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, run: 
   data_config = config.data
   if kind == "tiny":  # the bundled corpus, built once
     data_config = ml_collections.ConfigDict({**config.data.to_dict(),
-                                             "path": pretrained.tiny_data_dir(config.data.path, run)})
+                                             "path": record.tiny_data_dir(config.data.path, run)})
   if kind == "tiny" and jax.process_count() > 1:
     _build_tiny_dataset_on_process_0_first(data_config.path)
   batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
@@ -285,9 +287,9 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
   if run_config.latest_step(run) is not None:
     provenance.check_resume(run, job.inputs, config)
   elif config.init_checkpoint:  # a warm start; a resume goes on from its own weights
-    provenance.check_reader(config.init_checkpoint, "init_checkpoint", config)
-    loaded = pretrained.load_init_params(config.init_checkpoint, model=config.model)
-    job = dataclasses.replace(job, warm_start=pretrained.warm_start(loaded, job.init_params))
+    weights = resolve(config.init_checkpoint, config)
+    provenance.check_reader(weights.path, weights.flag, config)
+    job = dataclasses.replace(job, warm_start=loading.warm_start(weights.params, job.init_params))
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)
   console.say_done(f"checkpoint {os.path.join(run.checkpoints, str(latest))}", _fine_tuning_command(run.workdir))
@@ -297,8 +299,8 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
 def _fine_tuning_command(workdir: str) -> str:
   """The command that fine-tunes GLUE RTE from the run in `workdir` (DATA/glue: the GLUE folder, whose "not found"
   names the download command): its model, and its tokenizer where it recorded one, are taken from there
-  (`pretrained.take_recorded`). The experiment file by its absolute path, so the line runs from any folder."""
-  spm = "" if pretrained.recorded_tokenizer(workdir) else ",spm=SPM"
+  (`record.take_recorded`). The experiment file by its absolute path, so the line runs from any folder."""
+  spm = "" if record.recorded_tokenizer(workdir) else ",spm=SPM"
   glue = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "glue.py")
   return (f"{console.python()} -m albert_jax.main --config {shlex.quote(f'{glue}:task=rte,data=DATA/glue{spm}')} "
           f"--workdir {workdir.rstrip('/')}_rte --config.init_checkpoint={workdir}")
@@ -322,7 +324,7 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
 def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job
                         ) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the run's latest checkpoint, also printed as one JSON line."""
-  pretrained.check_same_function(run.workdir, config.model, "--workdir")
+  record.check_same_function(run.workdir, config.model, "--workdir")
   provenance.check_reader(run.workdir, "--workdir", config, provenance.pretraining_inputs(config))
   if run_config.latest_step(run) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(run.checkpoints)}; train first (--mode=train).")

@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 import numpy as np
 from absl import app, flags
+from ml_collections import config_flags
 
-from albert_jax import cli, job_kinds, main, optim, pretrained, runner, stop_signals, storage
+from albert_jax import cli, job_kinds, main, optim, runner, stop_signals, storage
 from albert_jax.errors import InputError, one_line_user_errors
 from albert_jax.formats import hf
 from albert_jax.head_identity import check_identity, task_for_weights
@@ -35,6 +36,7 @@ from albert_jax.run.best import read_best, recorded_identity
 from albert_jax.run.layout import SEEDS_FILE as REPORT_FILE
 from albert_jax.seeds_report import best_run, grid_report, grid_table, report, table
 from albert_jax.tasks.classification import MultiLabelClassificationTask
+from albert_jax.weights.resolve import resolve
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("seeds", None, "How many seeds of the recipe to run (the paper's GLUE table: 5).")
@@ -313,7 +315,8 @@ def cli_main(argv: list[str]) -> None:
     learning_rates = parse_learning_rates(FLAGS.learning_rates)
     # as albert_jax.main's fine-tuning takes them, once for every seed's copy of the config
     hf.use_converted_init_checkpoint(config)
-    config = pretrained.with_recorded_model(config, config.init_checkpoint)
+    if config.init_checkpoint:
+      config = resolve(config.init_checkpoint, config, tuple(config_flags.get_override_values(FLAGS["config"]))).config
     cli.check_workdir(workdir, "train")
     check_grid(folder, learning_rates)
     main.initialize_distributed()  # once for every seed: jax.distributed.initialize may run once per process

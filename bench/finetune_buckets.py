@@ -113,15 +113,16 @@ def train_run(workdir: str, buckets_spec: str, args: argparse.Namespace) -> dict
 
 
 def prediction_check(weights: str, args: argparse.Namespace) -> dict:
-  from albert_jax import engine, feature_batches, finetune, pretrained
+  from albert_jax import engine, feature_batches, finetune
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import get_task, make_tokenizer
+  from albert_jax.weights import store
   config = glue_config("sst-2", args, args.buckets)
   task = get_task(config)
   split = task.load_split("dev", make_tokenizer(config))
   model = task.build_model(model_config_from(config))
   s = engine.setup(config, finetune.make_job(config, task, model))
-  params = pretrained.load_pretrained(weights)[1]
+  params = store.load_pretrained(weights)[1]
   probabilities = {}
   with s.context():
     params = s.replicate(params)

@@ -225,7 +225,7 @@ def cap_micro_batch(c: ml_collections.ConfigDict, sequences_per_example: int) ->
   example longer than the budget (RACE's 4 × 512 tokens at xlarge and xxlarge) keeps only the matmuls' outputs.
   Both follow the run's own data.max_seq_length: they are ml_collections references computed when the config is
   read, after the command line's overrides and the cap at the weights' max_position_embeddings
-  (`pretrained.take_recorded`); an explicit --config.train.max_micro_batch_size or model.remat_policy wins."""
+  (`weights.record.take_recorded`); an explicit --config.train.max_micro_batch_size or model.remat_policy wins."""
   budget = FINETUNE_TOKENS_PER_DEVICE.get(c.model_size.removesuffix("_v1").removesuffix("_v2"))
   if budget is None:
     return

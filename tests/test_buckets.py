@@ -145,9 +145,10 @@ def rte_config(root, spm_model, *overrides):
 @pytest.mark.slow
 def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predicts_as_unbucketed(shared_data,
                                                                                                    tmp_path):
-  from albert_jax import engine, feature_batches, finetune, pretrained
+  from albert_jax import engine, feature_batches, finetune
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import get_task, make_tokenizer
+  from albert_jax.weights import store
   root, spm_model = glue_data(shared_data, "rte", tmp_path / "glue"), spm(shared_data)
   spec = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm_model}"
   bucketed = ["--config.data.max_seq_length=128", "--config.data.length_buckets=32,64"]
@@ -173,7 +174,7 @@ def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predict
   s = engine.setup(config, finetune.make_job(config, task, model))
   weights = json.load(open(tmp_path / "straight" / "best" / "best.json"))["weights"]
   with s.context():
-    params = s.replicate(pretrained.load_pretrained(weights)[1])
+    params = s.replicate(store.load_pretrained(weights)[1])
     logits = [feature_batches.predict_features(task.predictor(model), params, dev.features, s,
                                                lengths=lengths)["logits"]
               for lengths in ((128,), feature_batches.length_buckets(config, task))]

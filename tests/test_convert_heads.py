@@ -11,19 +11,21 @@ import os
 import re
 import subprocess
 import sys
-import types
 
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
-from albert_jax import cli, compilation_cache, convert, embed, finetune, job_kinds, pretrain, pretrained
-from albert_jax.errors import InputError
+from albert_jax import cli, compilation_cache, convert, embed, finetune, job_kinds, pretrain
 from albert_jax import model as model_lib
+from albert_jax.errors import InputError
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run
+from albert_jax.run.layout import HEAD_FILE
 from albert_jax.tasks.heads import PooledClassifier
+from albert_jax.weights import store
+from albert_jax.weights.resolve import resolve
 from experiments import classification, glue, pretrain_tiny
 from tests.helpers import REPO, config_for, glue_data, quietly, spm, write_split
 
@@ -92,7 +94,7 @@ def test_a_converted_classifier_predicts_and_exports_in_its_own_class_order(hf, 
   weights = converted(hf, tmp_path, "AlbertForSequenceClassification", **labelled(["pos", "neg"]))
   texts = tmp_path / "in.tsv"
   write_split(texts, 3, labeled=False)
-  args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
+  args = job_kinds.RunArgs(input=str(texts), output=str(tmp_path / "out.jsonl"))
   quietly(finetune.predict, own_data_config(shared_data, tmp_path), Run(weights), args)
   rows = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
   assert [(r["label"], list(r["probabilities"])) for r in rows] == [("pos", ["pos", "neg"])] * 3
@@ -106,7 +108,7 @@ def test_a_converted_classifier_predicts_and_exports_in_its_own_class_order(hf, 
       ["AlbertForSequenceClassification"], {"0": "pos", "1": "neg"}, {"pos": 0, "neg": 1},
       "single_label_classification")
   hf.assert_same_tensors(hf.read(tmp_path / "ours_hf"), hf.read(tmp_path / "back"))
-  assert json.loads((tmp_path / "ours" / pretrained.HEAD_FILE).read_text()) == {
+  assert json.loads((tmp_path / "ours" / HEAD_FILE).read_text()) == {
       "hf_architecture": "AlbertForSequenceClassification", "labels": ["pos", "neg"], "num_labels": 2,
       "problem_type": None}
 
@@ -121,7 +123,7 @@ def test_a_fine_tuning_run_exports_the_class_order_it_recorded(shared_data, tmp_
   model_config = model_config_from(config)
   params = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(model_lib.abstract_params(
       PooledClassifier(model_config, 2))))
-  pretrained.save_pretrained(str(step), model_config, params)
+  store.save_pretrained(str(step), model_config, params)
   (workdir / "config.json").write_text(config.to_json_best_effort())
   (workdir / "best" / "best.json").write_text(json.dumps(
       {"step": 3, "metric": "accuracy", "value": 0.5, "weights": str(step),
@@ -159,12 +161,12 @@ def test_glue_reads_a_converted_head_in_its_fixed_order_or_refuses_it(hf, shared
   fresh = jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0))))
   for weights, kept in ((same, True), (swapped, False)):
     config.init_checkpoint = weights
-    start, printed = printing(finetune._warm_start, config, task, model)
+    start, printed = printing(finetune._warm_start, config, task, model, resolve(weights, config))
     params, left_fresh = start(fresh)
     assert ("classifier/kernel" not in left_fresh) == kept
     assert ("starts afresh" in printed) == (not kept)
     np.testing.assert_array_equal(params["classifier"]["bias"],
-                                  pretrained.load_pretrained(weights)[1]["classifier"]["bias"] if kept
+                                  store.load_pretrained(weights)[1]["classifier"]["bias"] if kept
                                   else fresh["classifier"]["bias"])
 
 
@@ -175,13 +177,15 @@ def test_a_warm_start_takes_a_converted_heads_order_for_the_train_files_classes(
   config = own_data_config(shared_data, tmp_path)
   config.init_checkpoint = converted(hf, tmp_path, "AlbertForSequenceClassification", "ours",
                                      **labelled(["pos", "neg"]))
-  assert finetune._task_and_model(config, config.init_checkpoint, warm_start=True)[0].labels == ("pos", "neg")
+  assert finetune._task_and_model(config, resolve(config.init_checkpoint, config), warm_start=True)[0].labels == (
+      "pos", "neg")
   config.init_checkpoint = converted(hf, tmp_path, "AlbertForSequenceClassification", "other",
                                      **labelled(["yes", "no"]))
-  task, _, _, model = finetune._task_and_model(config, config.init_checkpoint, warm_start=True)
+  weights = resolve(config.init_checkpoint, config)
+  task, _, _, model = finetune._task_and_model(config, weights, warm_start=True)
   assert task.labels == ("neg", "pos")
   assert "labels=yes|no, num_labels=2, not for this run's task=classification, labels=neg|pos: it starts afresh" in (
-      quietly(finetune._warm_start, config, task, model))
+      quietly(finetune._warm_start, config, task, model, weights))
 
 
 @pytest.mark.hf
@@ -199,7 +203,7 @@ def test_hf_to_ours_to_hf_keeps_id2label_and_problem_type(hf, tmp_path, override
   assert back["id2label"] == source["id2label"] and back["label2id"] == source["label2id"]
   assert back["problem_type"] == (source.get("problem_type") or "single_label_classification")
   hf.assert_same_tensors(hf.read(tmp_path / "ours_hf"), hf.read(tmp_path / "back"))
-  assert json.loads((tmp_path / "ours" / pretrained.HEAD_FILE).read_text()) == {
+  assert json.loads((tmp_path / "ours" / HEAD_FILE).read_text()) == {
       "hf_architecture": "AlbertForSequenceClassification", **head}
 
 
@@ -216,7 +220,7 @@ def test_a_converted_multi_label_classifier_predicts_a_sigmoid_per_class_in_its_
   write_split(data / "train.tsv", 8)
   texts = tmp_path / "in.tsv"
   write_split(texts, 3, labeled=False)
-  args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
+  args = job_kinds.RunArgs(input=str(texts), output=str(tmp_path / "out.jsonl"))
   config = classification.get_config(f"size=tiny,data={data},spm={spm(shared_data)},text=sentence,multi_label=true")
   config.model.update(MODEL)
   config.data.max_seq_length = 16
@@ -243,7 +247,7 @@ def test_classes_without_a_pooler_round_trip_as_themselves(hf, tmp_path, archite
   """transformers builds both without the pooler: loaded as zeros, not written back, and each exports as its own
   class (no invented pooler, no AlbertForSequenceClassification for a token classifier)."""
   weights = converted(hf, tmp_path, architecture, **{**overrides, "vocab_size": 97})
-  assert not np.any(pretrained.load_pretrained(weights)[1]["albert"]["pooler"]["kernel"])
+  assert not np.any(store.load_pretrained(weights)[1]["albert"]["pooler"]["kernel"])
   convert.convert(None, "hf", weights, str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
   back = json.loads((tmp_path / "back" / "config.json").read_text())
   assert back["architectures"] == [architecture] and back.get("id2label") == (
@@ -268,8 +272,8 @@ def saved_with_heads(path, model_config, heads: int, config_json: bool = False) 
     (path / "config.json").write_text(json.dumps({"model": recorded.to_dict()}))
     return str(path)
   backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
-  pretrained.save_pretrained(str(path), recorded, {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
-                                                                          nn.unbox(backbone))})
+  store.save_pretrained(str(path), recorded, {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
+                                                                     nn.unbox(backbone))})
   return str(path)
 
 
@@ -297,7 +301,7 @@ def test_embed_refuses_an_init_checkpoint_or_workdir_with_another_head_count(sha
   config = own_data_config(shared_data, tmp_path)
   config.model.num_attention_heads = 4
   (tmp_path / "texts.txt").write_text("a good film\n")
-  args = types.SimpleNamespace(input=str(tmp_path / "texts.txt"), output=str(tmp_path / "out.npy"), pooling="mean")
+  args = job_kinds.RunArgs(input=str(tmp_path / "texts.txt"), output=str(tmp_path / "out.npy"))
   config.init_checkpoint = saved_with_heads(tmp_path / "init", model_config_from(config), 8)
   with pytest.raises(ValueError, match=refused("init_checkpoint", config.init_checkpoint)):
     embed.embed(config, Run(str(tmp_path / "new")), args, job_kinds.kind_for(config))

@@ -12,15 +12,16 @@ import time
 
 import pytest
 
-from albert_jax import engine, pretrain, pretrained
-from albert_jax.formats import hf_albert, hf_files
+from albert_jax import engine, pretrain
 from albert_jax import model_config as model_config_lib
 from albert_jax.errors import InputError, UserError
+from albert_jax.formats import hf_albert, hf_files
 from albert_jax.model import AlbertForPreTraining, abstract_params, count_params
 from albert_jax.model_config import model_config_for
 from albert_jax.run import Run
 from albert_jax.run.best import read_best
 from albert_jax.run.layout import BEST_DIR, BEST_FILE
+from albert_jax.weights import record, store
 from experiments import pretrain_tiny
 from tests.helpers import REPO, SMALL_RUN, TINY_RUN, finetune_cli, glue_data, pretrain_cli, require_module, spm
 
@@ -111,12 +112,12 @@ def test_a_garbled_config_json_is_refused(tmp_path, text, message):
 
 @pytest.mark.parametrize("text", ["{\"vocab_size\": 30000,", "[]"], ids=["cut-short", "a-list"])
 def test_a_garbled_model_config_json_of_converted_weights_is_refused(tmp_path, text):
-  (tmp_path / pretrained.PARAMS_DIR).mkdir()
-  (tmp_path / pretrained.CONFIG_FILE).write_text(text)
-  for load in (pretrained.load_pretrained, lambda path: pretrained.check_same_function(path, {})):
+  (tmp_path / store.PARAMS_DIR).mkdir()
+  (tmp_path / store.CONFIG_FILE).write_text(text)
+  for load in (store.load_pretrained, lambda path: record.check_same_function(path, {})):
     with pytest.raises(InputError) as error:
       load(str(tmp_path))
-    assert one_line(error).startswith(f"{tmp_path / pretrained.CONFIG_FILE} is not a model config")
+    assert one_line(error).startswith(f"{tmp_path / store.CONFIG_FILE} is not a model config")
 
 
 # ------------------------------------------------------------------------------------------ best/best.json

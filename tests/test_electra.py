@@ -11,11 +11,11 @@ import numpy as np
 import optax
 import pytest
 
-from albert_jax import pretrained
 from albert_jax.errors import InputError
 from albert_jax.families import electra_pretraining as electra
 from albert_jax.families.electra_model import ElectraForPreTraining, generator_config
 from albert_jax.model import AlbertForPreTraining, AlbertModel, dummy_inputs
+from albert_jax.weights import loading
 from experiments import pretrain_electra
 from tests.helpers import SMALL_RUN, TINY_MODEL, assert_trees_equal, final_params, logged, pretrain_cli
 
@@ -227,7 +227,7 @@ def test_run_logs_the_discriminator_metrics_and_resumes_exactly(electra_run, tmp
 
 def test_fine_tuning_loads_the_discriminator_and_drops_the_generator(electra_run, capsys):
   workdir, _ = electra_run
-  loaded = pretrained.load_init_params(str(workdir))
+  loaded = loading.load_init_params(str(workdir))
   assert "is an ELECTRA run" in capsys.readouterr().out
   _, saved = final_params(workdir)
   assert list(loaded) == ["albert"]
@@ -236,7 +236,7 @@ def test_fine_tuning_loads_the_discriminator_and_drops_the_generator(electra_run
   from albert_jax.model_config import ModelConfig
   target = jax.eval_shape(lambda: flax.linen.unbox(AlbertForPreTraining(ModelConfig.from_mapping(config)).init(
       jax.random.key(0), **dummy_inputs(1, 8))["params"]))
-  merged, fresh = pretrained.merge_init_params(target, loaded)
+  merged, fresh = loading.merge_init_params(target, loaded)
   assert sorted({path.split("/")[0] for path in fresh}) == ["predictions", "sop_classifier"]
   assert_trees_equal(merged["albert"], saved["albert"])
 

@@ -12,16 +12,17 @@ import ml_collections
 import numpy as np
 import pytest
 
-from albert_jax import convert, finetune, job_kinds, pretrained
-from albert_jax.formats import hf_electra, hf_tokenizer
+from albert_jax import convert, finetune, job_kinds
 from albert_jax.errors import InputError
 from albert_jax.families.electra import HF_SEQUENCE_CLASSIFICATION as ELECTRA_SEQUENCE_CLASSIFICATION
 from albert_jax.families.electra_model import ElectraClassifier
+from albert_jax.formats import hf_electra, hf_tokenizer
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig, model_config_from
 from albert_jax.run import Run
 from albert_jax.tasks import TaskSettings, alignment, get_task
 from albert_jax.tasks.heads import PooledClassifier
+from albert_jax.weights import record, store
 from data_pipeline.wordpiece import WordPieceTokenizer
 from experiments import glue
 from tests.helpers import config_for, quietly, write_split
@@ -70,12 +71,12 @@ def test_electra_for_sequence_classification_converts_both_ways(hf, tmp_path):
   model = hf_classifier(hf)
   source = hf.saved(model, tmp_path / "hf")
   convert.convert("hf", None, source, str(tmp_path / "ours"))
-  model_config, params = pretrained.load_pretrained(str(tmp_path / "ours"))
+  model_config, params = store.load_pretrained(str(tmp_path / "ours"))
   assert sorted(params["classifier"]) == ["dense", "out_proj"]
   np.testing.assert_allclose(our_logits(model_config, params), hf_logits(hf, model), atol=1e-4, rtol=0)
   assert json.loads((tmp_path / "ours" / "head.json").read_text()) == {
       "hf_architecture": ELECTRA_SEQUENCE_CLASSIFICATION, "labels": LABELS, "num_labels": 3, "problem_type": None}
-  assert pretrained.backbone_family(str(tmp_path / "ours")) == "electra"
+  assert record.backbone_family(str(tmp_path / "ours")) == "electra"
 
   convert.convert(None, "hf", str(tmp_path / "ours"), str(tmp_path / "back"), spm_model=convert.NO_TOKENIZER)
   hf.assert_same_tensors({k: v for k, v in hf.read(source).items() if "position_ids" not in k},
@@ -125,10 +126,10 @@ def test_the_head_follows_the_backbone_and_is_recorded(tmp_path):
   (tmp_path / "albert_run").mkdir()
   (tmp_path / "albert_run" / "config.json").write_text(json.dumps({"task": "pretrain"}))
   config = ml_collections.ConfigDict({"classifier_head": "auto"})
-  chosen = lambda path, c=config: pretrained.with_classifier_head(c, path).classifier_head
+  chosen = lambda path, c=config: record.with_classifier_head(c, path).classifier_head
   assert [chosen(str(tmp_path / name)) for name in ("electra_run", "finetuned", "albert_run")] == [
       "electra", "electra", "auto"]  # auto: ALBERT's head
-  assert pretrained.with_classifier_head(config, "") is config and config.classifier_head == "auto"
+  assert record.with_classifier_head(config, "") is config and config.classifier_head == "auto"
   assert chosen(str(tmp_path / "electra_run"), ml_collections.ConfigDict({"classifier_head": "albert"})) == "albert"
 
   settings = dict(task="classification", path=str(tmp_path), labels=("a", "b"))
@@ -202,7 +203,7 @@ def test_fine_tuning_a_released_style_electra_folder_takes_its_head_and_vocab_an
   (source / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 24}))
   said = quietly(convert.convert, "hf", None, str(source), str(tmp_path / "ours"))
   assert "its tokenizer vocab.txt, do_lower_case=True" in said
-  assert pretrained.recorded_tokenizer(str(tmp_path / "ours")) == (str(tmp_path / "ours" / "vocab.txt"), True)
+  assert record.recorded_tokenizer(str(tmp_path / "ours")) == (str(tmp_path / "ours" / "vocab.txt"), True)
 
   data = tmp_path / "data"
   data.mkdir()
@@ -223,7 +224,7 @@ def test_fine_tuning_a_released_style_electra_folder_takes_its_head_and_vocab_an
   best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())["weights"]
   ids = np.minimum(IDS, len(VOCAB) - 1)
   np.testing.assert_allclose(hf_logits(hf, exported, ids), our_logits(model_config_from(config),
-                                                                      pretrained.load_pretrained(best)[1], ids),
+                                                                      store.load_pretrained(best)[1], ids),
                              atol=1e-4, rtol=0)
   original, back = (hf.transformers.AutoTokenizer.from_pretrained(folder) for folder in (source, tmp_path / "export"))
   assert (source / "vocab.txt").read_bytes() == (tmp_path / "export" / "vocab.txt").read_bytes()

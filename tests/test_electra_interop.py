@@ -14,13 +14,14 @@ from tests.helpers import final_params, pretrain_cli, require_module
 torch = require_module("torch", extra="hf")
 transformers = require_module("transformers", extra="hf")
 
-from albert_jax import convert, pretrained  # noqa: E402
-from albert_jax.formats import hf_electra  # noqa: E402
-from albert_jax.families.electra_model import ElectraForPreTraining, generator_config  # noqa: E402
+from albert_jax import convert  # noqa: E402
 from albert_jax.errors import InputError  # noqa: E402
+from albert_jax.families.electra_model import ElectraForPreTraining, generator_config  # noqa: E402
+from albert_jax.formats import hf_electra  # noqa: E402
 from albert_jax.model import (AlbertForPreTraining, AlbertModel, MaskedLMHead, abstract_params,  # noqa: E402
                               dummy_inputs)
 from albert_jax.model_config import ModelConfig  # noqa: E402
+from albert_jax.weights import loading
 from tests.test_electra import CONFIG, RUN  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -164,10 +165,10 @@ def test_convert_exports_an_electra_run_and_its_import_warm_starts_fine_tuning(t
   generator = transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "hf" / "generator")
   assert generator.config.hidden_size * 4 == hf.config.hidden_size
   convert.convert("hf", None, str(tmp_path / "hf"), str(tmp_path / "ours"))
-  loaded = pretrained.load_init_params(str(tmp_path / "ours"))
+  loaded = loading.load_init_params(str(tmp_path / "ours"))
   config = ModelConfig.from_mapping(json.load(open(run / "config.json"))["model"])
   target = jax.eval_shape(lambda: nn.unbox(AlbertForPreTraining(config).init(jax.random.key(0),
                                                                            **dummy_inputs(1, 8))["params"]))
-  merged, fresh = pretrained.merge_init_params(target, loaded)
+  merged, fresh = loading.merge_init_params(target, loaded)
   assert sorted({path.split("/")[0] for path in fresh}) == ["predictions", "sop_classifier"]
   jax.tree.map(np.testing.assert_array_equal, merged["albert"]["encoder"], saved["albert"]["encoder"])

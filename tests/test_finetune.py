@@ -17,10 +17,12 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import finetune, model as model_lib, pretrained
+from albert_jax import finetune, model as model_lib
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run
 from albert_jax.tasks.squad import null_odds_path
+from albert_jax.weights import store
+from albert_jax.weights.resolve import resolve
 from experiments import glue as glue_experiment
 from tests.cli_forks import run_each
 from tests.helpers import REPO, TINY_RUN, cpu_env, finetune_cli, glue_data, rte_pairs, spm, squad_data, write_tsv
@@ -161,7 +163,7 @@ def _best_dir(workdir):
   best = json.load(open(workdir / "best" / "best.json"))
   step_dir = Path(best.pop("weights"))
   assert [p.name for p in (workdir / "best").glob("step_*")] == [step_dir.name]  # older steps deleted
-  params = jax.tree.map(np.asarray, pretrained.load_pretrained(str(step_dir))[1])
+  params = jax.tree.map(np.asarray, store.load_pretrained(str(step_dir))[1])
   return best, params, (step_dir / "dev_predictions.tsv").read_text(), (workdir / "RTE.tsv").read_text()
 
 
@@ -176,7 +178,7 @@ def test_two_processes_fine_tune_to_the_same_best_as_one_process(shared_data, tm
   arg = f"task=rte,size=tiny,data={root},spm={spm(shared_data)}"
   model_config = model_config_from(glue_experiment.get_config(arg)).replace(num_hidden_layers=2)
   backbone = jax.jit(lambda key: model_lib.init_params(model_lib.AlbertModel(model_config), key))(jax.random.key(1))
-  pretrained.save_pretrained(str(tmp_path / "init"), model_config, {"albert": backbone})
+  store.save_pretrained(str(tmp_path / "init"), model_config, {"albert": backbone})
   run = [*(o for o in TINY_RUN if "allow_random_init" not in o), f"--config.init_checkpoint={tmp_path / 'init'}",
          "--config.train.num_train_steps=3", "--config.train.eval_every=1", "--config.train.learning_rate=0",
          "--config.checkpoint.async_save=false"]
@@ -202,12 +204,13 @@ def test_warm_start_refuses_a_head_count_that_no_weight_shape_shows(tmp_path):
   model_config = model_config_from(config)
   backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
   backbone = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))
-  pretrained.save_pretrained(str(tmp_path / "init"), model_config.replace(num_attention_heads=8), {"albert": backbone})
+  store.save_pretrained(str(tmp_path / "init"), model_config.replace(num_attention_heads=8), {"albert": backbone})
   config.init_checkpoint = str(tmp_path / "init")
   config.data.max_seq_length = 64  # the recipe's 512 exceeds the tiny model's positions
   task = finetune.get_task(config)
   with pytest.raises(ValueError, match="num_attention_heads=8 but this run has 4.*--config.model.num_attention_heads=8"):
-    finetune._warm_start(config, task, task.build_model(model_config))
+    weights = resolve(config.init_checkpoint, config)
+    finetune._warm_start(config, task, task.build_model(model_config), weights)
 
 
 def test_weights_refused_at_start_up_leave_no_workdir(shared_data, tmp_path):
@@ -217,8 +220,8 @@ def test_weights_refused_at_start_up_leave_no_workdir(shared_data, tmp_path):
   config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)}"
   model_config = model_config_from(glue_experiment.get_config("task=rte,size=tiny")).replace(vocab_size=300)
   backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
-  pretrained.save_pretrained(str(tmp_path / "init"), model_config,
-                             {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))})
+  store.save_pretrained(str(tmp_path / "init"), model_config,
+                        {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))})
   cases = ((tmp_path / "init", "init_checkpoint does not match the model's backbone"),
            (tmp_path / "missing", "is neither a pretrained-weights directory"))
   results = refused(*((config, tmp_path / f"run{i}", "--config.train.num_train_steps=1",

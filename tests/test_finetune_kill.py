@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import pretrained
 from albert_jax.run import Run
+from albert_jax.run.best import read_best
+from albert_jax.weights import store
 from tests.helpers import TINY_RUN, assert_trees_equal, finetune_cli as cli, glue_data, spm, write_tsv
 from tests.processes import TMP_MARK, Launch, records, without_timing
 
@@ -25,7 +26,7 @@ RUN = [*(o for o in TINY_RUN if "num_train_steps" not in o and "every" not in o)
 
 
 def best_step(workdir: Path) -> int | None:
-  record = pretrained.read_best(Run(str(workdir)))
+  record = read_best(Run(str(workdir)))
   return record and record["step"]
 
 
@@ -91,11 +92,11 @@ def test_fine_tuning_killed_at_its_best_saves_and_predictions_ends_like_an_unint
     assert not launch.saw("Traceback"), f"{context}\n{launch.output()}"
 
   # The same best: its record, its weights bit for bit, its dev predictions, the test predictions.
-  best_a, best_b = pretrained.read_best(Run(str(reference))), pretrained.read_best(Run(str(victim)))
+  best_a, best_b = read_best(Run(str(reference))), read_best(Run(str(victim)))
   weights_a, weights_b = Path(best_a.pop("weights")), Path(best_b.pop("weights"))
   assert best_a == best_b and weights_b == victim / "best" / weights_a.name, context
   assert sorted(p.name for p in (victim / "best").iterdir()) == ["best.json", weights_a.name], context  # pruned
-  assert_trees_equal(*(jax.tree.map(np.asarray, pretrained.load_pretrained(str(w))[1])
+  assert_trees_equal(*(jax.tree.map(np.asarray, store.load_pretrained(str(w))[1])
                        for w in (weights_a, weights_b)))
   for name in (f"best/{weights_a.name}/dev_predictions.tsv", f"best/{weights_a.name}/model_config.json", "STS-B.tsv",
                "head.json"):

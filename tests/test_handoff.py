@@ -1,5 +1,5 @@
 """From a pretraining run to fine-tuning with nothing but its path: `init_checkpoint` gives the model and the
-tokenizer (`pretrained.take_recorded`), explicit overrides win and conflicts are refused, every process takes process
+tokenizer (`record.take_recorded`), explicit overrides win and conflicts are refused, every process takes process
 0's values, and the README's four commands (pretrain -> fine-tune RTE -> predict -> export) run as written."""
 import json
 import os
@@ -13,8 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import finetune, model as model_lib, pretrained
+from albert_jax import finetune, model as model_lib
 from albert_jax.model_config import model_config_for, model_config_from
+from albert_jax.weights import record, store
+from albert_jax.weights.resolve import resolve
 from experiments import glue as glue_experiment
 from tests.helpers import REPO, glue_data, logged
 from tests.processes import communicate_all, free_port
@@ -48,7 +50,7 @@ def test_the_model_and_the_tokenizer_of_the_run_are_taken_unless_the_command_lin
   workdir = training_workdir(tmp_path / "pre", {"kind": "tiny", "path": "", "spm_model": ""})
   prepared_tokenizer(tmp_path / "pre" / "tiny_data" / "prepared", do_lower_case=False)
   spm = f"{workdir}/tiny_data/prepared/spiece.model"
-  config, said = pretrained.take_recorded(glue_experiment.get_config("task=rte"), workdir, explicit=())
+  config, said = record.take_recorded(glue_experiment.get_config("task=rte"), workdir, explicit=())
   assert model_config_from(config) == model_config_for("base", **TINY_RUN_MODEL, dtype="float32")
   assert (config.data.spm_model, config.data.do_lower_case, config.data.max_seq_length) == (spm, False, 128)
   assert config.train.max_micro_batch_size == 64  # base's 8192 tokens a device over the 128 taken, not over 512
@@ -56,13 +58,13 @@ def test_the_model_and_the_tokenizer_of_the_run_are_taken_unless_the_command_lin
                   f"spm_model={spm}, do_lower_case=False; {CAPPED}")
   given = glue_experiment.get_config(f"task=rte,spm={tmp_path / 'mine.model'}")
   given.model.hidden_size, given.data.max_seq_length = 768, 512  # given, equal to the experiment's: still kept
-  config, said = pretrained.take_recorded(given, workdir, explicit=("model.hidden_size", "data.max_seq_length"))
+  config, said = record.take_recorded(given, workdir, explicit=("model.hidden_size", "data.max_seq_length"))
   assert (config.model.hidden_size, config.model.num_hidden_layers, config.data.max_seq_length) == (768, 4, 512)
   assert config.train.max_micro_batch_size == 16  # 8192 // 512
   assert config.data.spm_model == str(tmp_path / "mine.model") and config.data.do_lower_case
   assert said == f"model from {workdir} (config.json): " + said_model(
       {k: v for k, v in TINY_RUN_MODEL.items() if k != "hidden_size"})
-  same, said = pretrained.take_recorded(config, workdir, explicit=("model.hidden_size", "data.max_seq_length"))
+  same, said = record.take_recorded(config, workdir, explicit=("model.hidden_size", "data.max_seq_length"))
   assert said is None and same.to_dict() == config.to_dict()
 
 
@@ -72,29 +74,29 @@ def test_the_tokenizer_of_each_kind_of_weights(tmp_path):
   prepared_tokenizer(tmp_path / "prepared", do_lower_case=False)
   pre = training_workdir(tmp_path / "pre", {"kind": "prepared", "path": str(tmp_path / "prepared"),
                                                "spm_model": "/data/spm.model"})
-  assert pretrained.recorded_tokenizer(pre) == ("/data/spm.model", False)
+  assert record.recorded_tokenizer(pre) == ("/data/spm.model", False)
   tuned = training_workdir(tmp_path / "rte", {"spm_model": "/data/rte.model", "do_lower_case": True})
   (tmp_path / "rte" / "best" / "step_8").mkdir(parents=True)
-  assert pretrained.recorded_tokenizer(f"{tuned}/best/step_8") == ("/data/rte.model", True)
+  assert record.recorded_tokenizer(f"{tuned}/best/step_8") == ("/data/rte.model", True)
   (tmp_path / "converted").mkdir()
-  assert pretrained.recorded_tokenizer(str(tmp_path / "converted")) is None
+  assert record.recorded_tokenizer(str(tmp_path / "converted")) is None
   (tmp_path / "converted" / "spiece.model").write_bytes(b"")
-  assert pretrained.recorded_tokenizer(str(tmp_path / "converted")) == (str(tmp_path / "converted/spiece.model"), None)
+  assert record.recorded_tokenizer(str(tmp_path / "converted")) == (str(tmp_path / "converted/spiece.model"), None)
   synthetic = training_workdir(tmp_path / "synthetic", {"kind": "synthetic", "path": "", "spm_model": ""})
-  assert pretrained.recorded_tokenizer(synthetic) is None
+  assert record.recorded_tokenizer(synthetic) is None
 
 
 def test_a_config_built_in_python_is_used_as_it_is(tmp_path):
   workdir = training_workdir(tmp_path / "pre", {"kind": "synthetic"})
   config = glue_experiment.get_config("task=rte")
-  assert pretrained.with_recorded_model(config, workdir) is config
+  assert resolve(workdir, config).config is config  # no overrides passed: not the command line's
 
 
 def test_explicit_values_that_contradict_the_weights_are_refused(tmp_path):
   model_config = model_config_for("tiny", num_hidden_layers=2)
   backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
-  pretrained.save_pretrained(str(tmp_path / "init"), model_config,
-                             {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))})
+  store.save_pretrained(str(tmp_path / "init"), model_config,
+                        {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))})
   base = glue_experiment.get_config(f"task=rte,spm={tmp_path / 'spm.model'}")
   base.init_checkpoint = str(tmp_path / "init")
   for field, value, message in (
@@ -103,20 +105,21 @@ def test_explicit_values_that_contradict_the_weights_are_refused(tmp_path):
       ("data.max_seq_length", 512, "data.max_seq_length=512 exceeds model.max_position_embeddings=128")):
     given = base.copy_and_resolve_references()
     given.update_from_flattened_dict({field: value})
-    config, said = pretrained.take_recorded(given, str(tmp_path / "init"), explicit=(field,))
+    config, said = record.take_recorded(given, str(tmp_path / "init"), explicit=(field,))
     assert said.startswith(f"model from {tmp_path / 'init'} (model_config.json): ")
     with pytest.raises(ValueError, match=message):
       task = finetune.get_task(config)
-      finetune._warm_start(config, task, task.build_model(model_config_from(config)))
+      weights = resolve(config.init_checkpoint, config)
+      finetune._warm_start(config, task, task.build_model(model_config_from(config)), weights)
 
 
 TWO_PROCESSES = """
 import json, sys
 import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
-from albert_jax import pretrained
+from albert_jax.weights import record
 from experiments import glue
-config, _ = pretrained.take_recorded(glue.get_config("task=rte"), sys.argv[3], explicit=())
+config, _ = record.take_recorded(glue.get_config("task=rte"), sys.argv[3], explicit=())
 print("RESULT", json.dumps([config.model.hidden_size, config.data.max_seq_length]), flush=True)
 """
 

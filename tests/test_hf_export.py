@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import tokenizers
 
-from albert_jax import convert, finetune, pretrained
-from albert_jax.formats import hf_tokenizer
+from albert_jax import convert, finetune, job_kinds
 from albert_jax import model as model_lib
 from albert_jax.errors import ExistsError, InputError
+from albert_jax.formats import hf_tokenizer
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run
 from albert_jax.tasks.heads import PooledClassifier
+from albert_jax.weights import record, store
 from data_pipeline import train_spm
 from data_pipeline.sources import Source
 from data_pipeline.tokenization import Tokenizer
@@ -48,7 +49,7 @@ def run(shared_data, tmp_path_factory):
   rng = np.random.RandomState(0)
   params = jax.tree.map(lambda x: (rng.standard_normal(x.shape) * 0.3).astype(np.float32),
                         nn.unbox(model_lib.abstract_params(PooledClassifier(model_config, 2))))
-  pretrained.save_pretrained(str(step), model_config, params)
+  store.save_pretrained(str(step), model_config, params)
   (workdir / "config.json").write_text(config.to_json_best_effort())
   (workdir / "best" / "best.json").write_text(json.dumps(
       {"step": 3, "metric": "accuracy", "value": 0.5, "weights": str(step),
@@ -61,7 +62,7 @@ def test_a_pipeline_on_the_export_gives_our_labels_and_probabilities(run):
   transformers = require_module("transformers", extra="hf")
   assert "checked to give its ids through" in run.said, run.said
   (run.root / "in.tsv").write_text("sentence\n" + "".join(f"{t}\n" for t in TEXTS))
-  args = types.SimpleNamespace(input=str(run.root / "in.tsv"), output=str(run.root / "out.jsonl"), split="")
+  args = job_kinds.RunArgs(input=str(run.root / "in.tsv"), output=str(run.root / "out.jsonl"))
   quietly(finetune.predict, run.config, Run(str(run.workdir)), args)
   ours = [json.loads(line) for line in open(run.root / "out.jsonl")]
   theirs = transformers.pipeline("text-classification", model=str(run.hf), top_k=None)(TEXTS)
@@ -77,7 +78,7 @@ def test_a_pipeline_with_truncation_takes_a_text_longer_than_the_positions_as_we
   transformers = require_module("transformers", extra="hf")
   long_text = " ".join(TEXTS * 40)
   (run.root / "long.tsv").write_text(f"sentence\n{long_text}\n")
-  args = types.SimpleNamespace(input=str(run.root / "long.tsv"), output=str(run.root / "long.jsonl"), split="")
+  args = job_kinds.RunArgs(input=str(run.root / "long.tsv"), output=str(run.root / "long.jsonl"), split="")
   quietly(finetune.predict, run.config, Run(str(run.workdir)), args)
   (mine,) = [json.loads(line) for line in open(run.root / "long.jsonl")]
   classify = transformers.pipeline("text-classification", model=str(run.hf), top_k=None)
@@ -218,8 +219,8 @@ def test_a_hugging_face_folder_converted_here_and_back_keeps_its_tokenizer(share
   ours, back = str(tmp_path / "ours"), str(tmp_path / "back")
   said = quietly(convert.convert, "hf", None, original, ours)
   assert said.rstrip().endswith("its tokenizer spiece.model, do_lower_case=False)."), said
-  assert pretrained.recorded_tokenizer(ours) == (f"{ours}/spiece.model", False)
-  config, taken = pretrained.take_recorded(config_for(tmp_path, ""), ours, explicit=())
+  assert record.recorded_tokenizer(ours) == (f"{ours}/spiece.model", False)
+  config, taken = record.take_recorded(config_for(tmp_path, ""), ours, explicit=())
   assert (config.data.spm_model, config.data.do_lower_case) == (f"{ours}/spiece.model", False), taken
   assert "checked to give its ids through" in quietly(convert.convert, None, "hf", ours, back)
   texts = [("A GREAT film, wasn't it?", None), ("Does Zoë live in São Paulo?", "She moved to Zürich last year.")]
@@ -234,7 +235,7 @@ def test_a_hugging_face_folder_without_spiece_model_is_converted_saying_what_run
   ours = str(tmp_path / "ours")
   said = quietly(convert.convert, "hf", None, saved(hf_model(), tmp_path / "original"), ours)
   assert "no tokenizer: " in said and "need data.spm_model and --to=hf needs --spm_model" in said, said
-  assert pretrained.recorded_tokenizer(ours) is None
+  assert record.recorded_tokenizer(ours) is None
 
 
 def test_every_exported_file_is_readable_by_others(run):

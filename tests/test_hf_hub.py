@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from huggingface_hub import constants
 
-from albert_jax import convert, pretrained
-from albert_jax.formats import hf, hf_hub
+from albert_jax import convert
 from albert_jax.errors import InputError, MissingFileError
+from albert_jax.formats import hf, hf_hub
+from albert_jax.weights import store
 from tests.helpers import REPO, cpu_env, glue_data, quietly, spm
 
 NAME = "albert-test/tiny-random"
@@ -83,7 +84,7 @@ def test_convert_takes_a_hub_name_and_init_checkpoint_reuses_its_conversion(offl
   assert quietly(hf.converted, NAME).startswith(f"init_checkpoint={NAME}: converted {NAME} at commit")
   assert os.listdir(offline / "models--albert-test--tiny-random") == [COMMIT]  # no partial conversion left
   assert quietly(hf.converted, NAME) == f"init_checkpoint={NAME}: reading its conversion in {target}\n"
-  (ours_model, ours), (cached_model, cached) = (pretrained.load_pretrained(p) for p in (str(tmp_path / "ours"), target))
+  (ours_model, ours), (cached_model, cached) = (store.load_pretrained(p) for p in (str(tmp_path / "ours"), target))
   assert ours_model == cached_model and jax.tree.structure(ours) == jax.tree.structure(cached)
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(cached)))
 

@@ -16,11 +16,12 @@ from tests.helpers import REPO, SMALL_RUN, final_params, pretrain_cli, require_m
 torch = require_module("torch", extra="hf")
 transformers = require_module("transformers", extra="hf")
 
-from albert_jax import convert, pretrained  # noqa: E402
-from albert_jax.formats import hf_albert, hf_files  # noqa: E402
+from albert_jax import convert  # noqa: E402
 from albert_jax import model as model_lib  # noqa: E402
+from albert_jax.formats import hf_albert, hf_files  # noqa: E402
 from albert_jax.model_config import ModelConfig  # noqa: E402
 from albert_jax.tasks.heads import PooledClassifier, SpanExtractor, TokenClassifier  # noqa: E402
+from albert_jax.weights import store
 from experiments import glue, race, squad_v1, token_classification  # noqa: E402
 from tests.hf_models import (SMALL, assert_same_tensors, batch, hf_forward, hf_model, read,  # noqa: E402
                              saved)
@@ -182,7 +183,7 @@ def test_convert_cli_round_trip(tmp_path, hf_dir):
   ours, back = tmp_path / "ours", tmp_path / "back"
   result = run("--from=hf", f"--src={hf_dir}", f"--dst={ours}")
   assert result.returncode == 0, result.stderr
-  config, params = pretrained.load_pretrained(ours)
+  config, params = store.load_pretrained(ours)
   assert config == hf_albert.load_hf(hf_dir)[0]
   result = run("--to=hf", "--spm_model=none", f"--src={ours}", f"--dst={back}")
   assert result.returncode == 0, result.stderr
@@ -195,10 +196,11 @@ def test_convert_cli_round_trip(tmp_path, hf_dir):
 KILLED_BEFORE_MODEL_CONFIG = """
 import os, signal
 from absl import app
-from albert_jax import convert, pretrained, storage
+from albert_jax import convert, storage
+from albert_jax.weights import store
 write_atomic = storage.write_atomic
 def killed_at_model_config(path, data):
-  if os.path.basename(path) == pretrained.CONFIG_FILE:
+  if os.path.basename(path) == store.CONFIG_FILE:
     os.kill(os.getpid(), signal.SIGKILL)
   write_atomic(path, data)
 storage.write_atomic = killed_at_model_config
@@ -219,11 +221,11 @@ def test_a_convert_overwrite_killed_before_its_model_config_leaves_nothing_that_
                           capture_output=True, text=True, timeout=120)
   assert killed.returncode == -signal.SIGKILL and (ours / "params").is_dir(), killed.stderr
   with pytest.raises(FileNotFoundError, match="not a pretrained-weights directory"):
-    pretrained.load_pretrained(ours)
+    store.load_pretrained(ours)
   rerun = subprocess.run([sys.executable, "-m", "albert_jax.convert", *args], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=120)
   assert rerun.returncode == 0, rerun.stderr
-  assert pretrained.load_pretrained(ours)[0] == hf_albert.load_hf(hf_dir)[0]
+  assert store.load_pretrained(ours)[0] == hf_albert.load_hf(hf_dir)[0]
 
 
 def test_a_failed_conversions_leftovers_are_removed_without_overwrite(tmp_path, hf_dir, capsys):
@@ -236,7 +238,7 @@ def test_a_failed_conversions_leftovers_are_removed_without_overwrite(tmp_path, 
   assert sorted(p.name for p in ours.iterdir()) == ["model_config.json", "params"]
   assert (f"Removed from --dst={ours} what this conversion does not write: model_config.json.tmp, "
           "params.orbax-checkpoint-tmp-1700000000.") in capsys.readouterr().out
-  assert pretrained.load_pretrained(ours)[0] == hf_albert.load_hf(hf_dir)[0]
+  assert store.load_pretrained(ours)[0] == hf_albert.load_hf(hf_dir)[0]
 
 
 def test_a_full_disk_is_one_line_and_the_rerun_needs_no_overwrite(tmp_path, hf_dir):
@@ -323,7 +325,7 @@ def finetuned_workdir(tmp_path, task, config: ModelConfig, params) -> Path:
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "config.json").write_text(run.to_json_best_effort())
-  pretrained.save_pretrained(str(workdir / "best" / "step_3"), config, params)
+  store.save_pretrained(str(workdir / "best" / "step_3"), config, params)
   return workdir / "best" / "step_3"
 
 

@@ -26,7 +26,7 @@ LAYERS = {
                          "albert_jax.loop"),
     "tasks and weights": ("albert_jax.families", "albert_jax.tasks", "albert_jax.buckets",
                           "albert_jax.feature_batches", "albert_jax.head_identity", "albert_jax.run.best_keeper",
-                          "albert_jax.pretrained", "albert_jax.formats"),
+                          "albert_jax.weights", "albert_jax.formats"),
     "process set-up": ("albert_jax.console",),
     "jobs": ("albert_jax.pretrain", "albert_jax.families.electra_pretraining", "albert_jax.finetune",
              "albert_jax.embed", "albert_jax.describe", "albert_jax.evaluate", "albert_jax.glue_submission",
@@ -123,7 +123,7 @@ def test_the_layer_check_sees_an_upward_import():
   # checkpoints, the keeper of its best checkpoint beside the weights it saves
   assert (layer_of("albert_jax.run") == layer_of("albert_jax.run.layout") == layer_of("albert_jax.run.best")
           < layer_of("albert_jax.run.config") == layer_of("albert_jax.checkpointing")
-          < layer_of("albert_jax.run.best_keeper") == layer_of("albert_jax.pretrained"))
+          < layer_of("albert_jax.run.best_keeper") == layer_of("albert_jax.weights.store"))
   # A module named in LAYERS takes its own layer over its package's: a family's objective sits with the jobs.
   assert layer_of("albert_jax.families.electra") < layer_of("albert_jax.families.electra_pretraining") == layer_of(
       "albert_jax.pretrain")

@@ -427,7 +427,7 @@ def test_sequence_longer_than_positions_fails_clearly(tiny_params):
 
 
 def test_wrong_shape_checkpoint_is_refused(tiny_params):
-  from albert_jax.pretrained import merge_init_params
+  from albert_jax.weights.loading import merge_init_params
   bad = jax.tree.map(np.asarray, tiny_params)
   bad["albert"]["embeddings"]["word_embeddings"]["embedding"] = np.zeros((50, 32), np.float32)
   del bad["albert"]["pooler"]

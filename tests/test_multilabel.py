@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import sklearn.metrics
 
-from albert_jax import buckets, convert, finetune, pretrained
+from albert_jax import buckets, convert, finetune, job_kinds
 from albert_jax.errors import InputError
 from albert_jax.head_identity import SEQUENCE_CLASSIFICATION, HFHead, check_identity
 from albert_jax.model_config import model_config_from
@@ -22,6 +22,7 @@ from albert_jax.run.best import read_best
 from albert_jax.tasks import get_task, make_tokenizer, metrics
 from albert_jax.tasks.base import MODEL_INPUTS
 from albert_jax.tasks.classification import THRESHOLDS_FILE, binary_cross_entropy
+from albert_jax.weights import store
 from experiments import classification
 from tests.helpers import quietly, require_module, spm, task_of
 
@@ -253,7 +254,7 @@ def test_predict_chooses_with_the_thresholds_saved_with_the_best_checkpoint(run,
   assert run.best["metrics"]["tuned_micro_f1"] != run.best["metrics"]["micro_f1"]
   texts = tmp_path / "in.tsv"
   texts.write_text("sentence\n" + "".join(f"{text}\n" for text, _ in run.dev))
-  args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
+  args = job_kinds.RunArgs(input=str(texts), output=str(tmp_path / "out.jsonl"))
   quietly(finetune.predict, run.config, Run(str(run.workdir)), args)
   rows, dev = json_lines(args.output), json_lines(run.weights / "dev_predictions.jsonl")
   assert [(row["id"], row["label"]) for row in rows] == [(row["id"], row["label"]) for row in dev]
@@ -278,7 +279,7 @@ def test_the_export_gives_transformers_our_logits_probabilities_and_loss(run, tm
   task = get_task(run.config)
   split = task.load_split("dev", make_tokenizer(run.config))
   ours = np.asarray(jax.jit(task.predictor(task.build_model(model_config_from(run.config))))(
-      pretrained.load_pretrained(str(run.weights))[1], split.features)["logits"])
+      store.load_pretrained(str(run.weights))[1], split.features)["logits"])
   inputs = {name: torch.tensor(split.features[name], dtype=torch.long) for name in MODEL_INPUTS}
   with torch.no_grad():
     theirs = pipeline.model(**inputs, labels=torch.tensor(split.features["label"], dtype=torch.float32))

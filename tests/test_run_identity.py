@@ -8,11 +8,12 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import finetune, pretrained
+from albert_jax import finetune, job_kinds
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run
 from albert_jax.run.best_keeper import BestKeeper
 from albert_jax.tasks import get_task
+from albert_jax.weights import loading, store
 from experiments import glue
 from tests.helpers import config_for, quietly, spm, write_split
 
@@ -31,8 +32,8 @@ def run(shared_data, tmp_path_factory):
   config = config_for(data, spm(shared_data), labels="pos|neg")
   task, model_config = get_task(config), model_config_from(config)
   stale = workdir / "best" / "step_60"
-  pretrained.save_pretrained(str(stale), model_config, task.init_params(task.build_model(model_config),
-                                                                        jax.random.key(1)))
+  store.save_pretrained(str(stale), model_config, task.init_params(task.build_model(model_config),
+                                                                   jax.random.key(1)))
   (workdir / "best" / "best.json").write_text(json.dumps(
       {"step": 60, "metric": "accuracy", "value": 1.0, "metrics": {"accuracy": 1.0}, "weights": str(stale)}))
   output = quietly(finetune.train, config, Run(str(workdir)))
@@ -77,7 +78,7 @@ def test_a_best_record_by_another_metric_is_replaced_by_the_first_score(shared_d
 def test_predict_without_labels_uses_the_order_recorded_at_training(run, tmp_path):
   texts = tmp_path / "in.tsv"
   write_split(texts, 3, labeled=False)
-  args = types.SimpleNamespace(input=str(texts), output=str(tmp_path / "out.jsonl"), split="")
+  args = job_kinds.RunArgs(input=str(texts), output=str(tmp_path / "out.jsonl"))
   finetune.predict(config_for(run.data, run.spm), Run(str(run.workdir)), args)  # sorted would be neg|pos
   rows = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
   assert len(rows) == 3 and all(list(r["probabilities"]) == ["pos", "neg"] for r in rows)
@@ -111,9 +112,9 @@ def test_resuming_with_another_class_order_is_refused(run):
 @pytest.mark.slow
 def test_init_checkpoint_of_a_fine_tuning_run_loads_its_best_weights(run, capsys):
   best = finetune.read_best(Run(str(run.workdir)))
-  loaded = pretrained.load_init_params(str(run.workdir))
+  loaded = loading.load_init_params(str(run.workdir))
   assert f"loading the best dev checkpoint of the fine-tuning run (step {best['step']}," in capsys.readouterr().out
-  jax.tree.map(np.testing.assert_array_equal, loaded, pretrained.load_pretrained(best["weights"])[1])
+  jax.tree.map(np.testing.assert_array_equal, loaded, store.load_pretrained(best["weights"])[1])
 
 
 def test_a_workdir_without_weights_is_named_as_the_workdir(shared_data, tmp_path):
@@ -128,7 +129,7 @@ def saved_weights(path, config, drop_head=False):
   params = jax.device_get(task.init_params(task.build_model(model_config), jax.random.key(1)))
   if drop_head:
     params = {k: v for k, v in params.items() if k == "albert"}
-  pretrained.save_pretrained(str(path), model_config, params)
+  store.save_pretrained(str(path), model_config, params)
   return str(path)
 
 

@@ -248,9 +248,10 @@ def test_a_recipe_from_converted_weights_takes_their_model_and_tokenizer_as_main
   import flax.linen as nn
   import jax
   import shutil
-  from albert_jax import model as model_lib, pretrained
+  from albert_jax import model as model_lib
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks.heads import PooledClassifier
+  from albert_jax.weights import store
   data, weights = tmp_path / "data", tmp_path / "weights"
   data.mkdir()
   write_split(data / "train.tsv", 8)
@@ -262,7 +263,7 @@ def test_a_recipe_from_converted_weights_takes_their_model_and_tokenizer_as_main
   model_config = model_config_from(config)
   params = jax.tree.map(lambda x: np.zeros(x.shape, np.float32),
                         nn.unbox(model_lib.abstract_params(PooledClassifier(model_config, 2))))
-  pretrained.save_pretrained(str(weights), model_config, params)
+  store.save_pretrained(str(weights), model_config, params)
   shutil.copy(spm(shared_data), weights / "spiece.model")
   result = seeds_cli(f"--config=experiments/classification.py:size=tiny,data={data},text=sentence", *RUN,
                      "--config.train.num_train_steps=2", f"--config.init_checkpoint={weights}",

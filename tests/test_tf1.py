@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import model as model_lib, pretrained
+from albert_jax import model as model_lib
 from albert_jax.formats import tf1
+from albert_jax.weights import store
 from tests.helpers import require_module
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +91,7 @@ def test_convert_cli_without_tensorflow(tmp_path):
   result = subprocess.run([sys.executable, "-c", code, "convert", "--from=tf1", f"--src={FIXTURES / 'hub'}",
                            f"--dst={tmp_path / 'out'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr
-  config, params = pretrained.load_pretrained(str(tmp_path / "out"))
+  config, params = store.load_pretrained(str(tmp_path / "out"))
   expected_config, expected = tf1.load_tf1(str(FIXTURES / "hub"))
   assert config == expected_config
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), expected)

@@ -645,11 +645,11 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(tmp_path):
 
 def saved_small_run_weights(path) -> dict:
   """Weights of SMALL_RUN's model, saved at `path` as a pretrained-weights directory; returns them."""
-  from albert_jax import pretrained
+  from albert_jax.weights import store
   config = model_config_from(ml_collections.ConfigDict(
       {"model": {**common.model_config("tiny").to_dict(), "vocab_size": 300, "max_position_embeddings": 32}}))
   params = nn.unbox(AlbertForPreTraining(config).init(jax.random.key(7), jnp.ones((1, 4), jnp.int32))["params"])
-  pretrained.save_pretrained(str(path), config, params)
+  store.save_pretrained(str(path), config, params)
   return params
 
 

@@ -4,7 +4,6 @@ import json
 import re
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from albert_jax.errors import InputError
 from albert_jax.run import Run
 from albert_jax.run.layout import HEAD_FILE
 from albert_jax.tasks.classification import label_order
+from albert_jax.weights.resolve import resolve
 from experiments import classification, glue, multiple_choice, token_classification
 from tests.helpers import REPO, TINY_RUN, finetune_cli as cli, spm, task_of as _task
 
@@ -230,22 +230,23 @@ def test_embed_with_a_classification_config_needs_no_train_file(shared_data, tmp
   with "train.tsv not found ... set --config.data.labels"."""
   import flax.linen as nn
   import jax
-  from albert_jax import embed, job_kinds, pretrained
+  from albert_jax import embed, job_kinds
   from albert_jax.model import AlbertModel, init_params
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import make_tokenizer
   from albert_jax.tasks.base import stack_packed
   from albert_jax.tasks.sequence import pack_text
+  from albert_jax.weights import store
   config = classification.get_config(f"size=tiny,data={tmp_path / 'no_data'},spm={spm(shared_data)}")
   config.model.num_hidden_layers, config.data.max_seq_length, config.train.global_batch_size = 2, 32, 8
   model_config = model_config_from(config)
   backbone = nn.unbox(init_params(AlbertModel(model_config), jax.random.key(1)))
-  pretrained.save_pretrained(str(tmp_path / "converted"), model_config, {"albert": backbone})
+  store.save_pretrained(str(tmp_path / "converted"), model_config, {"albert": backbone})
   config.init_checkpoint = str(tmp_path / "converted")
   texts = ["a wonderful film", "", "the city at night"]
   (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
-  embed.embed(config, Run(str(tmp_path / "run")), types.SimpleNamespace(input=str(tmp_path / "texts.txt"),
-                                                                   output=str(tmp_path / "out.npy"), pooling="mean"),
+  embed.embed(config, Run(str(tmp_path / "run")), job_kinds.RunArgs(input=str(tmp_path / "texts.txt"),
+                                                               output=str(tmp_path / "out.npy")),
               job_kinds.kind_for(config))
   tokenizer = make_tokenizer(config)
   features = stack_packed([pack_text(tokenizer, text, None, 32) for text in texts], (3,))
@@ -294,7 +295,7 @@ def test_eval_and_predict_choose_the_metric_of_the_recorded_tag_set(shared_data,
                                                     "labels": ["NN", "DT"]}))
   config = token_classification.get_config(f"size=tiny,data={tmp_path / 'gone'},spm={spm(shared_data)}")
   config.data.max_seq_length = 32
-  task = finetune._task_and_model(config, str(run))[0]
+  task = finetune._task_and_model(config, resolve(str(run), config, flag="--workdir"))[0]
   assert task.labels == ("NN", "DT") and task.metric_name == "accuracy"
   finetune.check_identity(task, finetune.recorded_identity(Run(str(run))), "run")  # the head is this run's
 

@@ -20,7 +20,7 @@ __all__ = ["BACKBONE", "MASKED_LM", "MULTIPLE_CHOICE", "PRETRAINING", "QUESTION_
            "SEQUENCE_CLASSIFICATION", "TOKEN_CLASSIFICATION", "Family"]
 
 DEFAULT = "albert"  # the family of weights that record none (and of `classifier_head=auto` without weights)
-AUTO_HEAD = "auto"  # classifier_head that takes the head of the weights' family (`pretrained.with_classifier_head`)
+AUTO_HEAD = "auto"  # classifier_head that takes the head of the weights' family (`record.with_classifier_head`)
 BACKBONE_PARAMS = "albert"  # the top-level name of the encoder in every family's parameter tree
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import ml_collections
 
-from albert_jax import families, head_identity, pretrained, storage
+from albert_jax import families, head_identity, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.families.albert import ALBERT
 from albert_jax.families.electra import ELECTRA
@@ -30,6 +30,7 @@ from albert_jax.model_config import ModelConfig
 from albert_jax.run import Run, as_run, config as run_config
 from albert_jax.run.best import read_best
 from albert_jax.tasks import get_task
+from albert_jax.weights import loading, record, store
 from data_pipeline import wordpiece
 
 NO_TOKENIZER = "none"  # --spm_model's value for the weights alone
@@ -78,7 +79,7 @@ def folder_family(path: str) -> families.Family:
 def weights_family(src: str, params: Any) -> families.Family:
   """The family of our weights: the one whose heads they hold, else the one `src` (a folder, a run) records."""
   held = [name for name, column in COLUMNS.items() if column.holds_heads(params)]
-  return families.get(held[0] if held else pretrained.backbone_family(src))
+  return families.get(held[0] if held else record.backbone_family(src))
 
 
 def read_head(path: str) -> HFHead | None:
@@ -100,7 +101,7 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> str:
     print(column.imported, flush=True)
   _check_tokenizer_fits(src, model_config.vocab_size)
   clear()
-  pretrained.save_pretrained(dst, model_config, params, head=head.identity() if head else None, family=family.name)
+  store.save_pretrained(dst, model_config, params, head=head.identity() if head else None, family=family.name)
   labels = f" for labels {'|'.join(head.labels)}" if head and head.labels else ""
   trained = f"; an {head.architecture} head{labels}" if head else ""
   return f"{', '.join(sorted(params))}{trained}; {_carry_tokenizer(src, dst)}"
@@ -127,7 +128,7 @@ def _check_tokenizer_fits(src: str, vocab_size: int) -> None:
 
 def _carry_tokenizer(src: str, dst: str) -> str:
   """Copies the folder's SentencePiece model (or WordPiece's vocab.txt, as the released ELECTRA folders have) and its
-  tokenizer_config.json (do_lower_case) beside the weights, where `pretrained.recorded_tokenizer` finds them:
+  tokenizer_config.json (do_lower_case) beside the weights, where `record.recorded_tokenizer` finds them:
   fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns what was carried, for the closing line."""
   spm = hf_tokenizer.SPM_FILE
   name = _tokenizer_file(src)
@@ -138,14 +139,14 @@ def _carry_tokenizer(src: str, dst: str) -> str:
   settings = os.path.join(src, hf_tokenizer.TOKENIZER_CONFIG)
   if os.path.isfile(settings):
     storage.write_atomic(os.path.join(dst, hf_tokenizer.TOKENIZER_CONFIG), storage.path(settings).read_text())
-  lower = pretrained.recorded_tokenizer(dst)[1]
+  lower = record.recorded_tokenizer(dst)[1]
   return f"its tokenizer {name}, do_lower_case={True if lower is None else lower}"
 
 
 def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None, clear=lambda: None) -> None:
   """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids; then
   the folder, loaded as transformers loads it, is checked again (`hf_tokenizer.check_loaded`)."""
-  run, best = src, None if pretrained.is_pretrained_dir(src) else read_best(as_run(src))
+  run, best = src, None if store.is_pretrained_dir(src) else read_best(as_run(src))
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
     src = as_run(src).best_weights(best)
   model_config, params, recorded = _our_weights(src)
@@ -179,13 +180,13 @@ def _our_weights(src: str) -> tuple[ModelConfig, Any, Any]:
   """(ModelConfig, params, the run's config or None) of a `convert`/`save_pretrained` directory, or of a
   pretraining workdir: its newest checkpoint whole (an ELECTRA run's generator too), the model from its config.json."""
   training_run = as_run(src)
-  if pretrained.is_pretrained_dir(src) or not storage.path(training_run.checkpoints).is_dir():
-    return (*pretrained.load_pretrained(src), None)
+  if store.is_pretrained_dir(src) or not storage.path(training_run.checkpoints).is_dir():
+    return (*store.load_pretrained(src), None)
   if not run_config.exists(training_run):
     raise MissingFileError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: "
                            f"{PASS_WORKDIR} (config.json next to checkpoints/).")
   config = run_config.read(training_run, "--src", PASS_WORKDIR)
-  return ModelConfig.from_mapping(config["model"]), pretrained._load_init_params(src, "--src"), config
+  return ModelConfig.from_mapping(config["model"]), loading.load_params(src, "--src"), config
 
 
 def finetuned_head(weights_dir: str) -> HFHead | None:
@@ -199,8 +200,8 @@ def _run_task(run: Run):
   config_path = run.config
   if not storage.path(config_path).is_file():
     return None
-  config = ml_collections.ConfigDict(pretrained.read_json_object(config_path, "a run's config",
-                                                                 pretrained.RESTORE_RUN_CONFIG))
+  config = ml_collections.ConfigDict(store.read_json_object(config_path, "a run's config",
+                                                            store.RESTORE_RUN_CONFIG))
   return get_task(config) if "task" in config else None
 
 
@@ -219,7 +220,7 @@ def converted(value: str, revision: str = "", flag: str = "init_checkpoint",
         f"{value} at commit {commit[:12]}")
   else:
     target, origin = os.path.join(hf_hub.cache_dir(), "folders", _folder_key(folder)), folder
-  if pretrained.is_pretrained_dir(target):
+  if store.is_pretrained_dir(target):
     print(f"{flag}={value}: reading its conversion in {target}", flush=True)
     return target
   partial = f"{target}.partial-{os.getpid()}"
@@ -228,7 +229,7 @@ def converted(value: str, revision: str = "", flag: str = "init_checkpoint",
     try:
       os.rename(partial, target)  # whole or not at all; a conversion that another process finished first stays
     except OSError:
-      if not pretrained.is_pretrained_dir(target):
+      if not store.is_pretrained_dir(target):
         raise
   finally:
     shutil.rmtree(partial, ignore_errors=True)
@@ -250,9 +251,9 @@ def _folder_key(folder: str) -> str:
 
 def use_converted_init_checkpoint(config: ml_collections.ConfigDict) -> None:
   """Points `config.init_checkpoint` at the conversion of the Hugging Face folder or Hub name it names, in place
-  (the command line's config object, which `pretrained.with_recorded_model` recognises), so every mode reads it
-  as a converted folder and the run's config.json records it (a Hub commit in its path); the revision, now part
-  of that path, is cleared. Several processes are refused: each host would convert into its own cache."""
+  (the command line's config object), so every mode reads it as a converted folder and the run's config.json
+  records it (a Hub commit in its path); the revision, now part of that path, is cleared. Several processes are
+  refused: each host would convert into its own cache."""
   value, revision = config.get("init_checkpoint", ""), config.get("init_checkpoint_revision", "")
   weight_files.check_holds_weights(value, "init_checkpoint")
   if revision and not value:

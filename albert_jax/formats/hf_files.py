@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import safetensors.numpy
 
-from albert_jax import pretrained, storage
+from albert_jax import storage
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
 from albert_jax.formats import weight_files
+from albert_jax.weights import store
 
 Path = tuple[str, ...]
 CONFIG_FILE = "config.json"
@@ -41,7 +42,7 @@ def shard_files(path: str) -> list[str]:
   """The shards that the index of a sharded checkpoint names, each refused unless it is a file name in `path`
   itself, as transformers writes them: a crafted index must not make us open `../../etc/passwd` or `/etc/passwd`."""
   index = os.path.join(path, SAFETENSORS_INDEX)
-  weight_map = pretrained.read_json_object(index, "a safetensors index", REFETCH).get("weight_map")
+  weight_map = store.read_json_object(index, "a safetensors index", REFETCH).get("weight_map")
   if not isinstance(weight_map, dict):
     raise InputError(f"{index} has no weight_map (each tensor's shard file); {REFETCH}.")
   outside = sorted({str(name) for name in weight_map.values()
@@ -85,7 +86,7 @@ def read_config(path: str) -> dict[str, Any]:
   if not os.path.isfile(config_path):
     raise MissingFileError(f"{config_path} not found; point to a directory written by transformers' "
                            "save_pretrained (config.json + model.safetensors or pytorch_model.bin).")
-  return pretrained.read_json_object(config_path, "a transformers config", REFETCH)
+  return store.read_json_object(config_path, "a transformers config", REFETCH)
 
 
 def write_folder(path: str, tensors: dict[str, np.ndarray], hf_config: dict[str, Any]) -> None:

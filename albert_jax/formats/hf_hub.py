@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 
-from albert_jax import pretrained, storage
+from albert_jax import storage
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
 from albert_jax.formats import hf_tokenizer
 from albert_jax.formats.hf_files import CONFIG_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE
+from albert_jax.weights import store
 from data_pipeline import wordpiece
 
 WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE)
@@ -32,7 +33,7 @@ def cache_dir() -> str:
 
 def is_hf_folder(path: str) -> bool:
   """A local transformers folder: config.json and weights, and not our layout (model_config.json + params/)."""
-  if not path or storage.is_remote(path) or not os.path.isdir(path) or pretrained.is_pretrained_dir(path):
+  if not path or storage.is_remote(path) or not os.path.isdir(path) or store.is_pretrained_dir(path):
     return False
   return os.path.isfile(os.path.join(path, CONFIG_FILE)) and any(
       os.path.isfile(os.path.join(path, name)) for name in WEIGHT_FILES)

@@ -19,14 +19,15 @@ import tokenizers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import Regex, normalizers, pre_tokenizers, processors
 
-from albert_jax import pretrained, storage
+from albert_jax import storage
 from albert_jax.errors import InputError
+from albert_jax.weights import record, store
 from data_pipeline import wordpiece
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
 from data_pipeline.wordpiece import WordPieceTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG = pretrained.HF_TOKENIZER_CONFIG
+TOKENIZER_CONFIG = store.HF_TOKENIZER_CONFIG
 SPM_FILE = "spiece.model"
 SPECIAL_TOKENS = {"unk_token": "<unk>", "pad_token": "<pad>", "cls_token": "[CLS]", "sep_token": "[SEP]",
                   "mask_token": "[MASK]"}
@@ -151,8 +152,8 @@ def check_loaded(tokenizer: Tokenizer | None, folder: str, fix: str, with_model:
 
 def run_tokenizer(src: str, spm_model: str | None = None) -> Tokenizer:
   """The tokenizer `src` was trained with: --spm_model, else the one its run recorded, with the lower-casing it
-  recorded (`pretrained.recorded_tokenizer`: its config.json's data.spm_model, its prepared data's copy)."""
-  recorded = pretrained.recorded_tokenizer(storage.absolute(src).rstrip("/"))
+  recorded (`record.recorded_tokenizer`: its config.json's data.spm_model, its prepared data's copy)."""
+  recorded = record.recorded_tokenizer(storage.absolute(src).rstrip("/"))
   if not (spm_model or recorded):
     raise InputError(f"--src={src} names no SentencePiece model (no run config.json with data.spm_model, nor "
                      "prepared data): pass the one it was trained with, --spm_model=PATH (ALBERT's is "

@@ -25,11 +25,12 @@ import ml_dtypes
 import numpy as np
 
 from albert_jax import model as model_lib
-from albert_jax import pretrained, storage
+from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.formats import Format
 from albert_jax.formats.names import TF1_ALBERT, name_map
 from albert_jax.model_config import ModelConfig
+from albert_jax.weights import store
 
 CONFIG_FILE = "albert_config.json"
 _TABLE_MAGIC = 0xDB4775248B80FB57
@@ -291,7 +292,7 @@ def from_tf1(src: str, dst: str, clear=lambda: None) -> str:
                      "`gcloud storage cp -r` first (--dst may be gs://).")
   model_config, params = load_tf1(src)
   clear()
-  pretrained.save_pretrained(dst, model_config, params)
+  store.save_pretrained(dst, model_config, params)
   return ", ".join(sorted(params))
 
 

@@ -10,10 +10,11 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from albert_jax import pretrained, storage
+from albert_jax import storage
 from albert_jax.run.best import read_best
 from albert_jax.run.layout import Run
 from albert_jax.tasks import Split
+from albert_jax.weights import store
 
 
 class BestKeeper:
@@ -49,7 +50,7 @@ class BestKeeper:
     if not _on_every_process(self.is_better(value)):
       return
     step_dir = self.run.best_step(step)
-    pretrained.save_pretrained(step_dir, self.model_config, params)  # collective: every process enters it
+    store.save_pretrained(step_dir, self.model_config, params)  # collective: every process enters it
     # Every process keeps the same record, so the next decision (and its collective save) agrees across hosts.
     self.record = {"step": step, "metric": self.task.metric_name, "value": value, "metrics": metrics,
                    "weights": step_dir, "head": self.task.identity(),

@@ -173,7 +173,7 @@ def read_text(path: str) -> str:
 
 # The heads of sequence classification (GLUE, your own data), each named after the family that owns it
 # (`families.Family.classifier`). "auto", the fine-tuning configs' default, becomes the head of the weights' family
-# (`pretrained.with_classifier_head`) and is the default family's otherwise.
+# (`record.with_classifier_head`) and is the default family's otherwise.
 CLASSIFIER_HEADS = families.classifier_heads()
 
 
