@@ -19,7 +19,7 @@ from albert_jax import storage
 from albert_jax.errors import ExistsError, InputError, MissingFileError, one_line_user_errors
 from albert_jax.run import Run, check_output
 from albert_jax.tasks import TaskSettings
-from albert_jax.tasks.base import DataFileError
+from albert_jax.tasks.input_text import DataFileError
 from albert_jax.tasks.glue import SPECS, GlueTask
 from albert_jax.tasks.records import tsv_rows
 from data_pipeline import writers

@@ -24,7 +24,8 @@ from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import MULTI_LABEL, HFHead
 from albert_jax.tasks import metrics
-from albert_jax.tasks.base import DataFileError, Split, TaskSettings, apply_model, check_outputs, score_label
+from albert_jax.tasks.base import Split, TaskSettings, apply_model, check_outputs
+from albert_jax.tasks.input_text import DataFileError, score_label
 from albert_jax.tasks.glue import GlueExample
 from albert_jax.tasks.records import Ids, check_name, class_spelling, field, near_miss, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask

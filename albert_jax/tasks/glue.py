@@ -14,7 +14,8 @@ import numpy as np
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from albert_jax.tasks.base import DataFileError, Split, TaskSettings, score_label
+from albert_jax.tasks.base import Split, TaskSettings
+from albert_jax.tasks.input_text import DataFileError, score_label
 from albert_jax.tasks.records import Ids, check_name, column, field, near_miss, optional_id, tsv_rows, user_records
 from albert_jax.tasks.sequence import SequenceClassificationTask
 

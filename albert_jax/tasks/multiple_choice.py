@@ -16,7 +16,8 @@ import numpy as np
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from albert_jax.tasks.base import DataFileError, Split, TaskSettings, check_outputs
+from albert_jax.tasks.base import Split, TaskSettings, check_outputs
+from albert_jax.tasks.input_text import DataFileError
 from albert_jax.tasks.race import RaceExample, RaceTask
 from albert_jax.tasks.records import Ids, field, optional_id, user_records
 

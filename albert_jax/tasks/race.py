@@ -19,8 +19,9 @@ import numpy as np
 from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import MULTIPLE_CHOICE, HFHead
-from albert_jax.tasks.base import (DataFileError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
-                                    pack, read_text, stack_packed)
+from albert_jax.tasks.base import (Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy, pack,
+                                   stack_packed)
+from albert_jax.tasks.input_text import DataFileError, read_text
 from albert_jax.tasks.heads import PooledClassifier
 from albert_jax.tasks.records import Ids, check_ids, field, optional_id, parse_json, read_id_map, user_records
 

@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any, Iterator
 
-from albert_jax.tasks.base import DataFileError, as_read, control_character, read_text
+from albert_jax.tasks.input_text import DataFileError, as_read, control_character, read_text
 
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # where json.loads may make a lone surrogate
 
@@ -217,7 +217,7 @@ class Ids:
 
 def check_name(text: str, what: str, path: str, line: int | str) -> str:
   """An id, label or tag read from a file as a person reads it (as_read), refused when it holds a control or an
-  invisible format character (base.control_character)."""
+  invisible format character (input_text.control_character)."""
   if problem := control_character(text, what):
     raise DataFileError(path, line, problem)
   return as_read(text)

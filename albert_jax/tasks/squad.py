@@ -36,8 +36,9 @@ from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import QUESTION_ANSWERING, HFHead
 from albert_jax.tasks import squad_decode, squad_metrics
 from albert_jax.tasks.alignment import AlignedText, align
-from albert_jax.tasks.base import (DataFileError, Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy,
-                                    pack, read_text, stack_packed)
+from albert_jax.tasks.base import (Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy, pack,
+                                   stack_packed)
+from albert_jax.tasks.input_text import DataFileError, read_text
 from albert_jax.tasks.heads import AnswerClassSpanHead, SpanExtractor
 from albert_jax.tasks.records import Ids, check_ids, field, optional_id, parse_json, read_id_map, user_records
 

@@ -30,7 +30,8 @@ from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.head_identity import TOKEN_CLASSIFICATION, HFHead
 from albert_jax.tasks import metrics
-from albert_jax.tasks.base import DataFileError, Split, Task, apply_model, check_outputs, pack, stack_packed
+from albert_jax.tasks.base import Split, Task, apply_model, check_outputs, pack, stack_packed
+from albert_jax.tasks.input_text import DataFileError
 from albert_jax.tasks.classification import label_order
 from albert_jax.tasks.heads import TokenClassifier
 from albert_jax.tasks.records import Ids, check_name, field, near_miss, optional_id, text_lines, user_records
