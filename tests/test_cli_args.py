@@ -180,7 +180,7 @@ def test_a_mode_that_is_not_one_is_named_rather_than_the_missing_config(tmp_path
 
 
 def test_an_input_or_output_that_is_a_folder_is_named_with_the_fix(tmp_path):
-  """A folder as --input was read as a file (errno 21); the workdir as --output was refused as the run's place."""
+  """A folder as --input, or as the --output of predict or embed, is refused naming the file to pass instead."""
   folder, workdir = tmp_path / "texts", tmp_path / "run"
   folder.mkdir()
   config = "--config=experiments/pretrain_tiny.py"

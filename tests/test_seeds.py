@@ -467,9 +467,9 @@ def catches_sigterm(launch) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, moment", [
-    (signal.SIGTERM, "step-2 checkpoint"),     # used to be lost: every remaining rate ran to its end
+    (signal.SIGTERM, "step-2 checkpoint"),     # during the run's last save, after its loop's last stop check
     (signal.SIGINT, "step-2 checkpoint"),
-    (signal.SIGTERM, "a seed's start-up"),     # used to exit 143 without a word
+    (signal.SIGTERM, "a seed's start-up"),     # before any training loop holds the signal
     (signal.SIGINT, "the command's start-up"),
 ])
 def test_a_stop_at_any_moment_of_a_grid_starts_no_further_run_and_the_rerun_resumes(shared_data, tmp_path, signum,
