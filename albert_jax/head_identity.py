@@ -26,18 +26,22 @@ from albert_jax.run.best import read_best, recorded_identity
 
 # --- transformers' head classes -----------------------------------------------------------------------------
 HF_ARCHITECTURE = "hf_architecture"  # the key that marks a converted head's record
-# The default family's classes: the heads every task but a family's own sequence classifier exports as.
+# The default family's classes: what a head without a record exports as (`hf_head_for`).
 _DEFAULT = families.get(families.DEFAULT)
 SEQUENCE_CLASSIFICATION = _DEFAULT.hf_class(families.SEQUENCE_CLASSIFICATION)
 QUESTION_ANSWERING = _DEFAULT.hf_class(families.QUESTION_ANSWERING)
-MULTIPLE_CHOICE = _DEFAULT.hf_class(families.MULTIPLE_CHOICE)
 TOKEN_CLASSIFICATION = _DEFAULT.hf_class(families.TOKEN_CLASSIFICATION)
 MASKED_LM = _DEFAULT.hf_class(families.MASKED_LM)
-# Every family's sequence classifier (`Family.classifier`): classes, named or not, or a regression.
+# Every family's classes of each fine-tuned head: sequence classifiers (`Family.classifier`: classes, named or
+# not, or a regression), question answering, token classifiers and multiple-choice scorers.
 CLASSIFIERS = families.hf_classes(families.SEQUENCE_CLASSIFICATION)
+QUESTION_ANSWERERS = families.hf_classes(families.QUESTION_ANSWERING)
+TOKEN_CLASSIFIERS = families.hf_classes(families.TOKEN_CLASSIFICATION)
+MULTIPLE_CHOICE_SCORERS = families.hf_classes(families.MULTIPLE_CHOICE)
 MULTI_LABEL = "multi_label_classification"  # the problem_type of a classifier with a sigmoid per class
-HF_HEAD_PARAMS = {**dict.fromkeys(CLASSIFIERS, "classifier"), MULTIPLE_CHOICE: "classifier",
-                  QUESTION_ANSWERING: "qa_outputs", TOKEN_CLASSIFICATION: "classifier"}
+# Where each class keeps its head's output layer, in our params as in transformers'.
+HF_HEAD_PARAMS = {**dict.fromkeys(CLASSIFIERS + MULTIPLE_CHOICE_SCORERS + TOKEN_CLASSIFIERS, "classifier"),
+                  **dict.fromkeys(QUESTION_ANSWERERS, "qa_outputs")}
 # The answer-class head's top-level param names (the original's variable scopes, `heads.AnswerClassSpanHead`);
 # HF has no class holding them.
 ANSWER_CLASS_PARAMS = ("start_logits", "end_logits", "answer_class")
@@ -76,7 +80,7 @@ def hf_head_from_config(hf_config: Mapping[str, Any], path: str) -> HFHead | Non
   architecture = (hf_config.get("architectures") or [""])[0]
   if architecture not in HF_HEAD_PARAMS:
     return None
-  if architecture not in (*CLASSIFIERS, TOKEN_CLASSIFICATION):
+  if architecture not in CLASSIFIERS + TOKEN_CLASSIFIERS:
     return HFHead(architecture)
   problem_type = hf_config.get("problem_type")
   id2label = {int(i): name for i, name in (hf_config.get("id2label") or {}).items()}
@@ -110,15 +114,15 @@ def hf_head_for(name: str, outputs: int, head: HFHead | None) -> tuple[HFHead, i
   if HF_HEAD_PARAMS[head.architecture] != name:
     raise InputError(f"{head.architecture} keeps its head in {HF_HEAD_PARAMS[head.architecture]!r}, but params "
                      f"have {name!r}.")
-  expected = {QUESTION_ANSWERING: 2, MULTIPLE_CHOICE: 1}.get(head.architecture,
-                                                             len(head.labels) if head.labels else outputs)
+  expected = (2 if head.architecture in QUESTION_ANSWERERS else 1 if head.architecture in MULTIPLE_CHOICE_SCORERS
+              else len(head.labels) if head.labels else outputs)
   return head, expected
 
 
 def hf_config_fields(head: HFHead, outputs: int) -> dict[str, Any]:
   """The config.json fields that say what `head` was trained for (`hf_head_from_config` reads them back)."""
   config: dict[str, Any] = {}
-  if head.architecture in (*CLASSIFIERS, TOKEN_CLASSIFICATION):
+  if head.architecture in CLASSIFIERS + TOKEN_CLASSIFIERS:
     labels = head.labels or [f"LABEL_{i}" for i in range(outputs)]
     config = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
   if head.architecture in CLASSIFIERS:

@@ -140,10 +140,12 @@ def test_what_hf_electra_cannot_hold_is_refused_in_one_line(tmp_path):
   with pytest.raises(InputError, match="projects embeddings only where E != H"):
     hf_electra.save_hf(projected, random_pair(projected, 0.5), str(tmp_path / "d"), generator_fraction=0.5)
   assert not any((tmp_path / name).exists() for name in "abcd")
-  model = transformers.ElectraForQuestionAnswering(transformers.ElectraConfig(**HF))
-  model.save_pretrained(tmp_path / "qa")
-  with pytest.raises(InputError, match="names ElectraForQuestionAnswering; the ELECTRA classes read here are"):
-    hf_electra.load_hf(tmp_path / "qa")
+  model = transformers.ElectraForCausalLM(transformers.ElectraConfig(**HF, is_decoder=True))
+  model.save_pretrained(tmp_path / "causal")
+  with pytest.raises(InputError, match="names ElectraForCausalLM; the ELECTRA classes read here are "
+                                       "ElectraForPreTraining, ElectraModel, ElectraForSequenceClassification, "
+                                       "ElectraForMaskedLM, ElectraForQuestionAnswering"):
+    hf_electra.load_hf(tmp_path / "causal")
 
 
 @pytest.mark.slow  # a pretraining run in a subprocess: about 30 s on a busy 2-core machine

@@ -32,6 +32,9 @@ def test_each_family_owns_its_classification_head_and_the_heads_are_named_after_
   assert families.classifier_family("electra").classifier() is ElectraClassifier
   assert families.classifier_family("auto").classifier() is families.classifier_family("albert").classifier()
   assert families.classifier_family("albert").classifier() is PooledClassifier
+  from albert_jax.families.electra_model import ElectraMultipleChoice
+  assert [families.get(name).multiple_choice() for name in ("albert", "electra")] == [PooledClassifier,
+                                                                                      ElectraMultipleChoice]
   assert families.hf_classes(families.SEQUENCE_CLASSIFICATION) == (
       "AlbertForSequenceClassification", "ElectraForSequenceClassification")
 

@@ -1,5 +1,5 @@
 """ELECTRA's generator and discriminator (Clark et al., ICLR 2020) built from the project's encoder, and its
-classification head.
+classification and multiple-choice heads.
 
 Both towers are `model.Encoder`s over ONE embedding block (word, position and token-type tables, one array each, as
 the released code shares them); the generator is narrower (hidden size, FFN and heads times `generator_fraction`),
@@ -14,7 +14,8 @@ Parameter tree (names chosen to map one to one onto transformers' ElectraForPreT
   generator/...                                  the generator's encoder (its own E -> H_g projection where E != H_g)
   generator_predictions/{dense,LayerNorm,bias}   the generator's MLM head, decoder tied to the word embeddings
 A fine-tuned sequence classifier (`ElectraClassifier`) is {albert, classifier/{dense,out_proj}}, as transformers'
-ElectraForSequenceClassification.
+ElectraForSequenceClassification; a multiple-choice scorer (`ElectraMultipleChoice`) {albert,
+sequence_summary/summary, classifier}, as its ElectraForMultipleChoice.
 """
 from __future__ import annotations
 
@@ -89,6 +90,13 @@ class ElectraForPreTraining(nn.Module):
             "disc_logits": self.discriminator_logits(input_ids, attention_mask, token_type_ids, deterministic)}
 
 
+def _gelu_dense(c: ModelConfig, x: jax.Array, name: str, dropout_rate: float, deterministic: bool) -> jax.Array:
+  """dense(H) named `name` -> exact GELU -> dropout: what both of transformers' ELECTRA heads on the first token
+  compute before their output layer."""
+  x = activation("gelu")(dense(c, c.hidden_size, ("embed", "qkv"), name)(x))
+  return nn.Dropout(dropout_rate)(x, deterministic=deterministic)
+
+
 class _ElectraHead(nn.Module):
   """The first token's vector -> dropout -> dense(H) -> exact GELU -> dropout -> dense(num_outputs), as
   transformers' ElectraClassificationHead (submodules named as its `dense` and `out_proj`)."""
@@ -100,8 +108,7 @@ class _ElectraHead(nn.Module):
   def __call__(self, first: jax.Array, deterministic: bool) -> jax.Array:
     c = self.config
     x = nn.Dropout(self.dropout_rate)(first, deterministic=deterministic)
-    x = activation("gelu")(dense(c, c.hidden_size, ("embed", "qkv"), "dense")(x))
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = _gelu_dense(c, x, "dense", self.dropout_rate, deterministic)
     return dense(c, self.num_outputs, ("embed", "classes"), "out_proj")(x)
 
 
@@ -119,3 +126,35 @@ class ElectraClassifier(nn.Module):
     sequence, _ = AlbertModel(self.config, name="albert")(input_ids, attention_mask, token_type_ids, deterministic)
     head = _ElectraHead(self.config, self.num_outputs, self.dropout_rate, name="classifier")
     return head(sequence[:, 0], deterministic).astype(jnp.float32)
+
+
+class _SequenceSummary(nn.Module):
+  """The first token's vector -> dense(H) (`summary`) -> exact GELU -> dropout: transformers'
+  ElectraSequenceSummary as ElectraConfig's defaults build it (summary_type "first", a projection, "gelu")."""
+  config: ModelConfig
+  dropout_rate: float
+
+  @nn.compact
+  def __call__(self, first: jax.Array, deterministic: bool) -> jax.Array:
+    return _gelu_dense(self.config, first, "summary", self.dropout_rate, deterministic)
+
+
+class ElectraMultipleChoice(nn.Module):
+  """ELECTRA's multiple-choice scorer, transformers' ElectraForMultipleChoice: per option, `_SequenceSummary` of
+  the first token then dense(num_outputs) (`classifier`, one score). The options are a leading dimension of the
+  inputs ([B, options, S]), folded into the batch and back; the pooler is left unused. The scorer of RACE and
+  multiple_choice fine-tuning from an ELECTRA backbone (`Family.multiple_choice`)."""
+  config: ModelConfig
+  num_outputs: int = 1
+  dropout_rate: float = 0.1
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array,
+               deterministic: bool = True) -> jax.Array:
+    lead, length = input_ids.shape[:-1], input_ids.shape[-1]
+    flat = lambda x: x.reshape(-1, length)
+    sequence, _ = AlbertModel(self.config, name="albert")(flat(input_ids), flat(attention_mask),
+                                                          flat(token_type_ids), deterministic)
+    summary = _SequenceSummary(self.config, self.dropout_rate, name="sequence_summary")(sequence[:, 0], deterministic)
+    logits = dense(self.config, self.num_outputs, ("embed", "classes"), "classifier")(summary)
+    return logits.astype(jnp.float32).reshape(*lead, self.num_outputs)

@@ -14,6 +14,13 @@ ROLES = (BACKBONE, PRETRAINING, MASKED_LM, SEQUENCE_CLASSIFICATION, QUESTION_ANS
          MULTIPLE_CHOICE)
 
 
+def pooled_classifier() -> type:
+  """The head on the pooler's output (`tasks.heads.PooledClassifier`): BERT's and ALBERT's classifier and
+  multiple-choice scorer."""
+  from albert_jax.tasks.heads import PooledClassifier
+  return PooledClassifier
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """One model family. `roles` lists the transformers classes it has (each `hf_prefix + role`)."""
@@ -31,6 +38,9 @@ class Family:
   # and heads that fine-tuning leaves by name.
   run_marker: str | None = None
   run_backbone_note: str = ""
+  # Loads the flax class of its multiple-choice scorer, (config, outputs, p): one score per option, the options a
+  # leading dimension of the inputs ([B, options, S]), as its transformers ForMultipleChoice class computes them.
+  multiple_choice: Callable[[], type] = pooled_classifier
   roles: tuple[str, ...] = ROLES
 
   def hf_class(self, role: str) -> str:

@@ -76,8 +76,11 @@ def folder_family(path: str) -> families.Family:
   return families.for_hf_model_type(config.get("model_type", ALBERT.hf_model_type), os.path.join(path, CONFIG_FILE))
 
 
-def weights_family(src: str, params: Any) -> families.Family:
-  """The family of our weights: the one whose heads they hold, else the one `src` (a folder, a run) records."""
+def weights_family(src: str, params: Any, head: HFHead | None = None) -> families.Family:
+  """The family of our weights: the one whose class their `head` was trained as (heads of one dense layer are
+  alike in every family), else the one whose heads they hold, else the one `src` (a folder, a run) records."""
+  if head is not None and (family := families.for_hf_class(head.architecture)):
+    return family
   held = [name for name, column in COLUMNS.items() if column.holds_heads(params)]
   return families.get(held[0] if held else record.backbone_family(src))
 
@@ -150,12 +153,12 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
   if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
     src = as_run(src).best_weights(best)
   model_config, params, recorded = _our_weights(src)
-  column = COLUMNS[weights_family(src, params).name]
   tokenizer = None if spm_model == NO_TOKENIZER else hf_tokenizer.run_tokenizer(run, spm_model)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
   else:
     head = finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
+  column = COLUMNS[weights_family(src, params, head).name]
   max_length = model_config.max_position_embeddings
   if tokenizer:
     hf_tokenizer.check_tokenizer(tokenizer, model_config.vocab_size, max_length)

@@ -14,7 +14,7 @@ import flax.linen as nn
 from flax import traverse_util
 import numpy as np
 
-from albert_jax import head_identity
+from albert_jax import families, head_identity
 from albert_jax import model as model_lib
 from albert_jax.errors import InputError
 from albert_jax.families import BACKBONE, PRETRAINING
@@ -58,7 +58,10 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
   """ModelConfig from a transformers AlbertConfig dict; raises on what our model cannot represent."""
   hf = {**_HF_DEFAULTS, **hf}
   if hf.get("model_type", ALBERT.hf_model_type) != ALBERT.hf_model_type:
-    raise InputError(f"config.json has model_type={hf['model_type']!r}; only 'albert' checkpoints can be loaded.")
+    types = ", ".join(sorted(family.hf_model_type for family in families.all_families()))
+    raise InputError(f"config.json has model_type={hf['model_type']!r}, which ALBERT's classes cannot read; the model "
+                     f"types read here are {types}, each by `convert --from=hf` (or `hf.from_hf`), which reads a "
+                     "folder with its family's classes.")
   if hf.get("position_embedding_type", "absolute") != "absolute":
     raise InputError(f"config.json has position_embedding_type={hf['position_embedding_type']!r}; albert_jax only "
                      "implements absolute position embeddings (the original ALBERT's).")

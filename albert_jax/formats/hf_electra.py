@@ -6,14 +6,20 @@ Each class's names are its parts of the name table (`formats.names`, column HF_E
   ElectraForPreTraining  <-> {"albert", "discriminator_predictions"}   (the discriminator)
   ElectraForMaskedLM     <-> {"albert", "generator_predictions"}       (a generator on its own: its config is H_g's)
   ElectraModel           <-> {"albert"}
-  ElectraForSequenceClassification <-> {"albert", "classifier": {"dense", "out_proj"}}   (`heads.ElectraClassifier`)
+  ElectraForSequenceClassification <-> {"albert", "classifier": {"dense", "out_proj"}}   (`ElectraClassifier`)
+  ElectraForQuestionAnswering      <-> {"albert", "qa_outputs"}                 (`tasks.heads.SpanExtractor`)
+  ElectraForTokenClassification    <-> {"albert", "classifier"}                 (`tasks.heads.TokenClassifier`)
+  ElectraForMultipleChoice         <-> {"albert", "sequence_summary": {"summary"}, "classifier"}
+                                                                                (`ElectraMultipleChoice`)
 An ELECTRA run (`electra_model.ElectraForPreTraining`'s tree) exports as the discriminator's ElectraForPreTraining
 in the folder and its generator as an ElectraForMaskedLM in `generator/` inside it, both over the same embeddings.
 
 What transformers' ELECTRA has no place for: our AlbertModel pooler (dropped on export; initialised as the model
 initialises it on import, untrained, as in an ELECTRA run), layer sharing (HF ELECTRA has one weight set per layer:
 refused), an identity E->H projection where E == H (HF has none then: refused). Its generator head applies exact
-GELU whatever hidden_act says, so a generator is exported and imported with hidden_act "gelu" only.
+GELU whatever hidden_act says, so a generator is exported and imported with hidden_act "gelu" only; its
+multiple-choice summary is read as ElectraConfig's defaults build it (`SUMMARY`), other summaries are refused.
+A one-dense `classifier` without a `sequence_summary` exports as a token classifier where `save_hf`'s `head` says so.
 """
 from __future__ import annotations
 
@@ -35,8 +41,10 @@ from albert_jax.head_identity import HFHead
 from albert_jax.model import abstract_params
 from albert_jax.model_config import ModelConfig
 
-PRETRAINING, MASKED_LM, BACKBONE = (ELECTRA.hf_class(role) for role in (families.PRETRAINING, families.MASKED_LM,
-                                                                        families.BACKBONE))
+PRETRAINING, MASKED_LM, BACKBONE, QUESTION_ANSWERING, TOKEN_CLASSIFICATION, MULTIPLE_CHOICE = (
+    ELECTRA.hf_class(role) for role in (families.PRETRAINING, families.MASKED_LM, families.BACKBONE,
+                                        families.QUESTION_ANSWERING, families.TOKEN_CLASSIFICATION,
+                                        families.MULTIPLE_CHOICE))
 DISCRIMINATOR_HEAD, GENERATOR_HEAD = "discriminator_predictions", "generator_predictions"
 CLASSIFIER = "classifier"  # ELECTRA's classification head, named as transformers names it
 GENERATOR_DIR = "generator"  # where an ELECTRA run's generator goes inside the exported folder
@@ -49,6 +57,8 @@ _OURS_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"
 _BUFFERS = ("electra.embeddings.position_ids", "electra.embeddings.token_type_ids")
 _TIED = "generator_lm_head.weight"
 _POOLER = ("albert", "pooler")
+# ElectraForMultipleChoice's summary as `ElectraMultipleChoice` computes it (ElectraConfig's defaults).
+SUMMARY = {"summary_type": "first", "summary_use_proj": True, "summary_activation": "gelu"}
 POOLER_NOTE = ("an ELECTRA run leaves it untrained too; sequence classification takes ELECTRA's head, which reads no "
                "pooler, and a head that reads it trains it")
 
@@ -56,7 +66,10 @@ POOLER_NOTE = ("an ELECTRA run leaves it untrained too; sequence classification 
 # The parts of the name table (`formats.names`) that each transformers class holds.
 _PARTS = {PRETRAINING: names.ENCODER_PARTS + (names.DISCRIMINATOR,), BACKBONE: names.ENCODER_PARTS,
           SEQUENCE_CLASSIFICATION: names.ENCODER_PARTS + (names.CLASSIFIER,),
-          MASKED_LM: names.ENCODER_PARTS + (names.GENERATOR,)}
+          MASKED_LM: names.ENCODER_PARTS + (names.GENERATOR,),
+          QUESTION_ANSWERING: names.ENCODER_PARTS + (names.QA_OUTPUTS,),
+          TOKEN_CLASSIFICATION: names.ENCODER_PARTS + (names.DENSE_CLASSIFIER,),
+          MULTIPLE_CHOICE: names.ENCODER_PARTS + (names.SEQUENCE_SUMMARY, names.DENSE_CLASSIFIER)}
 
 
 def _name_map(c: ModelConfig, architecture: str, encoder: Path = names.ENCODER) -> list[tuple[Path, str, bool]]:
@@ -71,8 +84,10 @@ def holds_classifier(params: Any) -> bool:
 
 
 def holds_heads(params: Any) -> bool:
-  """Whether our params are ELECTRA's (a run's, or a converted discriminator's or generator's)."""
-  return bool({GENERATOR, DISCRIMINATOR_HEAD, GENERATOR_HEAD} & set(params)) or holds_classifier(params)
+  """Whether our params hold a head only ELECTRA has (a run's, a converted discriminator's or generator's, its
+  classifier's or multiple-choice scorer's)."""
+  return bool({GENERATOR, DISCRIMINATOR_HEAD, GENERATOR_HEAD, names.SEQUENCE_SUMMARY} & set(params)) or (
+      holds_classifier(params))
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -102,10 +117,21 @@ def config_to_hf(c: ModelConfig, architecture: str, dtype: str) -> dict[str, Any
                      "applies exact GELU, so only a hidden_act='gelu' generator exports to it.")
   fields = {k: getattr(c, k) for k in _HF_DEFAULTS} | {"hidden_act": _OURS_TO_HF_ACTIVATION[c.hidden_act]}
   return {"architectures": [architecture], "model_type": ELECTRA.hf_model_type, **fields,
-          "position_embedding_type": "absolute", "tie_word_embeddings": True, "dtype": dtype}
+          "position_embedding_type": "absolute", "tie_word_embeddings": True, "dtype": dtype,
+          **(SUMMARY if architecture == MULTIPLE_CHOICE else {})}
 
 
-def _initialised_pooler(c: ModelConfig) -> dict[Path, np.ndarray]:
+def _check_summary(hf: dict[str, Any], path: str) -> None:
+  """Refuses an ElectraForMultipleChoice whose config.json builds another summary than `SUMMARY`."""
+  fields = {**SUMMARY, "summary_proj_to_labels": False}
+  said = lambda values: ", ".join(f"{k}={v!r}" for k, v in values.items())
+  differs = {k: hf[k] for k, v in fields.items() if k in hf and hf[k] != v}
+  if differs:
+    raise InputError(f"{path}: config.json has {said(differs)}; albert_jax's ELECTRA multiple-choice scorer "
+                     f"computes the summary of {said(fields)} only.")
+
+
+def initialised_pooler(c: ModelConfig) -> dict[Path, np.ndarray]:
   """The pooler as our model initialises it (HF ELECTRA has none; fine-tuning trains it)."""
   kernel = jax.nn.initializers.truncated_normal(c.initializer_range)(jax.random.key(0), (c.hidden_size,) * 2)
   return {_POOLER + ("kernel",): np.asarray(kernel, np.float32),
@@ -113,9 +139,9 @@ def _initialised_pooler(c: ModelConfig) -> dict[Path, np.ndarray]:
 
 
 def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
-  """Reads a transformers ELECTRA folder (ElectraForPreTraining, ElectraForMaskedLM, ElectraModel or
-  ElectraForSequenceClassification) as (ModelConfig, float32 numpy params); see the module docstring for the
-  trees. What a classifier was trained for is `head_identity.hf_head_from_config`'s."""
+  """Reads a transformers ELECTRA folder (any class of the module docstring) as (ModelConfig, float32 numpy params);
+  see the module docstring for the trees. What a fine-tuned head was trained for is
+  `head_identity.hf_head_from_config`'s."""
   path = os.path.abspath(path)
   hf_config = read_config(path)
   c = config_from_hf(hf_config)
@@ -127,9 +153,11 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
     raise InputError(f"{path}: hidden_act={hf_config['hidden_act']!r}, but ElectraForMaskedLM's head applies exact "
                      "GELU whatever it says, which our generator head cannot reproduce; only 'gelu' loads.")
   if architecture not in _PARTS:
-    raise InputError(f"{path}: config.json names {architecture}; the ELECTRA classes read here are {PRETRAINING}, "
-                     f"{MASKED_LM}, {BACKBONE} and {SEQUENCE_CLASSIFICATION}.")
-  params = _initialised_pooler(c)
+    raise InputError(f"{path}: config.json names {architecture}; the ELECTRA classes read here are "
+                     f"{', '.join(_PARTS)}.")
+  if architecture == MULTIPLE_CHOICE:
+    _check_summary(hf_config, path)
+  params = initialised_pooler(c)
   for ours, key, transpose in _name_map(c, architecture):
     if key not in tensors:
       raise InputError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint; config.json "
@@ -146,19 +174,28 @@ def load_hf(path: str) -> tuple[ModelConfig, dict[str, Any]]:
     raise InputError(f"{path}: parameters {sorted(tensors)[:5]} have no place in {architecture} as config.json "
                      "describes it; the config does not describe these weights.")
   head = head_identity.hf_head_from_config(hf_config, path)
-  _check_shapes(c, params, architecture, path, head.num_labels if head else 0)
+  _check_shapes(c, params, architecture, path, 1 if architecture == MULTIPLE_CHOICE else head.num_labels if head
+                else 0)
   return c, traverse_util.unflatten_dict(params)
+
+
+def pair_shapes(c: ModelConfig) -> dict[Path, tuple[int, ...]]:
+  """The shape of each parameter of an ELECTRA pair of `c`'s width (built with fraction 1: its generator tower is
+  `c`'s too), without allocating."""
+  abstract = nn.unbox(abstract_params(ElectraForPreTraining(c, 1.0)))
+  return {p: tuple(x.shape) for p, x in traverse_util.flatten_dict(abstract).items()}
 
 
 def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], architecture: str, where: str,
                   num_labels: int) -> None:
   """Every tensor in the shape our model gives it (an ELECTRA pair of `c`'s width built with fraction 1; a
-  classifier of `num_labels` outputs)."""
-  abstract = nn.unbox(abstract_params(ElectraForPreTraining(c, 1.0)))
-  shapes = {p: tuple(x.shape) for p, x in traverse_util.flatten_dict(abstract).items()}
+  classifier, token classifier or multiple-choice scorer of `num_labels` outputs, a span extractor of 2)."""
+  shapes = pair_shapes(c)
   h = c.hidden_size
-  shapes.update({(CLASSIFIER, "dense", "kernel"): (h, h), (CLASSIFIER, "dense", "bias"): (h,),
-                 (CLASSIFIER, "out_proj", "kernel"): (h, num_labels), (CLASSIFIER, "out_proj", "bias"): (num_labels,)})
+  for layer, outputs in (((CLASSIFIER, "dense"), h), ((CLASSIFIER, "out_proj"), num_labels),
+                         ((names.SEQUENCE_SUMMARY, "summary"), h), ((CLASSIFIER,), num_labels),
+                         ((names.QA_OUTPUTS,), 2)):
+    shapes.update({layer + ("kernel",): (h, outputs), layer + ("bias",): (outputs,)})
   for path, value in params.items():
     expected = shapes[(GENERATOR,) + path[2:] if architecture == MASKED_LM and path[:2] == ("albert", "encoder")
                       else path]
@@ -196,16 +233,9 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
     hf = config_to_hf(g, MASKED_LM, dtype)
     folders[os.path.join(path, GENERATOR_DIR)] = (_tensors(_name_map(g, MASKED_LM, (GENERATOR,)), flat), hf)
     flat.update(shared)  # the discriminator's too
-  heads = {p[0] for p in flat}
-  if GENERATOR_HEAD in heads and DISCRIMINATOR_HEAD not in heads:
-    architecture = MASKED_LM
-  elif CLASSIFIER in heads:
-    architecture = SEQUENCE_CLASSIFICATION
-  else:
-    architecture = PRETRAINING if DISCRIMINATOR_HEAD in heads else BACKBONE
+  architecture = _architecture(flat, head)
   hf = config_to_hf(c, architecture, dtype)
-  if architecture == SEQUENCE_CLASSIFICATION:
-    hf.update(_classifier_fields(head, flat.get((CLASSIFIER, "out_proj", "bias"), np.zeros(0)).shape[0]))
+  hf.update(_classifier_fields(head, architecture, flat))
   tensors = _tensors(_name_map(c, architecture), flat)
   if architecture == BACKBONE:  # as transformers saves ElectraModel: without the "electra." prefix
     tensors = {k.removeprefix("electra."): v for k, v in tensors.items()}
@@ -218,10 +248,34 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
   return list(folders)
 
 
-def _classifier_fields(head: HFHead | None, outputs: int) -> dict[str, Any]:
-  """config.json's id2label, label2id and problem_type of a classifier with `outputs` outputs trained as `head`."""
-  head = head or HFHead(SEQUENCE_CLASSIFICATION)
-  if head.architecture != SEQUENCE_CLASSIFICATION or (head.labels and len(head.labels) != outputs):
+def _architecture(flat: dict[Path, np.ndarray], head: HFHead | None) -> str:
+  """The class of our params: the one `head` names (what the task trained), else the one their heads tell."""
+  if head is not None and head.architecture in _PARTS:
+    return head.architecture
+  heads = {p[0] for p in flat}
+  if GENERATOR_HEAD in heads and DISCRIMINATOR_HEAD not in heads:
+    return MASKED_LM
+  if (CLASSIFIER, "out_proj", "bias") in flat:
+    return SEQUENCE_CLASSIFICATION
+  if names.QA_OUTPUTS in heads:
+    return QUESTION_ANSWERING
+  if names.SEQUENCE_SUMMARY in heads:
+    return MULTIPLE_CHOICE
+  return PRETRAINING if DISCRIMINATOR_HEAD in heads else BACKBONE
+
+
+# Where each classifier keeps its output layer's bias, which counts its outputs.
+_OUTPUT_BIAS = {SEQUENCE_CLASSIFICATION: (CLASSIFIER, "out_proj", "bias"), TOKEN_CLASSIFICATION: (CLASSIFIER, "bias")}
+
+
+def _classifier_fields(head: HFHead | None, architecture: str, flat: dict[Path, np.ndarray]) -> dict[str, Any]:
+  """config.json's id2label, label2id and problem_type of a classifier (sequence or token) trained as `head`, with
+  the outputs its params have; nothing for the other classes."""
+  if architecture not in _OUTPUT_BIAS:
+    return {}
+  outputs = flat.get(_OUTPUT_BIAS[architecture], np.zeros(0)).shape[0]
+  head = head or HFHead(architecture)
+  if head.architecture != architecture or (head.labels and len(head.labels) != outputs):
     raise InputError(f"params hold ELECTRA's classification head with {outputs} outputs, but its task names "
                      f"{head.architecture} with labels {head.labels}; export the run's workdir as it was trained.")
   return head_identity.hf_config_fields(head, outputs)

@@ -45,15 +45,31 @@ class Column:
 HF_ALBERT = Column("hf", ALBERT.name, "albert.encoder.albert_layer_groups.{g}.albert_layers.{i}")
 HF_ELECTRA = Column("hf", ELECTRA.name, "electra.encoder.layer.{g}")  # one weight set per layer: i is always 0
 TF1_ALBERT = Column("tf1", ALBERT.name, "bert/encoder/transformer/group_{g}/inner_group_{i}")
+# google-research/electra's checkpoints hold both towers: the discriminator under electra/, the generator under
+# generator/, over electra/'s embeddings; each column names one tower as a model of its own (its encoder under ours
+# albert/encoder, as a converted generator's is).
+TF1_ELECTRA = Column("tf1", ELECTRA.name, "electra/encoder/layer_{g}")
+TF1_ELECTRA_GENERATOR = Column("tf1", ELECTRA.name, "generator/encoder/layer_{g}")
 
 # The parts of a model, each a set of rows; a column's classes take some of them (`name_map`'s `parts`).
 EMBEDDINGS, PROJECTION, LAYERS, POOLER = "embeddings", "projection", "layers", "pooler"
 PREDICTIONS, SOP, DISCRIMINATOR, GENERATOR, CLASSIFIER = ("predictions", "sop_classifier", "discriminator_predictions",
                                                           "generator_predictions", "classifier")
+# Fine-tuned heads of one dense output layer (question answering; token classification and multiple choice's
+# `classifier`), and the summary a multiple-choice scorer puts before it.
+QA_OUTPUTS, DENSE_CLASSIFIER, SEQUENCE_SUMMARY = "qa_outputs", "dense_classifier", "sequence_summary"
 ENCODER_PARTS = (EMBEDDINGS, PROJECTION, LAYERS)
 ENCODER = ("albert", "encoder")  # where our encoder's parameters sit (an ELECTRA run's generator: ("generator",))
 
-_EMBEDDINGS = {HF_ALBERT: "albert.embeddings.", HF_ELECTRA: "electra.embeddings.", TF1_ALBERT: "bert/embeddings/"}
+_EMBEDDINGS = {HF_ALBERT: "albert.embeddings.", HF_ELECTRA: "electra.embeddings.", TF1_ALBERT: "bert/embeddings/",
+               TF1_ELECTRA: "electra/embeddings/", TF1_ELECTRA_GENERATOR: "electra/embeddings/"}
+
+
+def _tf1_electra(name: str) -> dict[Column, str]:
+  """A layer's sublayer as both towers of ELECTRA's TF1 checkpoints name it (under their own layer prefix)."""
+  return {TF1_ELECTRA: name, TF1_ELECTRA_GENERATOR: name}
+
+
 # (part, our path: under the encoder for PROJECTION, under a layer for LAYERS, else whole; kind; {column: name}).
 ROWS = [
     *[(EMBEDDINGS, ("albert", "embeddings", f"{n}_embeddings"), EMBEDDING,
@@ -63,20 +79,27 @@ ROWS = [
      {column: f"{prefix}LayerNorm" for column, prefix in _EMBEDDINGS.items()}),
     (PROJECTION, ("embedding_hidden_mapping_in",), DENSE,
      {HF_ALBERT: "albert.encoder.embedding_hidden_mapping_in", HF_ELECTRA: "electra.embeddings_project",
-      TF1_ALBERT: "bert/encoder/embedding_hidden_mapping_in"}),
+      TF1_ALBERT: "bert/encoder/embedding_hidden_mapping_in", TF1_ELECTRA: "electra/embeddings_project",
+      TF1_ELECTRA_GENERATOR: "generator/embeddings_project"}),
     *[(LAYERS, ("attention", n), DENSE,
-       {HF_ALBERT: f"attention.{n}", HF_ELECTRA: f"attention.self.{n}", TF1_ALBERT: f"attention_1/self/{n}"})
+       {HF_ALBERT: f"attention.{n}", HF_ELECTRA: f"attention.self.{n}", TF1_ALBERT: f"attention_1/self/{n}",
+        **_tf1_electra(f"attention/self/{n}")})
       for n in ("query", "key", "value")],
     (LAYERS, ("attention", "dense"), DENSE,
-     {HF_ALBERT: "attention.dense", HF_ELECTRA: "attention.output.dense", TF1_ALBERT: "attention_1/output/dense"}),
+     {HF_ALBERT: "attention.dense", HF_ELECTRA: "attention.output.dense", TF1_ALBERT: "attention_1/output/dense",
+      **_tf1_electra("attention/output/dense")}),
     (LAYERS, ("attention", "LayerNorm"), LAYER_NORM,
-     {HF_ALBERT: "attention.LayerNorm", HF_ELECTRA: "attention.output.LayerNorm", TF1_ALBERT: "LayerNorm"}),
+     {HF_ALBERT: "attention.LayerNorm", HF_ELECTRA: "attention.output.LayerNorm", TF1_ALBERT: "LayerNorm",
+      **_tf1_electra("attention/output/LayerNorm")}),
     (LAYERS, ("ffn", "intermediate"), DENSE,
-     {HF_ALBERT: "ffn", HF_ELECTRA: "intermediate.dense", TF1_ALBERT: "ffn_1/intermediate/dense"}),
+     {HF_ALBERT: "ffn", HF_ELECTRA: "intermediate.dense", TF1_ALBERT: "ffn_1/intermediate/dense",
+      **_tf1_electra("intermediate/dense")}),
     (LAYERS, ("ffn", "output"), DENSE,
-     {HF_ALBERT: "ffn_output", HF_ELECTRA: "output.dense", TF1_ALBERT: "ffn_1/intermediate/output/dense"}),
+     {HF_ALBERT: "ffn_output", HF_ELECTRA: "output.dense", TF1_ALBERT: "ffn_1/intermediate/output/dense",
+      **_tf1_electra("output/dense")}),
     (LAYERS, ("ffn", "LayerNorm"), LAYER_NORM,
-     {HF_ALBERT: "full_layer_layer_norm", HF_ELECTRA: "output.LayerNorm", TF1_ALBERT: "LayerNorm_1"}),
+     {HF_ALBERT: "full_layer_layer_norm", HF_ELECTRA: "output.LayerNorm", TF1_ALBERT: "LayerNorm_1",
+      **_tf1_electra("output/LayerNorm")}),
     (POOLER, ("albert", "pooler"), DENSE, {HF_ALBERT: "albert.pooler", TF1_ALBERT: "bert/pooler/dense"}),
     (PREDICTIONS, ("predictions", "dense"), DENSE,
      {HF_ALBERT: "predictions.dense", TF1_ALBERT: "cls/predictions/transform/dense"}),
@@ -86,12 +109,19 @@ ROWS = [
      {HF_ALBERT: "predictions.bias", TF1_ALBERT: "cls/predictions/output_bias"}),
     (SOP, ("sop_classifier",), OUTPUT_WEIGHTS,
      {HF_ALBERT: "sop_classifier.classifier", TF1_ALBERT: "cls/seq_relationship"}),
-    *[(DISCRIMINATOR, (DISCRIMINATOR, n), DENSE, {HF_ELECTRA: f"{DISCRIMINATOR}.{n}"})
-      for n in ("dense", "dense_prediction")],
-    (GENERATOR, (GENERATOR, "dense"), DENSE, {HF_ELECTRA: f"{GENERATOR}.dense"}),
-    (GENERATOR, (GENERATOR, "LayerNorm"), LAYER_NORM, {HF_ELECTRA: f"{GENERATOR}.LayerNorm"}),
-    (GENERATOR, (GENERATOR, "bias"), VECTOR, {HF_ELECTRA: "generator_lm_head.bias"}),
+    *[(DISCRIMINATOR, (DISCRIMINATOR, n), DENSE,
+       {HF_ELECTRA: f"{DISCRIMINATOR}.{n}", TF1_ELECTRA: f"{DISCRIMINATOR}/{tf}"})
+      for n, tf in (("dense", "dense"), ("dense_prediction", "dense_1"))],
+    (GENERATOR, (GENERATOR, "dense"), DENSE,
+     {HF_ELECTRA: f"{GENERATOR}.dense", TF1_ELECTRA_GENERATOR: f"{GENERATOR}/dense"}),
+    (GENERATOR, (GENERATOR, "LayerNorm"), LAYER_NORM,
+     {HF_ELECTRA: f"{GENERATOR}.LayerNorm", TF1_ELECTRA_GENERATOR: f"{GENERATOR}/LayerNorm"}),
+    (GENERATOR, (GENERATOR, "bias"), VECTOR,
+     {HF_ELECTRA: "generator_lm_head.bias", TF1_ELECTRA_GENERATOR: f"{GENERATOR}/output_bias"}),
     *[(CLASSIFIER, (CLASSIFIER, n), DENSE, {HF_ELECTRA: f"{CLASSIFIER}.{n}"}) for n in ("dense", "out_proj")],
+    (QA_OUTPUTS, (QA_OUTPUTS,), DENSE, {HF_ELECTRA: QA_OUTPUTS}),
+    (SEQUENCE_SUMMARY, (SEQUENCE_SUMMARY, "summary"), DENSE, {HF_ELECTRA: f"{SEQUENCE_SUMMARY}.summary"}),
+    (DENSE_CLASSIFIER, (CLASSIFIER,), DENSE, {HF_ELECTRA: CLASSIFIER}),
 ]
 
 

@@ -6,7 +6,8 @@ a 48-byte footer) mapping each variable name to a `BundleEntryProto` (dtype, sha
 crc32c), the empty key to a `BundleHeaderProto` (shard count, byte order); and `PREFIX.data-0000i-of-0000N`, the
 raw tensor bytes. `TensorBundle` reads that directly (both protos are decoded from the wire format: a few fields);
 `load_tf1` maps the names with the table in docs/checkpoints.md and the architecture from `albert_config.json`
-(the head count is in no weight shape: the xlarge v2 tarball's 32 heads come from there alone).
+(the head count is in no weight shape: the xlarge v2 tarball's 32 heads come from there alone). A checkpoint of
+ELECTRA's (google-research/electra) is read by `tf1_electra`.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import numpy as np
 from albert_jax import model as model_lib
 from albert_jax import storage
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.formats import Format
+from albert_jax.formats import Format, tf1_electra
 from albert_jax.formats.names import TF1_ALBERT, name_map
 from albert_jax.model_config import ModelConfig
 from albert_jax.weights import store
@@ -290,6 +291,13 @@ def from_tf1(src: str, dst: str, clear=lambda: None) -> str:
   if storage.is_remote(src):
     raise InputError(f"--src={src}: the TF1 reader reads local files; copy the release folder with "
                      "`gcloud storage cp -r` first (--dst may be gs://).")
+  prefix = find_checkpoint(src)
+  bundle = TensorBundle(prefix)
+  variables = {name: entry["shape"] for name, entry in bundle.entries.items() if not _NOT_WEIGHTS.search(name)}
+  if tf1_electra.holds_electra(set(variables)):
+    towers = tf1_electra.load(variables, bundle.read, prefix)
+    clear()
+    return tf1_electra.save(towers, src, dst)
   model_config, params = load_tf1(src)
   clear()
   store.save_pretrained(dst, model_config, params)
@@ -297,4 +305,5 @@ def from_tf1(src: str, dst: str, clear=lambda: None) -> str:
 
 
 FORMAT = Format("tf1", "a TF1 checkpoint + albert_config.json, as in the original's release tarballs and TF-Hub "
-                "modules, read without TensorFlow", read=from_tf1)
+                "modules, or google-research/electra's released folders (both towers), read without TensorFlow",
+                read=from_tf1)

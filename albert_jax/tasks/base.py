@@ -100,9 +100,10 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
   return loss, (logits.argmax(-1) == labels).mean()
 
 
-# The heads of sequence classification (GLUE, your own data), each named after the family that owns it
-# (`families.Family.classifier`). "auto", the fine-tuning configs' default, becomes the head of the weights' family
-# (`record.with_classifier_head`) and is the default family's otherwise.
+# The heads of sequence classification (GLUE, your own data) and multiple choice (RACE, your own data), each named
+# after the family that owns it (`families.Family.classifier`, `multiple_choice`); the other tasks' heads export as
+# that family's transformers classes. "auto", the fine-tuning configs' default, becomes the family of the weights
+# (`record.with_classifier_head`) and is the default family otherwise.
 CLASSIFIER_HEADS = families.classifier_heads()
 
 
@@ -115,7 +116,7 @@ class TaskSettings:
   path: str = ""                          # the task's data folder
   max_seq_length: int = 512
   classifier_dropout_prob: float = 0.1    # on the pooled vector (GLUE, RACE), in SQuAD v2's answer class
-  classifier_head: str = families.DEFAULT  # sequence classification: a family's head (CLASSIFIER_HEADS)
+  classifier_head: str = families.DEFAULT  # the family of the task's head (CLASSIFIER_HEADS)
   doc_stride: int = 128                   # SQuAD: tokens between the starts of consecutive context windows
   max_query_length: int = 64              # SQuAD: question tokens kept (the first ones)
   max_answer_length: int = 30             # SQuAD: longest predicted answer, in tokens
@@ -247,18 +248,34 @@ class Task(abc.ABC):
   def make_model(self, model_config: ModelConfig):
     ...
 
+  # What the model's head is called where each family has its own (`Family.classifier`, `multiple_choice`), so
+  # that `classifier_head` chooses it; None: every family's weights take the same head.
+  family_head: str | None = None
+
+  @property
+  def head_family(self) -> families.Family:
+    """The family whose head the model has and whose transformers classes it exports as
+    (`TaskSettings.classifier_head`)."""
+    return families.classifier_family(self.settings.classifier_head)
+
   def identity(self) -> dict[str, Any]:
     """What the trained head means beyond its weights' shapes, recorded with a fine-tuning run: eval and predict
-    refuse weights trained for another task or class order (equal shapes would swap labels silently)."""
+    refuse weights trained for another task or class order (equal shapes would swap labels silently). A family's
+    own head other than the default family's is recorded too (its weights fit no other head); the default
+    family's is not, as runs recorded before heads had names."""
     labels = getattr(self, "labels", None)
+    name = self.head_family.name
     return {"task": self.settings.task, "task_name": self.settings.task_name,
-            "labels": list(labels) if labels is not None else None}
+            "labels": list(labels) if labels is not None else None,
+            **({"classifier_head": name} if self.family_head and name != families.DEFAULT else {})}
 
   hf_head = None  # head_identity.HFHead: the transformers class of this task's model (`convert --to=hf` of best/step_N)
 
   def describe_head(self, model) -> str | None:
     """A line `--mode=describe` prints about the head of `model` where the config chose it; None: nothing to say."""
-    return None
+    if self.family_head is None:
+      return None
+    return f"{self.family_head} head: {self.head_family.title}'s ({type(model).__name__})"
 
   @abc.abstractmethod
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:

@@ -4,7 +4,8 @@
 Per option (google-research/albert `race_utils.py`): `[CLS] article [SEP] question⊕option [SEP]`, where ⊕
 replaces every "_" of a cloze question by the option, else appends the option after a space; the qa part keeps
 its LAST `max_qa_length` tokens and the article is cut at its end to fit. Features are [N, 4, S]; each option
-gets one score (pooled -> dropout -> dense 1) and a softmax runs across the 4. Accuracy is reported for
+gets one score from the multiple-choice scorer of the head's family (`classifier_head`: ALBERT's pooled -> dropout
+-> dense 1, ELECTRA's on the first token) and a softmax runs across the 4. Accuracy is reported for
 middle, high and all (the paper's RACE-M / RACE-H / RACE).
 """
 from __future__ import annotations
@@ -16,13 +17,12 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import storage
+from albert_jax import families, storage
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.head_identity import MULTIPLE_CHOICE, HFHead
+from albert_jax.head_identity import HFHead
 from albert_jax.tasks.base import (Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy, pack,
                                    stack_packed)
 from albert_jax.tasks.input_text import DataFileError, read_text
-from albert_jax.tasks.heads import PooledClassifier
 from albert_jax.tasks.records import Ids, check_ids, field, optional_id, parse_json, read_id_map, user_records
 
 LETTERS = "ABCD"
@@ -129,10 +129,14 @@ class RaceTask(Task):
     return qa_text(question, option)
 
   # --- model ----------------------------------------------------------------------------------------------
-  def make_model(self, model_config):
-    return PooledClassifier(model_config, 1, self.settings.classifier_dropout_prob)
+  family_head = "multiple-choice"
 
-  hf_head = HFHead(MULTIPLE_CHOICE)
+  def make_model(self, model_config):
+    return self.head_family.multiple_choice()(model_config, 1, self.settings.classifier_dropout_prob)
+
+  @property
+  def hf_head(self) -> HFHead:
+    return HFHead(self.head_family.hf_class(families.MULTIPLE_CHOICE))
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     shape = (batch_size, self.num_choices, self.settings.max_seq_length)

@@ -56,23 +56,11 @@ class SequenceClassificationTask(Task):
     return features, {}
 
   # --- model ----------------------------------------------------------------------------------------------
-  @property
-  def head_family(self) -> families.Family:
-    """The family whose classification head the model has (`TaskSettings.classifier_head`)."""
-    return families.classifier_family(self.settings.classifier_head)
+  family_head = "classifier"
 
   def make_model(self, model_config):
     head = self.head_family.classifier()
     return head(model_config, self.num_outputs, self.settings.classifier_dropout_prob)
-
-  def describe_head(self, model) -> str:
-    return f"classifier head: {self.head_family.title}'s ({type(model).__name__})"
-
-  def identity(self) -> dict:
-    """A head other than the default family's is recorded (its weights fit no other head, nor its transformers
-    class); the default family's is not, as runs recorded before heads had names."""
-    name = self.head_family.name
-    return {**super().identity(), **({"classifier_head": name} if name != families.DEFAULT else {})}
 
   @property
   def hf_architecture(self) -> str:

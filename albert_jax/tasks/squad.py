@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from albert_jax import storage
+from albert_jax import families, storage
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.head_identity import QUESTION_ANSWERING, HFHead
+from albert_jax.head_identity import HFHead
 from albert_jax.tasks import squad_decode, squad_metrics
 from albert_jax.tasks.alignment import AlignedText, align
 from albert_jax.tasks.base import (Split, Task, TaskSettings, apply_model, check_outputs, cross_entropy, pack,
@@ -98,7 +98,7 @@ class SquadTask(Task):
         raise InputError(f"data.{name}={getattr(d, name)}; choose a beam width from 1 to data.max_seq_length="
                          f"{d.max_seq_length} (the original uses 5).")
     # transformers has no answer-class head: `formats.hf_albert.save_hf` refuses those weights by name.
-    self.hf_head = None if self.answer_class else HFHead(QUESTION_ANSWERING)
+    self.hf_head = None if self.answer_class else HFHead(self.head_family.hf_class(families.QUESTION_ANSWERING))
 
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:

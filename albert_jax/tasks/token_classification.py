@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from albert_jax import storage
+from albert_jax import families, storage
 from albert_jax.errors import InputError, MissingFileError
-from albert_jax.head_identity import TOKEN_CLASSIFICATION, HFHead
+from albert_jax.head_identity import HFHead
 from albert_jax.tasks import metrics
 from albert_jax.tasks.base import Split, Task, apply_model, check_outputs, pack, stack_packed
 from albert_jax.tasks.input_text import DataFileError
@@ -156,7 +156,7 @@ class TokenClassificationTask(Task):
 
   @property
   def hf_head(self) -> HFHead:
-    return HFHead(TOKEN_CLASSIFICATION, self.labels)
+    return HFHead(self.head_family.hf_class(families.TOKEN_CLASSIFICATION), self.labels)
 
   def dummy_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     shape = (batch_size, self.settings.max_seq_length)
