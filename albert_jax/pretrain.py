@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import shlex
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -278,10 +278,18 @@ def check_data(config: ml_collections.ConfigDict) -> None:
                      "held-out evaluation.")
 
 
-def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job) -> dict[str, float]:
+def warm_start_from(config: ml_collections.ConfigDict, weights, job: engine.Job) -> Callable:
+  """The warm start of `job` from `weights` (`loading.warm_start`: the backbone required, heads the model has taken
+  where the weights hold them)."""
+  return loading.warm_start(weights.params, job.init_params)
+
+
+def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job,
+          warm_start_for=warm_start_from) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the run's latest checkpoint. Returns the last logged metrics.
   A warm start's weights are loaded and checked first: refused, they leave the run's folder as it was. `job_for`:
-  (config, run) -> the objective's job (a family's own objective passes its `make_job`)."""
+  (config, run) -> the objective's job (a family's own objective passes its `make_job`); `warm_start_for`:
+  (config, the resolved init_checkpoint, the job) -> its warm start (ELECTRA's takes its generator too)."""
   check_data(config)
   job = job_for(config, run)
   if run_config.latest_step(run) is not None:
@@ -289,7 +297,7 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
   elif config.init_checkpoint:  # a warm start; a resume goes on from its own weights
     weights = resolve(config.init_checkpoint, config)
     provenance.check_reader(weights.path, weights.flag, config)
-    job = dataclasses.replace(job, warm_start=loading.warm_start(weights.params, job.init_params))
+    job = dataclasses.replace(job, warm_start=warm_start_for(config, weights, job))
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)
   console.say_done(f"checkpoint {os.path.join(run.checkpoints, str(latest))}", _fine_tuning_command(run.workdir))

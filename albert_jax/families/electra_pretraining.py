@@ -20,6 +20,7 @@ import optax
 
 from albert_jax import describe, engine, flops, pretrain
 from albert_jax.errors import InputError
+from albert_jax.families import electra_continued
 from albert_jax.families.electra import GENERATOR
 from albert_jax.families.electra_model import ElectraForPreTraining, generator_config
 from albert_jax.model import count_params, dummy_inputs
@@ -147,8 +148,9 @@ def pair_train_flops_per_token(discriminator: ModelConfig, generator: ModelConfi
 
 
 def train(config: ml_collections.ConfigDict, run: Run, args=None) -> dict[str, float]:
-  """Pretrains the pair from scratch or the run's latest checkpoint (`pretrain.train` with this job)."""
-  return pretrain.train(config, run, args, job_for=make_job)
+  """Pretrains the pair from scratch, a warm start (`electra_continued`: a discriminator folder and its generator's)
+  or the run's latest checkpoint (`pretrain.train` with this job)."""
+  return pretrain.train(config, run, args, job_for=make_job, warm_start_for=electra_continued.pair_warm_start)
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None) -> dict[str, float]:
