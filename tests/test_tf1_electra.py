@@ -33,7 +33,7 @@ def test_both_towers_equal_transformers_conversion_of_the_same_checkpoint(tmp_pa
   torch = require_module("torch", extra="hf")
   transformers = require_module("transformers", extra="hf")
   said = quietly(convert.convert, "tf1", None, str(SOURCE), str(tmp_path / "ours"))
-  assert "ours/generator: albert, generator_predictions (H=32, 1 heads)" in said, said
+  assert "ours/generator: albert, generator_predictions (H=32, heads=1)" in said, said
   ids, mask, types = batch()
   inputs = {k: torch.tensor(v) for k, v in zip(("input_ids", "attention_mask", "token_type_ids"), batch())}
   real = mask.astype(bool)  # padded positions are not compared: HF and we mask keys differently there

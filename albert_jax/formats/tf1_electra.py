@@ -114,6 +114,6 @@ def save(towers: dict[str, tuple[ModelConfig, dict[str, Any]]], src: str, dst: s
     store.save_pretrained(folder, c, params, family=ELECTRA.name)
     if os.path.isfile(vocab):
       storage.write_atomic(os.path.join(folder, wordpiece.VOCAB_FILE), storage.path(vocab).read_bytes())
-    said.append(f"{folder}: {', '.join(sorted(params))} (H={c.hidden_size}, {c.num_attention_heads} heads)")
+    said.append(f"{folder}: {', '.join(sorted(params))} (H={c.hidden_size}, heads={c.num_attention_heads})")
   return "; ".join(said) + (f"; its tokenizer {wordpiece.VOCAB_FILE}" if os.path.isfile(vocab) else
                             f"; no {wordpiece.VOCAB_FILE} beside the checkpoint, so runs need data.spm_model")
