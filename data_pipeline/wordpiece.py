@@ -19,6 +19,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from albert_jax import storage
 from albert_jax.errors import InputError
 from data_pipeline import records
+from data_pipeline.pair_layout import BERT, PairLayout
 from data_pipeline.tokenization import Tokenizer
 from data_pipeline.tokenizer_json import BPE_VOCAB, TOKENIZER_JSON, JsonTokenizer, LibraryTokenizer, is_json_tokenizer
 
@@ -40,6 +41,7 @@ class WordPieceTokenizer(LibraryTokenizer):
   """A WordPiece vocabulary (one piece a line, its line number its id) and BERT's pipeline (module docstring)."""
 
   kind = "wordpiece"   # a word's later pieces start with "##" (data_pipeline.masking)
+  pair_layout: PairLayout = BERT   # [CLS] A [SEP] B [SEP]
 
   def __init__(self, vocab_path: str, do_lower_case: bool = True):
     self.model_path = str(vocab_path)

@@ -24,6 +24,7 @@ from albert_jax import families, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks.input_text import DataFileError, as_read, control_character
+from data_pipeline.pair_layout import BERT, PairLayout
 from data_pipeline.tokenization import Tokenizer
 from data_pipeline.wordpiece import WordPieceTokenizer, load_tokenizer
 
@@ -63,15 +64,11 @@ def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer:
   return load_tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
 
 
-def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
-         max_seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """`[CLS] first [SEP] (second [SEP])`, right-padded with 0: (input_ids, attention_mask, token_type_ids).
-  Segment 0 covers [CLS], first and its [SEP]; segment 1 the second part and the last [SEP]."""
-  ids = [cls_id, *first, sep_id]
-  types = [0] * len(ids)
-  if second is not None:
-    ids += [*second, sep_id]
-    types += [1] * (len(second) + 1)
+def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int, max_seq_length: int,
+         layout: PairLayout = BERT) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The texts' ids joined in the tokenizer's `layout` (`[CLS] first [SEP] (second [SEP])`, segment 1 from second
+  on, by default), right-padded with 0: (input_ids, attention_mask, token_type_ids)."""
+  ids, types = layout.join(first, second, cls_id, sep_id)
   if len(ids) > max_seq_length:
     raise AssertionError(f"packed length {len(ids)} > {max_seq_length}: truncate before packing")
   out = np.zeros((3, max_seq_length), np.int32)
