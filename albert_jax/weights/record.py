@@ -64,7 +64,8 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   data = _run_config(run).get("data", {}) if run else {}
   kind = data.get("kind")
   folder = (data.get("path", "") if kind == "prepared" else
-            os.path.join(tiny_data_dir(data.get("path", ""), run), "prepared") if kind == "tiny" else "")
+            tiny.prepared_dir(tiny_data_dir(data.get("path", ""), run), data.get("tiny_tokenizer", "unigram"))
+            if kind == "tiny" else "")
   manifest = os.path.join(folder, records.MANIFEST)
   prepared = (read_json_object(manifest, "a preparation's manifest", "prepare the data again")["tokenizer"]
               if folder and storage.path(manifest).is_file() else {})
