@@ -68,6 +68,12 @@ def test_a_folder_with_tokenizer_json_alone_is_converted_and_fine_tuned_with_tra
       compared += 1
   assert compared >= 15
 
+  back = str(tmp_path / "back")
+  assert "checked to give its ids through" in quietly(convert.convert, None, "hf", ours, back)
+  again = transformers.AutoTokenizer.from_pretrained(back)
+  for first, second, _ in rte_pairs(shared_data, 8):
+    assert again(first, second)["input_ids"] == theirs(first, second)["input_ids"], first
+
   finetune.train(config, Run(str(tmp_path / "run")))
   best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
   assert best["step"] == 2

@@ -78,6 +78,14 @@ def special_tokens(tokenizer: AnyTokenizer) -> dict[str, str]:
   return wordpiece.SPECIAL_TOKENS if isinstance(tokenizer, WordPieceTokenizer) else SPECIAL_TOKENS
 
 
+def _added_tokens(tokenizer: AnyTokenizer) -> set[str]:
+  """The tokens the tokenizer itself splits out before its model: its special ones, and those a tokenizer.json
+  adds (transformers 5 saves ALBERT's user-defined pieces, `(` `)` `"` ..., as such)."""
+  if isinstance(tokenizer, JsonTokenizer):
+    return {token.content for token in tokenizer.hf.get_added_tokens_decoder().values()}
+  return set(special_tokens(tokenizer).values())
+
+
 def _library_tokenizer(tokenizer: JsonTokenizer) -> tokenizers.Tokenizer:
   """The tokenizer.json's or BPE files' pipeline, adding the special tokens in the tokenizer's pair layout."""
   hf = tokenizers.Tokenizer.from_str(tokenizer.hf.to_str())
@@ -125,7 +133,7 @@ def check_tokenizer(tokenizer: AnyTokenizer, vocab_size: int, max_length: int) -
 def check_loaded(tokenizer: AnyTokenizer | None, folder: str, fix: str, with_model: bool = True) -> str:
   """Loads `folder` as users load it, every file in it read as transformers reads it: AutoTokenizer, and (with_model,
   torch installed) the class config.json names; without transformers, tokenizer.json by the tokenizers library.
-  Refuses a tokenizer with tokens beyond the run's special ones (an earlier tool's added_tokens.json), other special
+  Refuses a tokenizer with tokens beyond those it adds itself (an earlier tool's added_tokens.json), other special
   token ids (a special_tokens_map.json), or other ids than ours on SAMPLES. Returns what loaded the tokenizer."""
   try:
     import transformers
@@ -151,7 +159,7 @@ def check_loaded(tokenizer: AnyTokenizer | None, folder: str, fix: str, with_mod
     encode = lambda a, b: (lambda e: (e["input_ids"], e["token_type_ids"]))(loaded(a, b, return_token_type_ids=True))
     ours = special_tokens(tokenizer)
     special = {name: getattr(loaded, name) for name in ours}
-    if special != ours or (added := set(loaded.get_added_vocab()) - set(ours.values())):
+    if special != ours or (added := set(loaded.get_added_vocab()) - _added_tokens(tokenizer)):
       found = f"added tokens {sorted(added)}" if special == ours else f"special tokens {special}"
       raise InputError(f"{folder}: transformers loads the tokenizer with {found}, unlike {tokenizer.model_path}; "
                        f"{fix}.")
