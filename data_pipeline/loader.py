@@ -335,9 +335,9 @@ def make_pretraining_iterator(data_config: Mapping[str, Any], split: str, global
     raise InputError(f"global_batch_size={global_batch_size} is not divisible by the {process_count} hosts.")
   kind = data_config.get("kind", "prepared")
   if kind == "tiny":
-    from data_pipeline.tiny import ensure_tiny_dataset
-    data_config = {**dict(data_config), "path": ensure_tiny_dataset(data_config.get("path"),
-                                                                    data_config.get("tiny_tokenizer", "unigram"))}
+    from data_pipeline.tiny import ensure_tiny_dataset, tokenizer_kind
+    built = ensure_tiny_dataset(data_config.get("path"), tokenizer_kind(data_config))
+    data_config = {**dict(data_config), "path": built}
   elif kind != "prepared":
     raise InputError(f"data.kind={kind!r} is not read by data_pipeline.loader; use 'prepared' or 'tiny'.")
   ds = make_pretraining_dataset(data_config, split, global_batch_size // process_count, seed, process_index,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any, Mapping
 
 from data_pipeline import records, train_spm
 from data_pipeline.prepare import PrepareConfig, prepare
@@ -19,6 +20,11 @@ DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "albert_jax", "tin
 # The tokenizer of each kind (`train_spm.MODEL_TYPES`, `data.tiny_tokenizer`) and the folder prepared with it.
 TOKENIZERS = {"unigram": ("tiny_spm.model", "prepared"), "bpe": ("tiny_bpe/vocab.json", "prepared_bpe"),
               "wordpiece": ("tiny_wordpiece/vocab.txt", "prepared_wordpiece")}
+
+
+def tokenizer_kind(data_config: Mapping[str, Any]) -> str:
+  """The kind of tokenizer `data.tiny_tokenizer` names; "unigram" for a config without it (a run from before it)."""
+  return data_config.get("tiny_tokenizer", "unigram")
 
 
 def prepared_dir(directory: str, model_type: str = "unigram") -> str:

@@ -1,11 +1,11 @@
 """RoBERTa's pretraining recipe (Liu et al. 2019) on this project's encoder: BERT's shape (no sharing, E = H), MLM
 alone on FULL-SENTENCES inputs (`data.packing=full_sentences`), dynamic masking of 15% of the tokens, single words.
 
-`experiments/pretrain_roberta.py:size=tiny|base|large[,tokenizer=unigram|bpe]`. base and large: BERT-base / BERT-large on prepared data
-with the paper's Table 9 (seq 512, batch 8k, AdamW β1 0.9, β2 0.98, ε 1e-6, weight decay 0.01, no gradient
-clipping, peak lr 6e-4 / 4e-4, warmup 24k / 30k, linear decay to 0 at 500k steps). `adamw` keeps the original
-ALBERT's moments without bias correction: within 1% of the corrected update from step 200, when warmup's rate is
-still 5e-6 (base).
+`experiments/pretrain_roberta.py:size=tiny|base|large[,tokenizer=unigram|bpe]`. base and large: BERT-base /
+BERT-large on prepared data with the paper's Table 9 (seq 512, batch 8k, AdamW β1 0.9, β2 0.98, ε 1e-6, weight
+decay 0.01, no gradient clipping, peak lr 6e-4 / 4e-4, warmup 24k / 30k, linear decay to 0 at 500k steps).
+`adamw` keeps the original ALBERT's moments without bias correction: within 1% of the corrected update from step
+200, when warmup's rate is still 5e-6 (base).
 tiny: `pretrain_tiny.py`'s CPU run (bundled corpus, its 4,000-piece tokenizer, LAMB schedule, 500 steps at seq 64)
 with the model BERT-shaped and the inputs RoBERTa's, so the two runs compare. `tokenizer=bpe` tokenizes the bundled
 corpus with RoBERTa's kind of tokenizer instead, a 4,000-token byte-level BPE that `data_pipeline.train_spm` trains

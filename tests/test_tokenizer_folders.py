@@ -100,7 +100,8 @@ def trained(shared_data, tmp_path_factory):
   return {"bpe": root / "bpe" / "vocab.json", "wordpiece": root / "wordpiece" / "vocab.txt"}
 
 
-@pytest.mark.parametrize("kind,layout,types", [("bpe", pair_layout.ROBERTA, False), ("wordpiece", pair_layout.BERT, True)])
+@pytest.mark.parametrize("kind,layout,types", [("bpe", pair_layout.ROBERTA, False),
+                                               ("wordpiece", pair_layout.BERT, True)])
 def test_weights_trained_with_bpe_or_wordpiece_export_a_tokenizer_transformers_loads_with_our_ids(
     trained, shared_data, tmp_path, kind, layout, types):
   """The tokenizer beside the weights (as a run records it) goes to tokenizer.json and tokenizer_config.json:

@@ -26,6 +26,7 @@ from albert_jax.model_config import ModelConfig
 from albert_jax.tasks.input_text import DataFileError, as_read, control_character
 from data_pipeline.pair_layout import BERT, PairLayout
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.tokenizer_json import JsonTokenizer
 from data_pipeline.wordpiece import WordPieceTokenizer, load_tokenizer
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -47,9 +48,10 @@ class Split:
     return len(next(iter(self.features.values()))) if self.features else 0
 
 
-def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer:
-  """The tokenizer data.spm_model names: a SentencePiece model, or a WordPiece vocab.txt (what the released
-  checkpoints of a "wordpiece" family ship, `families.Family.tokenizer`)."""
+def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer | JsonTokenizer:
+  """The tokenizer data.spm_model names: a SentencePiece model, a WordPiece vocab.txt (what the released
+  checkpoints of a "wordpiece" family ship, `families.Family.tokenizer`), a tokenizer.json or a BPE vocab.json
+  (`wordpiece.load_tokenizer`)."""
   if not config.data.spm_model:
     init = config.get("init_checkpoint", "")
     if init and not storage.path(init).exists():  # the weights would name it: that is what to fix

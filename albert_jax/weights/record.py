@@ -64,7 +64,7 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   data = _run_config(run).get("data", {}) if run else {}
   kind = data.get("kind")
   folder = (data.get("path", "") if kind == "prepared" else
-            tiny.prepared_dir(tiny_data_dir(data.get("path", ""), run), data.get("tiny_tokenizer", "unigram"))
+            tiny.prepared_dir(tiny_data_dir(data.get("path", ""), run), tiny.tokenizer_kind(data))
             if kind == "tiny" else "")
   manifest = os.path.join(folder, records.MANIFEST)
   prepared = (read_json_object(manifest, "a preparation's manifest", "prepare the data again")["tokenizer"]
