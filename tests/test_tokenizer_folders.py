@@ -177,3 +177,28 @@ def test_fine_tuning_inputs_of_a_roberta_tokenizer_take_its_pair_layout(trained,
                                        r"token type, which the roberta pair layout of .*vocab.json leaves 0; use "
                                        r"data.v2_head='null_score'.$"):
     v2.featurize(v2.read_examples(v2.split_path("train")), tokenizer)
+
+
+def test_an_electra_folder_with_tokenizer_json_alone_is_read_as_it_is(trained, shared_data, tmp_path):
+  """Every family's folder is read so: transformers 5 saves ELECTRA's WordPiece tokenizer as tokenizer.json alone;
+  converted, its weights record it, our ids are AutoTokenizer's, and the export back gives them too."""
+  from tests.hf_models import transformers
+  vocab = str(trained["wordpiece"])
+  size = load_tokenizer(vocab).vocab_size
+  original = str(tmp_path / "original")
+  transformers.ElectraForPreTraining(transformers.ElectraConfig(
+      vocab_size=size, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+      intermediate_size=64, max_position_embeddings=512)).save_pretrained(original)
+  transformers.ElectraTokenizer.from_pretrained(str(trained["wordpiece"].parent)).save_pretrained(original)
+  assert not (Path(original) / "vocab.txt").exists()
+  ours, back = str(tmp_path / "ours"), str(tmp_path / "back")
+  assert "its tokenizer tokenizer.json" in quietly(convert.convert, "hf", None, original, ours)
+  path, _ = record.recorded_tokenizer(ours)
+  tokenizer = load_tokenizer(path)
+  assert (path, tokenizer.kind, tokenizer.pair_layout) == (f"{ours}/tokenizer.json", "wordpiece", pair_layout.BERT)
+  quietly(convert.convert, None, "hf", ours, back)
+  theirs, again = (transformers.AutoTokenizer.from_pretrained(folder) for folder in (original, back))
+  for first, second, _ in rte_pairs(shared_data, 20):
+    expected = theirs(first, second, return_token_type_ids=True)
+    assert our_ids(tokenizer, first, second) == (expected["input_ids"], expected["token_type_ids"]), first
+    assert again(first, second)["input_ids"] == expected["input_ids"], first
