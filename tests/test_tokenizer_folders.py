@@ -134,10 +134,11 @@ def test_weights_trained_with_bpe_or_wordpiece_export_a_tokenizer_transformers_l
 
 def test_fine_tuning_inputs_of_a_roberta_tokenizer_take_its_pair_layout(trained, shared_data, tmp_path):
   """GLUE pairs are `<s> A </s></s> B </s>` in segment 0, cut to max_seq_length counting the four special tokens;
-  SQuAD's context starts after both separators, its answers' spans still its tokens; SQuAD v2's answer-class head,
-  which finds the context by its segment, is refused."""
+  SQuAD's context starts after both separators, its answers' spans still its tokens; RACE's article is cut to leave
+  room for all four; SQuAD v2's answer-class head, which finds the context by its segment, is refused."""
   from tests.helpers import squad_data, squad_task, task_of
-  from experiments import glue
+  from albert_jax.tasks.race import RaceExample, qa_text
+  from experiments import glue, race
   tokenizer = load_tokenizer(str(trained["bpe"]))
   root = glue_data(shared_data, "rte", tmp_path / "glue")
   task, width = task_of(glue, f"task=rte,size=tiny,data={root}", max_seq_length=80), 80
@@ -171,6 +172,15 @@ def test_fine_tuning_inputs_of_a_roberta_tokenizer_take_its_pair_layout(trained,
       assert span.strip() == example.answers[0].strip(), (span, example.answers[0])
       answered += 1
   assert answered >= 10
+
+  choice = task_of(race, "", max_seq_length=32, max_qa_length=16)
+  example = RaceExample("x-0", "", "first words " * 50, "which one " * 80 + "_ ?", ["a", "b", "c", "d"], 1)
+  features, _ = choice.featurize([example], tokenizer)
+  qa = tokenizer.encode(qa_text(example.question, "a"))[-16:]
+  article = tokenizer.encode(example.article)[:32 - 4 - 16]
+  assert features["input_ids"][0, 0].tolist() == [tokenizer.cls_id, *article, *[tokenizer.sep_id] * 2, *qa,
+                                                  tokenizer.sep_id]
+  assert features["attention_mask"].all() and not features["token_type_ids"].any()
 
   v2 = squad_task(2, squad_data(shared_data, tmp_path / "squad2", 2), v2_head="answer_class")
   with pytest.raises(InputError, match=r"^data.v2_head='answer_class' tells the context from the question by its "
