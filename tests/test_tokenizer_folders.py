@@ -1,6 +1,7 @@
-"""Tokenizers as Hugging Face folders keep them: a transformers-5 folder whose only tokenizer file is tokenizer.json
-is converted, and fine-tuned from, with transformers' own ids; weights trained with a byte-level BPE or a WordPiece
-vocabulary export a tokenizer that transformers loads with our ids, in the tokenizer's pair layout."""
+"""Tokenizers as Hugging Face folders keep them: a transformers-5 folder (ALBERT's, ELECTRA's) whose only tokenizer
+file is tokenizer.json is converted, fine-tuned from and exported back with transformers' own ids; weights trained
+with a byte-level BPE or a WordPiece vocabulary export a tokenizer that transformers loads with our ids, in the
+tokenizer's pair layout; a RoBERTa tokenizer's fine-tuning inputs (GLUE, SQuAD, RACE) take RoBERTa's layout."""
 import json
 import shutil
 from pathlib import Path
