@@ -140,7 +140,7 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, run: 
     data_config = ml_collections.ConfigDict({**config.data.to_dict(),
                                              "path": record.tiny_data_dir(config.data.path, run)})
   if kind == "tiny" and jax.process_count() > 1:
-    _build_tiny_dataset_on_process_0_first(data_config.path)
+    _build_tiny_dataset_on_process_0_first(data_config)
   batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
                                              seed=config.seed, vocab_size=config.model.vocab_size)
   global_position = loader.position_is_global(data_config)
@@ -149,12 +149,12 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, run: 
   return PreparedDataPosition(batches, global_position, config.data.path, config.get("resume_with_changes", False))
 
 
-def _build_tiny_dataset_on_process_0_first(path: str) -> None:
+def _build_tiny_dataset_on_process_0_first(data_config: ml_collections.ConfigDict) -> None:
   """Processes sharing a disk would build the bundled dataset into the same files at once: process 0 builds it
   while the others wait, then they reuse it (a host with a disk of its own builds its own copy)."""
-  from data_pipeline.tiny import ensure_tiny_dataset
+  from data_pipeline.tiny import ensure_tiny_dataset, tokenizer_kind
   if jax.process_index() == 0:
-    ensure_tiny_dataset(path)
+    ensure_tiny_dataset(data_config.path, tokenizer_kind(data_config))
   multihost_utils.sync_global_devices("albert_jax_tiny_dataset")
 
 

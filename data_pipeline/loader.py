@@ -322,7 +322,8 @@ def make_pretraining_iterator(data_config: Mapping[str, Any], split: str, global
   """An endless iterator of host batches (global_batch_size // process_count examples) with get_state/set_state.
 
   data_config: `config.data` (experiments/common.py). kind "prepared" reads `path` (data_pipeline.prepare output);
-  kind "tiny" first builds the bundled tiny corpus into `path` (default ~/.cache/albert_jax/tiny).
+  kind "tiny" first builds the bundled tiny corpus into `path` (default ~/.cache/albert_jax/tiny), tokenized by the
+  `tiny_tokenizer` kind (default "unigram").
   in_memory_bytes: a split whose shards are at most this big is read whole into memory (0: always from disk).
   """
   if vocab_size is None:
@@ -334,8 +335,9 @@ def make_pretraining_iterator(data_config: Mapping[str, Any], split: str, global
     raise InputError(f"global_batch_size={global_batch_size} is not divisible by the {process_count} hosts.")
   kind = data_config.get("kind", "prepared")
   if kind == "tiny":
-    from data_pipeline.tiny import ensure_tiny_dataset
-    data_config = {**dict(data_config), "path": ensure_tiny_dataset(data_config.get("path"))}
+    from data_pipeline.tiny import ensure_tiny_dataset, tokenizer_kind
+    built = ensure_tiny_dataset(data_config.get("path"), tokenizer_kind(data_config))
+    data_config = {**dict(data_config), "path": built}
   elif kind != "prepared":
     raise InputError(f"data.kind={kind!r} is not read by data_pipeline.loader; use 'prepared' or 'tiny'.")
   ds = make_pretraining_dataset(data_config, split, global_batch_size // process_count, seed, process_index,

@@ -13,6 +13,7 @@ import sentencepiece as spm
 
 from albert_jax import storage
 from albert_jax.errors import InputError
+from data_pipeline.pair_layout import BERT, PairLayout
 
 SPIECE_UNDERLINE = "\u2581"
 
@@ -34,6 +35,7 @@ class Tokenizer:
   """A SentencePiece model plus ALBERT's preprocessing. Ids: <pad> 0, <unk> 1, [CLS] 2, [SEP] 3, [MASK] 4."""
 
   kind = "sentencepiece"   # words start with "▁" (data_pipeline.masking)
+  pair_layout: PairLayout = BERT   # [CLS] A [SEP] B [SEP]
 
   def __init__(self, model_path: str, do_lower_case: bool = True):
     self.model_path = str(model_path)

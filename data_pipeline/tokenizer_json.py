@@ -6,7 +6,8 @@ files: byte-level pre-tokenization without a prefix space (a word after a space 
 normalisation (case kept). A `tokenizer.json` is read as it is: its own normaliser, pre-tokenizer and model.
 `JsonTokenizer` has the interface of `tokenization.Tokenizer` (the ids of the special tokens, `encode`,
 `encode_batch`, `check_vocab`, `sha256`), with the special tokens of either convention ([CLS]/[SEP]/[MASK] or
-<s>/</s>/<mask>) and the tokenizer's `kind` ("bpe", "wordpiece" or "unigram"), which says how words start.
+<s>/</s>/<mask>), the tokenizer's `kind` ("bpe", "wordpiece" or "unigram"), which says how words start, and its
+`pair_layout`: RoBERTa's where its special tokens are RoBERTa's.
 """
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ from tokenizers import decoders, models, pre_tokenizers, processors
 
 from albert_jax import storage
 from albert_jax.errors import InputError
+from data_pipeline import pair_layout
 
 BPE_VOCAB, BPE_MERGES, TOKENIZER_JSON = "vocab.json", "merges.txt", "tokenizer.json"
 # Each special token's name in the two conventions: BERT's (WordPiece, SentencePiece) and RoBERTa's (byte-level BPE).
 SPECIAL_TOKENS = {"pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"), "cls": ("[CLS]", "<s>"),
                   "sep": ("[SEP]", "</s>"), "mask": ("[MASK]", "<mask>")}
+CONVENTION_LAYOUTS = (pair_layout.BERT, pair_layout.ROBERTA)   # the pair layout of each convention
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]   # ids 0-4 of a trained BPE (RoBERTa's first four)
 _KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
 
@@ -126,6 +129,7 @@ class JsonTokenizer(LibraryTokenizer):
                          "the special tokens of BERT ([PAD] [UNK] [CLS] [SEP] [MASK]) or RoBERTa (<pad> <unk> <s> "
                          "</s> <mask>).")
       setattr(self, f"{name}_id", found)
+    self.pair_layout = CONVENTION_LAYOUTS[self.id_to_piece(self.cls_id) == SPECIAL_TOKENS["cls"][1]]
     self.do_lower_case = _lowercases(saved["normalizer"])
 
   @property

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from albert_jax import storage
 from albert_jax.errors import InputError
+from data_pipeline import records
+from data_pipeline.pair_layout import BERT, PairLayout
 from data_pipeline.tokenization import Tokenizer
-from data_pipeline.tokenizer_json import JsonTokenizer, LibraryTokenizer, is_json_tokenizer
+from data_pipeline.tokenizer_json import BPE_VOCAB, TOKENIZER_JSON, JsonTokenizer, LibraryTokenizer, is_json_tokenizer
 
 VOCAB_FILE = "vocab.txt"
+# The files a Hugging Face folder keeps its tokenizer in, the one read first where it has several: SentencePiece's
+# model (ALBERT's exact pipeline), WordPiece's vocab.txt, a tokenizer.json (what transformers 5 saves alone), a
+# byte-level BPE vocab.json (with its merges.txt).
+FOLDER_TOKENIZER_FILES = (records.SPM_MODEL, VOCAB_FILE, TOKENIZER_JSON, BPE_VOCAB)
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
                   "mask_token": "[MASK]"}
 
@@ -34,6 +41,7 @@ class WordPieceTokenizer(LibraryTokenizer):
   """A WordPiece vocabulary (one piece a line, its line number its id) and BERT's pipeline (module docstring)."""
 
   kind = "wordpiece"   # a word's later pieces start with "##" (data_pipeline.masking)
+  pair_layout: PairLayout = BERT   # [CLS] A [SEP] B [SEP]
 
   def __init__(self, vocab_path: str, do_lower_case: bool = True):
     self.model_path = str(vocab_path)
@@ -83,6 +91,11 @@ class WordPieceTokenizer(LibraryTokenizer):
       raise InputError(f"WordPiece vocabulary {self.model_path!r} has {self.vocab_size} pieces but "
                        f"model.vocab_size={model_vocab_size}; set --config.model.vocab_size={self.vocab_size} or "
                        "use the tokenizer the model was trained with.")
+
+
+def folder_tokenizer_file(folder: str) -> str | None:
+  """The name of the file `folder` keeps its tokenizer in (`FOLDER_TOKENIZER_FILES`), None where it has none."""
+  return next((name for name in FOLDER_TOKENIZER_FILES if storage.path(os.path.join(folder, name)).is_file()), None)
 
 
 def load_tokenizer(path: str, do_lower_case: bool = True):

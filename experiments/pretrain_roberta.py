@@ -1,14 +1,15 @@
 """RoBERTa's pretraining recipe (Liu et al. 2019) on this project's encoder: BERT's shape (no sharing, E = H), MLM
 alone on FULL-SENTENCES inputs (`data.packing=full_sentences`), dynamic masking of 15% of the tokens, single words.
 
-`experiments/pretrain_roberta.py:size=tiny|base|large`. base and large: BERT-base / BERT-large on prepared data
-with the paper's Table 9 (seq 512, batch 8k, AdamW β1 0.9, β2 0.98, ε 1e-6, weight decay 0.01, no gradient
-clipping, peak lr 6e-4 / 4e-4, warmup 24k / 30k, linear decay to 0 at 500k steps). `adamw` keeps the original
-ALBERT's moments without bias correction: within 1% of the corrected update from step 200, when warmup's rate is
-still 5e-6 (base).
+`experiments/pretrain_roberta.py:size=tiny|base|large[,tokenizer=unigram|bpe]`. base and large: BERT-base /
+BERT-large on prepared data with the paper's Table 9 (seq 512, batch 8k, AdamW β1 0.9, β2 0.98, ε 1e-6, weight
+decay 0.01, no gradient clipping, peak lr 6e-4 / 4e-4, warmup 24k / 30k, linear decay to 0 at 500k steps).
+`adamw` keeps the original ALBERT's moments without bias correction: within 1% of the corrected update from step
+200, when warmup's rate is still 5e-6 (base).
 tiny: `pretrain_tiny.py`'s CPU run (bundled corpus, its 4,000-piece tokenizer, LAMB schedule, 500 steps at seq 64)
-with the model BERT-shaped and the inputs RoBERTa's, so the two runs compare. The tokenizer stays SentencePiece
-(RoBERTa's byte-level BPE is not implemented).
+with the model BERT-shaped and the inputs RoBERTa's, so the two runs compare. `tokenizer=bpe` tokenizes the bundled
+corpus with RoBERTa's kind of tokenizer instead, a 4,000-token byte-level BPE that `data_pipeline.train_spm` trains
+on it (`data.tiny_tokenizer`); base and large take the tokenizer their prepared data was made with.
 """
 from albert_jax.errors import InputError
 from experiments import common, pretrain_tiny
@@ -16,16 +17,23 @@ from experiments import common, pretrain_tiny
 # size: (model size, peak learning rate, warmup steps), Table 9 of the paper
 RECIPES = {"base": ("bert_base", 6e-4, 24_000), "large": ("bert_large", 4e-4, 30_000)}
 SIZES = ("tiny", *RECIPES)
+TOKENIZERS = ("unigram", "bpe")  # the bundled corpus's: SentencePiece's (pretrain_tiny.py's), RoBERTa's kind
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, size="tiny")
+  args = common.parse_arg(arg, size="tiny", tokenizer="unigram")
   if args.size not in SIZES:
     raise InputError(f"Config argument size={args.size!r}; choose one of {list(SIZES)}.")
+  if args.tokenizer not in TOKENIZERS:
+    raise InputError(f"Config argument tokenizer={args.tokenizer!r}; choose one of {list(TOKENIZERS)}.")
+  if args.tokenizer != "unigram" and args.size != "tiny":
+    raise InputError(f"Config argument tokenizer={args.tokenizer} chooses the bundled corpus's tokenizer (size=tiny); "
+                     f"size={args.size} trains on data prepared with yours (train_spm --model_type={args.tokenizer}).")
   if args.size == "tiny":
     c = pretrain_tiny.get_config()
     c.model.embedding_size = c.model.hidden_size
     c.model.sharing = "none"
+    c.data.tiny_tokenizer = args.tokenizer
   else:
     model_size, learning_rate, warmup_steps = RECIPES[args.size]
     c = common.pretraining_config(model_size)

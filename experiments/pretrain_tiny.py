@@ -17,6 +17,7 @@ def get_config(arg=None):
   c.model.remat_policy = "none"       # every activation
   c.model.scan_unroll = c.model.num_hidden_layers  # straight-line layers: faster CPU steps, compiles in seconds
   c.data.kind = "synthetic" if args.synthetic else "tiny"
+  c.data.tiny_tokenizer = "unigram"   # the bundled corpus's: "unigram" (SentencePiece) | "bpe" | "wordpiece"
   c.data.max_seq_length = 64
   c.data.max_predictions_per_seq = 10
   c.train.global_batch_size = 64

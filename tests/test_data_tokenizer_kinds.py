@@ -1,16 +1,22 @@
 """Byte-level BPE and WordPiece beside SentencePiece: the trainer's files (deterministic, read by transformers' own
 classes with our ids), `prepare` on each kind (the manifest's kind and file hashes, ids that decode back to the
-text, the loader's batches) and whole-word masking by each tokenizer's word-start marker."""
+text, the loader's batches), whole-word masking by each tokenizer's word-start marker, pretraining on each kind's
+preparation (resumed exactly) and RoBERTa's tiny run on the bundled corpus tokenized by a byte-level BPE."""
 import csv
 import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
 import tokenizers
 
+from albert_jax import pretrain
+from albert_jax.cli import experiment_config
 from albert_jax.errors import InputError
+from albert_jax.run import Run
 from albert_jax.tasks import alignment
+from albert_jax.weights import record
 from data_pipeline import records, train_spm
 from data_pipeline.loader import DocumentSource, make_pretraining_iterator
 from data_pipeline.masking import Masker, segment_starts_word, start_piece_table
@@ -18,6 +24,7 @@ from data_pipeline.prepare import PrepareConfig, prepare
 from data_pipeline.sources import Source
 from data_pipeline.tokenizer_json import byte_level_bpe
 from data_pipeline.wordpiece import WordPieceTokenizer, load_tokenizer
+from tests.helpers import assert_trees_equal, final_params, logged, quietly
 
 pytestmark = pytest.mark.shared_data
 
@@ -196,3 +203,51 @@ def test_whole_word_masking_masks_whole_words_by_each_markers_rule(kind):
     chosen[budget] = {tuple(np.nonzero(row)[0].tolist()) for row in masked}
   assert chosen == {3: {(1, 2, 3), (4, 6)}, 1: {(4,), (6,)}}
   assert start_piece_table(pieces, kind).tolist()[2:5] == [False, False, True]
+
+
+@pytest.mark.parametrize("model_type,tokenizer_file", [("bpe", "vocab.json"), ("wordpiece", "vocab.txt")])
+def test_a_corpus_prepared_with_each_kind_pretrains_and_resumes_exactly(tmp_path, model_type, tokenizer_file):
+  """Two steps, then two more from the checkpoint, end with the parameters of four steps run at once."""
+  corpus, _ = _text_corpus(tmp_path)
+  train_spm.train(Source(str(corpus)), str(tmp_path / "tok"), vocab_size=300, model_type=model_type)
+  tokenizer_path = str(tmp_path / "tok" / tokenizer_file)
+  prepare(PrepareConfig(str(corpus), tokenizer_path, str(tmp_path / "prepared"), num_shards=2, eval_fraction=0.0))
+  argv = ["main", "--config=experiments/pretrain_tiny.py", "--config.data.kind=prepared",
+          f"--config.data.path={tmp_path / 'prepared'}",
+          f"--config.model.vocab_size={load_tokenizer(tokenizer_path).vocab_size}",
+          "--config.model.num_hidden_layers=1", "--config.model.hidden_size=32", "--config.model.embedding_size=16",
+          "--config.model.intermediate_size=64", "--config.model.num_attention_heads=2",
+          "--config.data.max_seq_length=32", "--config.model.max_position_embeddings=32",
+          "--config.train.global_batch_size=8", "--config.train.warmup_steps=1", "--config.train.eval_every=0",
+          "--config.checkpoint.every=2", "--config.checkpoint.async_save=False", "--config.log.every=1",
+          "--config.train.num_train_steps=4"]
+  quietly(pretrain.train, experiment_config(argv), Run(str(tmp_path / "whole")))
+  shutil.copytree(tmp_path / "whole", tmp_path / "resumed")  # the run as a stop after step 2's checkpoint leaves it
+  shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")
+  assert "Resumed from step 2" in quietly(pretrain.train, experiment_config(argv), Run(str(tmp_path / "resumed")))
+  whole, resumed = final_params(tmp_path / "whole"), final_params(tmp_path / "resumed")
+  assert whole[0] == resumed[0] == 4
+  assert_trees_equal(whole[1], resumed[1])
+  assert logged(tmp_path / "whole")[4] == logged(tmp_path / "resumed")[4]
+
+
+def test_roberta_tiny_with_bpe_trains_on_the_bundled_corpus_tokenized_by_a_byte_level_bpe(tmp_path):
+  """tokenizer=bpe builds the bundled corpus with a 4,000-token byte-level BPE beside its shards, which the run
+  records as its tokenizer; the argument is refused for the sizes that train on data of their own."""
+  from data_pipeline import tiny
+  from experiments import pretrain_roberta
+  data = tmp_path / "tiny"
+  argv = ["main", "--config=experiments/pretrain_roberta.py:size=tiny,tokenizer=bpe", f"--config.data.path={data}",
+          "--config.model.num_hidden_layers=1",
+          "--config.train.num_train_steps=2", "--config.train.global_batch_size=8", "--config.train.eval_every=0",
+          "--config.checkpoint.every=2", "--config.checkpoint.async_save=False", "--config.log.every=1"]
+  quietly(pretrain.train, experiment_config(argv), Run(str(tmp_path / "run")))
+  assert final_params(tmp_path / "run")[0] == 2
+  manifest = records.read_manifest(tiny.prepared_dir(str(data), "bpe"))
+  assert (manifest["tokenizer"]["kind"], manifest["tokenizer"]["vocab_size"]) == ("bpe", tiny.VOCAB_SIZE)
+  assert record.recorded_tokenizer(str(tmp_path / "run"))[0] == f"{data}/prepared_bpe/vocab.json"
+  assert not (data / "prepared").exists()
+  with pytest.raises(InputError, match=r"^Config argument tokenizer=bpe chooses the bundled corpus's tokenizer "
+                                       r"\(size=tiny\); size=base trains on data prepared with yours \(train_spm "
+                                       r"--model_type=bpe\).$"):
+    pretrain_roberta.get_config("size=base,tokenizer=bpe")

@@ -31,7 +31,7 @@ from albert_jax.run import Run, as_run, config as run_config
 from albert_jax.run.best import read_best
 from albert_jax.tasks import get_task
 from albert_jax.weights import loading, record, store
-from data_pipeline import wordpiece
+from data_pipeline import tokenizer_json, wordpiece
 
 NO_TOKENIZER = "none"  # --spm_model's value for the weights alone
 PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
@@ -110,16 +110,10 @@ def from_hf(src: str, dst: str, clear=lambda: None) -> str:
   return f"{', '.join(sorted(params))}{trained}; {_carry_tokenizer(src, dst)}"
 
 
-def _tokenizer_file(src: str) -> str | None:
-  """The folder's SentencePiece model, else its WordPiece vocab.txt (the released ELECTRA folders'), else None."""
-  return next((name for name in (hf_tokenizer.SPM_FILE, wordpiece.VOCAB_FILE)
-               if os.path.isfile(os.path.join(src, name))), None)
-
-
 def _check_tokenizer_fits(src: str, vocab_size: int) -> None:
   """Refuses a tokenizer with more pieces than the embeddings have rows: its ids beyond them have no embedding.
   Fewer is fine (models round their tables up)."""
-  name = _tokenizer_file(src)
+  name = wordpiece.folder_tokenizer_file(src)
   if name is None:
     return
   pieces = wordpiece.load_tokenizer(os.path.join(src, name)).vocab_size
@@ -130,15 +124,16 @@ def _check_tokenizer_fits(src: str, vocab_size: int) -> None:
 
 
 def _carry_tokenizer(src: str, dst: str) -> str:
-  """Copies the folder's SentencePiece model (or WordPiece's vocab.txt, as the released ELECTRA folders have) and its
-  tokenizer_config.json (do_lower_case) beside the weights, where `record.recorded_tokenizer` finds them:
+  """Copies the folder's tokenizer (`wordpiece.folder_tokenizer_file`: spiece.model, a WordPiece vocab.txt as the
+  released ELECTRA folders have, a tokenizer.json as transformers 5 saves, a BPE vocab.json with its merges.txt)
+  and its tokenizer_config.json (do_lower_case) beside the weights, where `record.recorded_tokenizer` finds them:
   fine-tuning from dst and `--to=hf` of it take that tokenizer. Returns what was carried, for the closing line."""
-  spm = hf_tokenizer.SPM_FILE
-  name = _tokenizer_file(src)
+  name = wordpiece.folder_tokenizer_file(src)
   if name is None:
-    return (f"no tokenizer: {src} has no {spm} nor {wordpiece.VOCAB_FILE}, so runs from {dst} need "
-            "data.spm_model and --to=hf needs --spm_model")
-  storage.write_atomic(os.path.join(dst, name), storage.path(os.path.join(src, name)).read_bytes())
+    return (f"no tokenizer: {src} has none of {', '.join(wordpiece.FOLDER_TOKENIZER_FILES)}, so runs from {dst} "
+            "need data.spm_model and --to=hf needs --spm_model")
+  for path in tokenizer_json.files_of(os.path.join(src, name)):
+    storage.write_atomic(os.path.join(dst, os.path.basename(path)), storage.path(path).read_bytes())
   settings = os.path.join(src, hf_tokenizer.TOKENIZER_CONFIG)
   if os.path.isfile(settings):
     storage.write_atomic(os.path.join(dst, hf_tokenizer.TOKENIZER_CONFIG), storage.path(settings).read_text())

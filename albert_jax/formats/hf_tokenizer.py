@@ -7,7 +7,9 @@ preprocessing: it splits user-defined pieces out before the word boundaries (`" 
 `tokenizer.json` built here: ALBERT's preprocessing and SentencePiece's normalization as normalizers, words split
 before each `▁` as SentencePiece splits them, and a Unigram model of the SentencePiece pieces and scores in which
 the pieces ending in digit-comma, which the original never emits, cannot win. It gives our ids on every one of
-14,630 texts of the shared corpus, GLUE dev sets and SQuAD contexts (`tests/test_hf_export.py`).
+14,630 texts of the shared corpus, GLUE dev sets and SQuAD contexts (`tests/test_hf_export.py`). A WordPiece
+vocabulary, a byte-level BPE or a tokenizer.json is exported as the `tokenizers` pipeline it already runs here.
+Either way the post-processor adds the special tokens in the tokenizer's pair layout (`data_pipeline.pair_layout`).
 """
 from __future__ import annotations
 
@@ -17,14 +19,17 @@ import tempfile
 
 import tokenizers
 from sentencepiece import sentencepiece_model_pb2
-from tokenizers import Regex, normalizers, pre_tokenizers, processors
+from tokenizers import Regex, normalizers, pre_tokenizers
 
 from albert_jax import storage
 from albert_jax.errors import InputError
 from albert_jax.weights import record, store
-from data_pipeline import wordpiece
+from data_pipeline import records, wordpiece
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
+from data_pipeline.tokenizer_json import JsonTokenizer
 from data_pipeline.wordpiece import WordPieceTokenizer
+
+AnyTokenizer = Tokenizer | WordPieceTokenizer | JsonTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = store.HF_TOKENIZER_CONFIG
@@ -60,42 +65,60 @@ def hf_tokenizer(tokenizer: Tokenizer) -> tokenizers.Tokenizer:
   hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_UNDERLINE, prepend_scheme="never", split=True)
   hf.decoder = tokenizers.decoders.Metaspace(replacement=SPIECE_UNDERLINE, prepend_scheme="always")
   hf.add_special_tokens([tokenizers.AddedToken(token, special=True) for token in SPECIAL_TOKENS.values()])
-  cls, sep = ("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)
-  hf.post_processor = processors.TemplateProcessing(
-      single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1", special_tokens=[cls, sep])
+  hf.post_processor = tokenizer.pair_layout.post_processor(("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id))
   return hf
 
 
-def special_tokens(tokenizer: Tokenizer | WordPieceTokenizer) -> dict[str, str]:
-  """transformers' names of the tokenizer's special tokens: ALBERT's SentencePiece ones, or BERT's WordPiece ones."""
+def special_tokens(tokenizer: AnyTokenizer) -> dict[str, str]:
+  """transformers' names of the tokenizer's special tokens: ALBERT's SentencePiece ones, BERT's WordPiece ones, or
+  those a tokenizer.json or BPE vocabulary holds."""
+  if isinstance(tokenizer, JsonTokenizer):
+    return {f"{name}_token": tokenizer.id_to_piece(getattr(tokenizer, f"{name}_id"))
+            for name in ("unk", "pad", "cls", "sep", "mask")}
   return wordpiece.SPECIAL_TOKENS if isinstance(tokenizer, WordPieceTokenizer) else SPECIAL_TOKENS
 
 
-def save_tokenizer(tokenizer: Tokenizer | WordPieceTokenizer, path: str, max_length: int) -> None:
-  """tokenizer.json, its tokenizer_config.json, and the tokenizer's own file for tools that read it: spiece.model,
-  or a WordPiece vocab.txt, which transformers' BertTokenizerFast reads (its pipeline is our ids' already)."""
+def _added_tokens(tokenizer: AnyTokenizer) -> set[str]:
+  """The tokens the tokenizer itself splits out before its model: its special ones, and those a tokenizer.json
+  adds (transformers 5 saves ALBERT's user-defined pieces, `(` `)` `"` ..., as such)."""
+  if isinstance(tokenizer, JsonTokenizer):
+    return {token.content for token in tokenizer.hf.get_added_tokens_decoder().values()}
+  return set(special_tokens(tokenizer).values())
+
+
+def _library_tokenizer(tokenizer: JsonTokenizer) -> tokenizers.Tokenizer:
+  """The tokenizer.json's or BPE files' pipeline, adding the special tokens in the tokenizer's pair layout."""
+  hf = tokenizers.Tokenizer.from_str(tokenizer.hf.to_str())
+  hf.post_processor = tokenizer.pair_layout.post_processor(
+      *((tokenizer.id_to_piece(i), i) for i in (tokenizer.cls_id, tokenizer.sep_id)))
+  return hf
+
+
+def save_tokenizer(tokenizer: AnyTokenizer, path: str, max_length: int) -> None:
+  """tokenizer.json, its tokenizer_config.json, and the tokenizer's own files for tools that read them: spiece.model,
+  a WordPiece vocab.txt, which transformers' BertTokenizerFast reads (its pipeline is our ids' already), or a BPE's
+  vocab.json and merges.txt. Token types are among the model's inputs where the pair layout sets them."""
   wordpiece_vocab = isinstance(tokenizer, WordPieceTokenizer)
-  hf = tokenizer.hf if wordpiece_vocab else hf_tokenizer(tokenizer)
+  library = isinstance(tokenizer, JsonTokenizer)
+  hf = tokenizer.hf if wordpiece_vocab else _library_tokenizer(tokenizer) if library else hf_tokenizer(tokenizer)
   storage.write_atomic(os.path.join(path, TOKENIZER_FILE), hf.to_str())
+  types = ["token_type_ids"] if tokenizer.pair_layout.second_segment else []
   settings = {"tokenizer_class": "BertTokenizerFast" if wordpiece_vocab else "PreTrainedTokenizerFast",
               "do_lower_case": tokenizer.do_lower_case, "model_max_length": max_length, **special_tokens(tokenizer),
-              "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}  # segment 1 of pairs
+              "model_input_names": ["input_ids", *types, "attention_mask"]}
   storage.write_atomic(os.path.join(path, TOKENIZER_CONFIG), json.dumps(settings, indent=2))
-  storage.write_atomic(os.path.join(path, wordpiece.VOCAB_FILE if wordpiece_vocab else SPM_FILE),
-                       storage.path(tokenizer.model_path).read_bytes())
+  for source, name in zip(tokenizer.files, records.tokenizer_copy_names(tokenizer.files)):
+    if name != TOKENIZER_FILE:  # a tokenizer.json's own: written above, with the pair layout's special tokens
+      storage.write_atomic(os.path.join(path, name), storage.path(source).read_bytes())
 
 
-def our_ids(tokenizer: Tokenizer, first: str, second: str | None) -> tuple[list[int], list[int]]:
-  """(ids, segment ids) of our fine-tuning features: [CLS] a [SEP] (b [SEP])."""
-  ids = [tokenizer.cls_id, *tokenizer.encode(first), tokenizer.sep_id]
-  types = [0] * len(ids)
-  if second is not None:
-    pair = [*tokenizer.encode(second), tokenizer.sep_id]
-    ids, types = ids + pair, types + [1] * len(pair)
-  return ids, types
+def our_ids(tokenizer: AnyTokenizer, first: str, second: str | None) -> tuple[list[int], list[int]]:
+  """(ids, segment ids) of our fine-tuning features: the texts joined in the tokenizer's pair layout."""
+  return tokenizer.pair_layout.join(tokenizer.encode(first), None if second is None else tokenizer.encode(second),
+                                    tokenizer.cls_id, tokenizer.sep_id)
 
 
-def check_tokenizer(tokenizer: Tokenizer, vocab_size: int, max_length: int) -> str:
+def check_tokenizer(tokenizer: AnyTokenizer, vocab_size: int, max_length: int) -> str:
   """Refuses a tokenizer that the model has no rows for, or whose export, loaded back as users load it, gives other
   ids than ours (`check_loaded`); written to a scratch folder first, so a refusal leaves --dst alone. Returns what
   loaded it."""
@@ -107,10 +130,10 @@ def check_tokenizer(tokenizer: Tokenizer, vocab_size: int, max_length: int) -> s
     return check_loaded(tokenizer, scratch, "nothing was written", with_model=False)
 
 
-def check_loaded(tokenizer: Tokenizer | None, folder: str, fix: str, with_model: bool = True) -> str:
+def check_loaded(tokenizer: AnyTokenizer | None, folder: str, fix: str, with_model: bool = True) -> str:
   """Loads `folder` as users load it, every file in it read as transformers reads it: AutoTokenizer, and (with_model,
   torch installed) the class config.json names; without transformers, tokenizer.json by the tokenizers library.
-  Refuses a tokenizer with tokens beyond the run's special ones (an earlier tool's added_tokens.json), other special
+  Refuses a tokenizer with tokens beyond those it adds itself (an earlier tool's added_tokens.json), other special
   token ids (a special_tokens_map.json), or other ids than ours on SAMPLES. Returns what loaded the tokenizer."""
   try:
     import transformers
@@ -133,10 +156,10 @@ def check_loaded(tokenizer: Tokenizer | None, folder: str, fix: str, with_model:
     return ""
   if transformers:
     loaded = transformers.AutoTokenizer.from_pretrained(folder)
-    encode = lambda a, b: (lambda e: (e["input_ids"], e["token_type_ids"]))(loaded(a, b))
+    encode = lambda a, b: (lambda e: (e["input_ids"], e["token_type_ids"]))(loaded(a, b, return_token_type_ids=True))
     ours = special_tokens(tokenizer)
     special = {name: getattr(loaded, name) for name in ours}
-    if special != ours or (added := set(loaded.get_added_vocab()) - set(ours.values())):
+    if special != ours or (added := set(loaded.get_added_vocab()) - _added_tokens(tokenizer)):
       found = f"added tokens {sorted(added)}" if special == ours else f"special tokens {special}"
       raise InputError(f"{folder}: transformers loads the tokenizer with {found}, unlike {tokenizer.model_path}; "
                        f"{fix}.")
@@ -150,7 +173,7 @@ def check_loaded(tokenizer: Tokenizer | None, folder: str, fix: str, with_model:
   return type(loaded).__name__
 
 
-def run_tokenizer(src: str, spm_model: str | None = None) -> Tokenizer:
+def run_tokenizer(src: str, spm_model: str | None = None) -> AnyTokenizer:
   """The tokenizer `src` was trained with: --spm_model, else the one its run recorded, with the lower-casing it
   recorded (`record.recorded_tokenizer`: its config.json's data.spm_model, its prepared data's copy)."""
   recorded = record.recorded_tokenizer(storage.absolute(src).rstrip("/"))

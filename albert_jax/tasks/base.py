@@ -24,7 +24,9 @@ from albert_jax import families, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model_config import ModelConfig
 from albert_jax.tasks.input_text import DataFileError, as_read, control_character
+from data_pipeline.pair_layout import BERT, PairLayout
 from data_pipeline.tokenization import Tokenizer
+from data_pipeline.tokenizer_json import JsonTokenizer
 from data_pipeline.wordpiece import WordPieceTokenizer, load_tokenizer
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -46,9 +48,10 @@ class Split:
     return len(next(iter(self.features.values()))) if self.features else 0
 
 
-def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer:
-  """The tokenizer data.spm_model names: a SentencePiece model, or a WordPiece vocab.txt (what the released
-  checkpoints of a "wordpiece" family ship, `families.Family.tokenizer`)."""
+def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer | JsonTokenizer:
+  """The tokenizer data.spm_model names: a SentencePiece model, a WordPiece vocab.txt (what the released
+  checkpoints of a "wordpiece" family ship, `families.Family.tokenizer`), a tokenizer.json or a BPE vocab.json
+  (`wordpiece.load_tokenizer`)."""
   if not config.data.spm_model:
     init = config.get("init_checkpoint", "")
     if init and not storage.path(init).exists():  # the weights would name it: that is what to fix
@@ -63,15 +66,11 @@ def make_tokenizer(config) -> Tokenizer | WordPieceTokenizer:
   return load_tokenizer(config.data.spm_model, do_lower_case=config.data.get("do_lower_case", True))
 
 
-def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int,
-         max_seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """`[CLS] first [SEP] (second [SEP])`, right-padded with 0: (input_ids, attention_mask, token_type_ids).
-  Segment 0 covers [CLS], first and its [SEP]; segment 1 the second part and the last [SEP]."""
-  ids = [cls_id, *first, sep_id]
-  types = [0] * len(ids)
-  if second is not None:
-    ids += [*second, sep_id]
-    types += [1] * (len(second) + 1)
+def pack(first: list[int], second: list[int] | None, cls_id: int, sep_id: int, max_seq_length: int,
+         layout: PairLayout = BERT) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The texts' ids joined in the tokenizer's `layout` (`[CLS] first [SEP] (second [SEP])`, segment 1 from second
+  on, by default), right-padded with 0: (input_ids, attention_mask, token_type_ids)."""
+  ids, types = layout.join(first, second, cls_id, sep_id)
   if len(ids) > max_seq_length:
     raise AssertionError(f"packed length {len(ids)} > {max_seq_length}: truncate before packing")
   out = np.zeros((3, max_seq_length), np.int32)

@@ -115,8 +115,9 @@ class RaceTask(Task):
       article = articles[ex.article]
       for option in ex.options + [""] * (self.num_choices - len(ex.options)):
         qa = tokenizer.encode(self.choice_text(ex.question, option))[-d.max_qa_length:]
-        rows.append(pack(article[:d.max_seq_length - len(qa) - 3], qa, tokenizer.cls_id, tokenizer.sep_id,
-                         d.max_seq_length))
+        room = d.max_seq_length - len(qa) - tokenizer.pair_layout.special_tokens(pair=True)
+        rows.append(pack(article[:room], qa, tokenizer.cls_id, tokenizer.sep_id, d.max_seq_length,
+                         tokenizer.pair_layout))
     features = stack_packed(rows, (len(examples), self.num_choices))
     features["choice_mask"] = np.asarray([[i < len(ex.options) for i in range(self.num_choices)]
                                           for ex in examples], np.int32)

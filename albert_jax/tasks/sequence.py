@@ -24,12 +24,13 @@ def pack_text(tokenizer, text_a: str, text_b: str | None, max_len: int) -> tuple
   rule; pretraining trims either end)."""
   a = tokenizer.encode(text_a)
   b = tokenizer.encode(text_b) if text_b is not None else None
+  room = max_len - tokenizer.pair_layout.special_tokens(b is not None)
   if b is None:
-    a = a[:max_len - 2]
+    a = a[:room]
   else:
-    while len(a) + len(b) > max_len - 3:
+    while len(a) + len(b) > room:
       (a if len(a) > len(b) else b).pop()
-  return pack(a, b, tokenizer.cls_id, tokenizer.sep_id, max_len)
+  return pack(a, b, tokenizer.cls_id, tokenizer.sep_id, max_len, tokenizer.pair_layout)
 
 
 class SequenceClassificationTask(Task):

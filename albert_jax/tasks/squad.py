@@ -155,7 +155,11 @@ class SquadTask(Task):
                          field(r, "context", path, line), []) for row, (line, r) in enumerate(records)]
 
   def featurize(self, examples: list[SquadExample], tokenizer):
-    d = self.settings
+    d, layout = self.settings, tokenizer.pair_layout
+    if self.answer_class and not layout.second_segment:  # heads.answer_positions finds the context by its segment
+      raise InputError(f"data.v2_head='answer_class' tells the context from the question by its token type, which "
+                       f"the {layout.name} pair layout of {tokenizer.model_path} leaves 0; use "
+                       "data.v2_head='null_score'.")
     labeled = all(ex.labeled for ex in examples)
     rows, labels, info = [], [], {"example_index": [], "token_start_char": [], "token_end_char": [],
                                   "max_context": []}
@@ -167,15 +171,16 @@ class SquadTask(Task):
       if not doc.ids:
         raise InputError(f"question {ex.qid}: its context has no text to take an answer from.")
       query = tokenizer.encode(ex.question)[:d.max_query_length]
-      windows = _windows(len(doc.ids), d.max_seq_length - len(query) - 3, d.doc_stride)
+      windows = _windows(len(doc.ids), d.max_seq_length - len(query) - layout.special_tokens(pair=True),
+                         d.doc_stride)
       best_window = _max_context_window(windows, len(doc.ids))
       answer = None
       if labeled and not ex.is_impossible:
         answer = doc.token_span(ex.answer_start, ex.answer_start + len(ex.answers[0]))
-      offset = len(query) + 2
+      offset = layout.second_start(len(query))
       for w, (start, length) in enumerate(windows):
         rows.append(pack(query, doc.ids[start:start + length], tokenizer.cls_id, tokenizer.sep_id,
-                         d.max_seq_length))
+                         d.max_seq_length, layout))
         char_start, char_end = np.full((2, d.max_seq_length), -1, np.int32)
         char_start[offset:offset + length] = doc.start[start:start + length]
         char_end[offset:offset + length] = doc.end[start:start + length]

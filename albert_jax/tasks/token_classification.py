@@ -144,7 +144,7 @@ class TokenClassificationTask(Task):
           if sentence.tags is not None:
             labels[i, len(ids) + 1] = self.labels.index(sentence.tags[w])
         ids.extend(word_pieces)
-      rows.append(pack(ids[:max_len - 2], None, tokenizer.cls_id, tokenizer.sep_id, max_len))
+      rows.append(pack(ids[:max_len - 2], None, tokenizer.cls_id, tokenizer.sep_id, max_len, tokenizer.pair_layout))
     features = stack_packed(rows, (len(examples),))
     if all(s.tags is not None for s in examples):
       features["label"] = labels

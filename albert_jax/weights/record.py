@@ -57,14 +57,15 @@ def tiny_data_dir(data_path: str, run: Run) -> str:
 def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   """(SentencePiece model, do_lower_case or None where unrecorded) that the weights at `path` were trained with:
   their run's data.spm_model, else the copy kept with its prepared data (the bundled tiny run's is built into its
-  workdir), else a spiece.model or WordPiece vocab.txt kept beside converted weights (`convert --from=hf` carries
-  it, with the Hugging Face tokenizer_config.json's do_lower_case); None where nothing names one (synthetic
-  data)."""
+  workdir), else the tokenizer file kept beside converted weights (`wordpiece.folder_tokenizer_file`: `convert
+  --from=hf` carries it, with the Hugging Face tokenizer_config.json's do_lower_case); None where nothing names one
+  (synthetic data)."""
   run = run_of_weights(path)
   data = _run_config(run).get("data", {}) if run else {}
   kind = data.get("kind")
   folder = (data.get("path", "") if kind == "prepared" else
-            os.path.join(tiny_data_dir(data.get("path", ""), run), "prepared") if kind == "tiny" else "")
+            tiny.prepared_dir(tiny_data_dir(data.get("path", ""), run), tiny.tokenizer_kind(data))
+            if kind == "tiny" else "")
   manifest = os.path.join(folder, records.MANIFEST)
   prepared = (read_json_object(manifest, "a preparation's manifest", "prepare the data again")["tokenizer"]
               if folder and storage.path(manifest).is_file() else {})
@@ -72,10 +73,9 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   if model:
     return model, data.get("do_lower_case", prepared.get("do_lower_case"))
   settings = os.path.join(path, HF_TOKENIZER_CONFIG)
-  beside = next((os.path.join(path, name) for name in (records.SPM_MODEL, wordpiece.VOCAB_FILE)
-                 if storage.path(os.path.join(path, name)).is_file()), None)
-  if beside is None:
+  if (name := wordpiece.folder_tokenizer_file(path)) is None:
     return None
+  beside = os.path.join(path, name)
   lower = (read_json_object(settings, "a tokenizer config", CONVERT_AGAIN).get("do_lower_case")
            if storage.path(settings).is_file() else None)
   return beside, lower
