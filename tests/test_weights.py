@@ -120,3 +120,24 @@ def test_a_damaged_model_record_is_refused_in_one_line(tmp_path):
   with pytest.raises(InputError, match=r"^\S+model_config.json is not a model config \(a JSON object\); convert the "
                                        r"weights again \(python -m albert_jax.convert\)\.$"):
     resolve(path, glue.get_config("task=rte"))
+
+
+def test_a_tf1_checkpoint_is_read_through_its_conversion(tmp_path, monkeypatch, capsys):
+  """A TF1 release folder, or its checkpoint prefix, as init_checkpoint: converted once into the cache (the params
+  those `convert --from=tf1` reads), then read from there; its model taken from albert_config.json."""
+  import jax
+  from albert_jax.formats import tf1
+  from tests.test_tf1 import FIXTURES
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  release = str(FIXTURES / "release")
+  weights = resolve(release, glue.get_config("task=rte"), overrides=())
+  assert weights.path.startswith(str(tmp_path / "cache" / "albert_jax" / "tf1" / "release-"))
+  assert capsys.readouterr().out.startswith(f"init_checkpoint={release}: converted {release} into {weights.path} (")
+  expected_config, expected = tf1.load_tf1(release)
+  assert weights.config.model.hidden_size == expected_config.hidden_size and (weights.family, weights.head) == (
+      ALBERT, None)
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, weights.params), expected)
+  assert resolve(release, glue.get_config("task=rte")).path == weights.path  # converted once, read after
+  assert capsys.readouterr().out == f"init_checkpoint={release}: reading its conversion in {weights.path}\n"
+  prefix = tf1.find_checkpoint(release)
+  assert resolve(prefix, glue.get_config("task=rte")).path != weights.path  # a prefix is its own source

@@ -15,13 +15,17 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from albert_jax import families, storage
+from albert_jax.errors import MissingFileError
 from albert_jax.head_identity import SHAPELESS_FIELDS, check_shapeless_fields
 from albert_jax.run import Run, as_run, run_of_weights
+from albert_jax.run import config as run_config
 from albert_jax.run.config import SHAPE_FIELDS
 from albert_jax.run.layout import CONFIG_FILE as RUN_CONFIG_FILE
 from albert_jax.weights.store import (BACKBONE_FILE, CONFIG_FILE, CONVERT_AGAIN, HF_TOKENIZER_CONFIG,
                                       RESTORE_RUN_CONFIG, read_json_object)
 from data_pipeline import records, tiny, wordpiece
+
+PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 
 def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_checkpoint") -> None:
@@ -40,6 +44,18 @@ def recorded_model(path: str) -> tuple[dict[str, Any] | None, str]:
   if storage.path(run.config).is_file():
     return _run_config(run).get("model"), RUN_CONFIG_FILE
   return None, ""
+
+
+def recorded_config(path: str, flag: str) -> dict[str, Any]:
+  """The config that the weights at `path` record: their run's config.json (the folder's, or of the run whose
+  best/step_N it is) with the model recorded with them (`recorded_model`); a converted folder's model alone. A run
+  whose checkpoints have no config.json beside them is refused: nothing names their model."""
+  model, _ = recorded_model(path)
+  if model is None:
+    raise MissingFileError(f"{flag}={path} has checkpoints/ but no config.json, which names the run's model: "
+                           f"{PASS_WORKDIR} (config.json next to checkpoints/).")
+  run = run_of_weights(path)
+  return {**(run_config.read(run, flag, PASS_WORKDIR) if run else {}), "model": model}
 
 
 def _run_config(run: Run) -> dict[str, Any]:
