@@ -27,7 +27,7 @@ from albert_jax.run.best_keeper import BestKeeper
 from albert_jax.run.lock import WorkdirLock
 from albert_jax.tasks import Split, get_task, make_tokenizer
 from albert_jax.weights import loading, store
-from albert_jax.weights.resolve import Weights, resolve
+from albert_jax.weights.resolve import Weights, resolve, resolve_init_checkpoint
 
 
 def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup, lengths: tuple[int, ...]):
@@ -118,7 +118,7 @@ def predict_split_file(config, run: Run, task, model, params, split: Split, outp
 
 def train(config, run: Run, args=None) -> None:
   """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
-  weights = resolve(config.init_checkpoint, config, args and args.overrides) if config.init_checkpoint else None
+  weights = resolve_init_checkpoint(config, args and args.overrides)
   config = weights.config if weights else config
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
     raise InputError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "

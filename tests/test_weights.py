@@ -13,7 +13,7 @@ from albert_jax.families.electra import ELECTRA
 from albert_jax.model_config import model_config_for
 from albert_jax.run.layout import BEST_DIR
 from albert_jax.weights import store
-from albert_jax.weights.resolve import resolve
+from albert_jax.weights.resolve import resolve, resolve_init_checkpoint
 from experiments import glue
 
 HEAD = {"hf_architecture": "ElectraForSequenceClassification", "labels": ["neg", "pos"], "num_labels": 2,
@@ -106,6 +106,30 @@ def test_a_hugging_face_folder_is_read_through_its_conversion(tmp_path, monkeypa
   assert weights.path.startswith(str(tmp_path / "cache" / "albert_jax" / "hf" / "folders" / "albert_hf-"))
   assert store.is_pretrained_dir(weights.path) and (weights.family, weights.head) == (ALBERT, None)
   assert resolve(folder, glue.get_config("task=rte")).path == weights.path  # converted once, read after
+
+
+@pytest.mark.hf
+def test_init_checkpoint_names_the_conversion_in_the_config_the_run_records(tmp_path, monkeypatch):
+  """What a run records as init_checkpoint is the folder it read: a Hugging Face folder's conversion; a folder of
+  ours stays as given, the config itself."""
+  hf = importlib.import_module("tests.hf_models")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  config = glue.get_config("task=rte")
+  config.init_checkpoint = hf.saved(hf.hf_model(), tmp_path / "albert_hf")
+  weights = resolve_init_checkpoint(config)
+  assert (weights.config.init_checkpoint, weights.config.init_checkpoint_revision) == (weights.path, "")
+  assert config.init_checkpoint == str(tmp_path / "albert_hf")  # the caller's config is left as it was
+  config.init_checkpoint = weights.path
+  assert resolve_init_checkpoint(config).config is config
+
+
+def test_a_revision_of_no_init_checkpoint_is_refused_and_no_init_checkpoint_is_no_weights():
+  config = glue.get_config("task=rte")
+  assert resolve_init_checkpoint(config) is None
+  config.init_checkpoint_revision = "v2"
+  with pytest.raises(InputError, match=r"^init_checkpoint_revision=v2 pins a revision of nothing: set "
+                                       r"--config.init_checkpoint=NAME \(a Hugging Face Hub model\) too, or drop it\.$"):
+    resolve_init_checkpoint(config)
 
 
 def test_a_missing_source_is_refused_in_one_line(tmp_path):

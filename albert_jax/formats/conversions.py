@@ -9,6 +9,9 @@ import os
 import shutil
 from typing import Callable
 
+import jax
+
+from albert_jax.errors import InputError
 from albert_jax.weights import store
 
 
@@ -30,9 +33,15 @@ def folder_key(path: str) -> str:
   return f"{os.path.basename(path.rstrip('/')) or 'folder'}-{digest.hexdigest()[:16]}"
 
 
-def convert_once(read: Callable[[str, str], str], source: str, target: str, origin: str, named: str) -> str:
+def convert_once(read: Callable[[str, str], str], source: str, target: str, origin: str, named: str,
+                 format_name: str) -> str:
   """`target`, our folder of `source` converted by `read(source, folder)` unless an earlier run converted it;
-  `origin` names the source and `named` the flag and value that asked, in the lines said."""
+  `origin` names the source and `named` the flag and value that asked, in the lines said. Several processes are
+  refused: each host would convert into its own cache."""
+  if jax.process_count() > 1:
+    raise InputError(f"{named} is a model of the {format_name} format, converted on the fly by a single process "
+                     f"only: convert it once (python -m albert_jax.convert --from={format_name} --src=... "
+                     "--dst=gs://BUCKET/DIR) and pass that folder.")
   if store.is_pretrained_dir(target):
     print(f"{named}: reading its conversion in {target}", flush=True)
     return target

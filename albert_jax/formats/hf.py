@@ -5,9 +5,9 @@ Reads and writes every family with a column here (`COLUMNS`, keyed by `Family.na
 weights' family is the one whose heads they hold, else the one their folder or run records. The tokenizer travels
 with the weights both ways (`hf_tokenizer`).
 
-`init_checkpoint` takes such a folder or Hub name too: `use_converted_init_checkpoint` converts it into our layout
-once, under `hf_hub.cache_dir()`, one folder per Hub commit or per state of a local folder's files, and the run reads
-that conversion as it reads any converted folder.
+`init_checkpoint` takes such a folder or Hub name too: `converted` converts it into our layout once (when
+`weights.resolve` reads it), under `hf_hub.cache_dir()`, one folder per Hub commit or per state of a local folder's
+files, and the run reads that conversion as it reads any converted folder.
 """
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ import dataclasses
 import os
 from typing import Any, Callable
 
-import ml_collections
-
 from albert_jax import families, head_identity, storage
 from albert_jax.errors import InputError
 from albert_jax.families.albert import ALBERT
 from albert_jax.families.electra import ELECTRA
-from albert_jax.formats import Format, conversions, hf_albert, hf_electra, hf_hub, hf_tokenizer, weight_files
+from albert_jax.formats import Format, conversions, hf_albert, hf_electra, hf_hub, hf_tokenizer
 from albert_jax.formats.hf_files import CONFIG_FILE, read_config
 from albert_jax.head_identity import HFHead
 from albert_jax.model_config import ModelConfig
@@ -190,31 +188,7 @@ def converted(value: str, revision: str = "", flag: str = "init_checkpoint",
         f"{value} at commit {commit[:12]}")
   else:
     target, origin = os.path.join(hf_hub.cache_dir(), "folders", conversions.folder_key(folder)), folder
-  return conversions.convert_once(from_hf, folder, target, origin, f"{flag}={value}")
-
-
-def use_converted_init_checkpoint(config: ml_collections.ConfigDict) -> None:
-  """Points `config.init_checkpoint` at the conversion of the Hugging Face folder or Hub name it names, in place
-  (the command line's config object), so every mode reads it as a converted folder and the run's config.json
-  records it (a Hub commit in its path); the revision, now part of that path, is cleared. Several processes are
-  refused: each host would convert into its own cache."""
-  value, revision = config.get("init_checkpoint", ""), config.get("init_checkpoint_revision", "")
-  weight_files.check_holds_weights(value, "init_checkpoint")
-  if revision and not value:
-    raise InputError(f"init_checkpoint_revision={revision} pins a revision of nothing: set "
-                     "--config.init_checkpoint=NAME (a Hugging Face Hub model) too, or drop it.")
-  if not (hf_hub.is_hub_name(value) or hf_hub.is_hf_folder(value) or revision):
-    return
-  import jax
-  if jax.process_count() > 1:
-    raise InputError(f"init_checkpoint={value} is a Hugging Face model, converted on the fly by a single process "
-                     "only: convert it once (python -m albert_jax.convert --from=hf --src=NAME --dst=gs://BUCKET/DIR) "
-                     "and pass that folder.")
-  target = converted(value, revision)
-  if target is not None:
-    config.init_checkpoint = target
-    if "init_checkpoint_revision" in config:
-      config.init_checkpoint_revision = ""
+  return conversions.convert_once(from_hf, folder, target, origin, f"{flag}={value}", FORMAT.name)
 
 
 FORMAT = Format("hf", "a transformers save_pretrained folder, or a Hugging Face Hub name to read (ALBERT, ELECTRA)",

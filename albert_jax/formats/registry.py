@@ -39,4 +39,4 @@ def converted(value: str, revision: str = "", flag: str = "init_checkpoint") -> 
   if fmt is None:
     return None
   target = os.path.join(conversions.cache_dir(fmt.name), conversions.folder_key(value))
-  return conversions.convert_once(fmt.read, value, target, value, f"{flag}={value}")
+  return conversions.convert_once(fmt.read, value, target, value, f"{flag}={value}", fmt.name)

@@ -13,12 +13,15 @@ from typing import Any, Collection
 import ml_collections
 
 from albert_jax import families, head_identity, storage
-from albert_jax.formats import registry
+from albert_jax.errors import InputError
+from albert_jax.formats import registry, weight_files
 from albert_jax.model_config import ModelConfig
 from albert_jax.run import as_run, config as run_config, run_of_best
 from albert_jax.run.best import read_best, recorded_identity
 from albert_jax.tasks import get_task
 from albert_jax.weights import loading, record, store
+
+INIT_CHECKPOINT, REVISION = "init_checkpoint", "init_checkpoint_revision"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +78,24 @@ class Weights:
 
 
 def resolve(source: str, config: ml_collections.ConfigDict, overrides: Collection[str] | None = None,
-            flag: str = "init_checkpoint", revision: str = "") -> Weights:
+            flag: str = INIT_CHECKPOINT) -> Weights:
   """The weights that `source` names, for a run of `config`. `overrides`: the `a.b` names of the command line's
   `--config.a.b` values (the entry computes them), which stay as given; the model fields and the tokenizer the
   weights fix are taken from their record for the rest, said in one line (`record.take_recorded`). None: a config
-  built in Python, used as it is but for its classifier head "auto" (`record.with_classifier_head`). A source
-  that is neither ours nor a Hugging Face model is refused in one line, as is a damaged record."""
-  path = registry.converted(source, revision, flag) or source
+  built in Python, used as it is but for its classifier head "auto" (`record.with_classifier_head`). Weights of
+  another format (a Hugging Face folder or Hub name, at config.init_checkpoint_revision for init_checkpoint; a TF1
+  checkpoint) are read through their conversion (`formats.registry.converted`), which init_checkpoint then names
+  in the config, as the run's config.json records it. A missing source is refused in one line, as is a damaged
+  record."""
+  revision = config.get(REVISION, "") if flag == INIT_CHECKPOINT else ""
+  path = registry.converted(source, revision, flag)
+  if path is None:
+    path = source
+  elif flag == INIT_CHECKPOINT:
+    config = config.copy_and_resolve_references()
+    config.init_checkpoint = path
+    if REVISION in config:
+      config[REVISION] = ""  # part of the conversion's path now
   if not storage.path(path).exists():
     raise loading.not_weights(path, flag)
   record.recorded_model(path)  # a damaged model record is refused before anything else reads it
@@ -91,6 +105,22 @@ def resolve(source: str, config: ml_collections.ConfigDict, overrides: Collectio
     if said:
       record.say(said)
   return _weights(path, flag, config)
+
+
+def resolve_init_checkpoint(config: ml_collections.ConfigDict, overrides: Collection[str] | None = None
+                            ) -> Weights | None:
+  """The weights config.init_checkpoint names (`resolve`), None when it names none; a folder that holds no weights
+  and a revision of nothing are refused in one line."""
+  value, revision = config.get(INIT_CHECKPOINT, ""), config.get(REVISION, "")
+  if revision and not value:
+    raise InputError(f"{REVISION}={revision} pins a revision of nothing: set --config.{INIT_CHECKPOINT}=NAME (a "
+                     "Hugging Face Hub model) too, or drop it.")
+  if not value:
+    return None
+  weights = resolve(value, config, overrides)
+  if weights.path == value:  # not another format's conversion: refused when it holds none of ours either
+    weight_files.check_holds_weights(value, INIT_CHECKPOINT)
+  return weights
 
 
 def resolve_ours(source: str, flag: str = "--src") -> Weights:
