@@ -26,8 +26,8 @@ INIT_CHECKPOINT, REVISION = "init_checkpoint", "init_checkpoint_revision"
 
 @dataclasses.dataclass(frozen=True)
 class Weights:
-  """Weights named by the flag `flag` (init_checkpoint, --workdir, --src), read from `path` (a Hugging Face name's
-  conversion, else the value given). `config`: the run's config with what the weights fix (config.model among
+  """Weights named by the flag `flag` (init_checkpoint, --workdir, --src), read from `path` (the conversion of
+  another format's weights, else the value given). `config`: the run's config with what the weights fix (config.model among
   it) taken from their record (`resolve`), or the config they record (`resolve_ours`). `head`: the identity of the
   head they were fine-tuned with (`run.best.recorded_identity`), None for a backbone. `tokenizer`: (model file,
   do_lower_case or None) they were trained with, None where none is recorded. `best`: the best record of the
@@ -88,23 +88,21 @@ def resolve(source: str, config: ml_collections.ConfigDict, overrides: Collectio
   in the config, as the run's config.json records it. A missing source is refused in one line, as is a damaged
   record."""
   revision = config.get(REVISION, "") if flag == INIT_CHECKPOINT else ""
-  path = registry.converted(source, revision, flag)
-  if path is None:
-    path = source
-  elif flag == INIT_CHECKPOINT:
+  path = registry.converted(source, revision, flag) or source
+  if path != source and flag == INIT_CHECKPOINT:
     config = config.copy_and_resolve_references()
     config.init_checkpoint = path
     if REVISION in config:
       config[REVISION] = ""  # part of the conversion's path now
   if not storage.path(path).exists():
     raise loading.not_weights(path, flag)
-  record.recorded_model(path)  # a damaged model record is refused before anything else reads it
-  config = record.with_classifier_head(config, path)
+  recorded = record.read(path)
+  config = record.with_classifier_head(config, recorded)
   if overrides is not None:
-    config, said = record.take_recorded(config, path, overrides)
+    config, said = record.take_recorded(config, recorded, overrides)
     if said:
       record.say(said)
-  return _weights(path, flag, config)
+  return _weights(recorded, flag, config)
 
 
 def resolve_init_checkpoint(config: ml_collections.ConfigDict, overrides: Collection[str] | None = None
@@ -129,12 +127,11 @@ def resolve_ours(source: str, flag: str = "--src") -> Weights:
   one line."""
   if not (store.is_pretrained_dir(source) or as_run(source).has_weights()):
     raise loading.not_weights(source, flag)
-  weights = _weights(source, flag, ml_collections.ConfigDict())
+  weights = _weights(record.read(source), flag, ml_collections.ConfigDict())
   return dataclasses.replace(weights, config=ml_collections.ConfigDict(record.recorded_config(weights.folder, flag)))
 
 
-def _weights(path: str, flag: str, config: ml_collections.ConfigDict) -> Weights:
-  family = families.get(record.process_0s(record.backbone_family(path)))
-  own = as_run(path)
+def _weights(recorded: record.Recorded, flag: str, config: ml_collections.ConfigDict) -> Weights:
+  own = as_run(recorded.path)
   best = read_best(own)
-  return Weights(path, flag, config, family, recorded_identity(own, best), record.recorded_tokenizer(path), best)
+  return Weights(recorded.path, flag, config, recorded.family, recorded_identity(own, best), recorded.tokenizer, best)
