@@ -28,6 +28,7 @@ from albert_jax.formats.hf import NO_TOKENIZER
 from albert_jax.formats.hf_files import CONFIG_FILE
 from albert_jax.run import as_run
 from albert_jax.weights import store
+from albert_jax.weights.resolve import resolve_ours
 from data_pipeline import writers
 
 READERS, WRITERS = registry.readers(), registry.writers()
@@ -100,6 +101,7 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
   if storage.path(dst).exists() and not storage.path(dst).is_dir():
     raise ExistsError(f"--dst={dst} is a file; pass a directory (it is created if missing).")
   _check_dst_apart(src, dst)
+  weights = None if source else resolve_ours(src)  # refused here, before --dst is touched, unless ours
   with writers.WriterLock(os.path.join(dst, writers.LOCK_FILE), f"--dst={dst}", "--dst"):
     earlier = _earlier_files(dst, overwrite)
     clear = lambda: [storage.path(p).rmtree() if storage.path(p).is_dir() else storage.remove(p) for p in earlier]
@@ -107,7 +109,7 @@ def convert(source: str | None, target: str | None, src: str | None, dst: str | 
       if source:
         print(f"Wrote {dst} from {src} ({fmt.read(src, dst, clear)}).", flush=True)
       else:
-        fmt.write(src, dst, encoder_only, spm_model, clear)
+        fmt.write(weights, dst, encoder_only, spm_model, clear)
     except Exception as e:  # noqa: BLE001 - re-raised unless the disk is full
       if not _disk_full(e):
         raise

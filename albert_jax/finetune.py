@@ -22,12 +22,12 @@ from albert_jax.head_identity import (check_head_trained_for, check_identity, de
                                       task_for_weights)
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run, config as run_config, provenance
-from albert_jax.run.best import read_best, recorded_identity
+from albert_jax.run.best import recorded_identity
 from albert_jax.run.best_keeper import BestKeeper
 from albert_jax.run.lock import WorkdirLock
 from albert_jax.tasks import Split, get_task, make_tokenizer
 from albert_jax.weights import loading, store
-from albert_jax.weights.resolve import Weights, resolve
+from albert_jax.weights.resolve import Weights, resolve, resolve_init_checkpoint
 
 
 def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup, lengths: tuple[int, ...]):
@@ -118,7 +118,7 @@ def predict_split_file(config, run: Run, task, model, params, split: Split, outp
 
 def train(config, run: Run, args=None) -> None:
   """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
-  weights = resolve(config.init_checkpoint, config, args and args.overrides) if config.init_checkpoint else None
+  weights = resolve_init_checkpoint(config, args and args.overrides)
   config = weights.config if weights else config
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
     raise InputError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
@@ -155,7 +155,7 @@ def train(config, run: Run, args=None) -> None:
     if jax.process_index() == 0:
       storage.write_atomic(run.head, json.dumps(task.identity(), indent=2))
 
-  def evaluate(step, params, s, writer):
+  def score_dev(step, params, s, writer):
     metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, length_buckets(config, task))
     writer.write(step, metrics, "dev/")
     keeper.update(step, metrics, params, predictions)
@@ -166,7 +166,7 @@ def train(config, run: Run, args=None) -> None:
     return keeper.stops_early(step, config)
 
   if not keeper.stops_early(start, config):  # a rerun of a run that stopped early trains no further
-    loop.fit(config, run, make_job(config, task, model, lambda: train_split, evaluate, warm_start))
+    loop.fit(config, run, make_job(config, task, model, lambda: train_split, score_dev, warm_start))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
@@ -188,10 +188,10 @@ def train(config, run: Run, args=None) -> None:
 def _trained_params(config, run: Run, weights: Weights, task, model):
   """The run's best (else latest) weights (`weights`, resolved from its workdir), refused unless their head was
   trained for `task` as it is now (a pretraining run has none) and their model is config.model's."""
-  workdir, best = run.workdir, read_best(run)
+  workdir, best = run.workdir, weights.best
   check_identity(task, weights.head, f"--workdir={workdir}")
   provenance.check_reader(workdir, "--workdir", config)
-  task.use_tuning(run.best_weights(best) if best else workdir)
+  task.use_tuning(weights.folder)
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
   params = weights.params
   loading.check_params(jax.eval_shape(lambda: nn.unbox(task.init_params(model, jax.random.key(0)))), params,

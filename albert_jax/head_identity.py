@@ -16,12 +16,10 @@ The Flax heads themselves are in `tasks/heads.py`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from albert_jax import families, storage
+from albert_jax import families
 from albert_jax.errors import InputError
-from albert_jax.run import Run, as_run, run_of_best
-from albert_jax.run.best import read_best, recorded_identity
 
 
 # --- transformers' head classes -----------------------------------------------------------------------------
@@ -129,18 +127,6 @@ def hf_config_fields(head: HFHead, outputs: int) -> dict[str, Any]:
     config["problem_type"] = head.problem_type or (
         "single_label_classification" if head.labels or outputs > 1 else "regression")
   return config
-
-
-def finetuned_head(weights_dir: str, run_task: Callable[[Run], Any]) -> HFHead | None:
-  """The HF head of fine-tuned weights: the one a converted directory recorded (HEAD_FILE), or for weights kept in
-  a workdir (`WORKDIR/best/step_N`) its task's, `run_task(the run)` (None: no fine-tuning config there), with the
-  class order the run recorded; None for any other directory."""
-  recorded = HFHead.from_identity(recorded_identity(as_run(weights_dir)))
-  if recorded is not None:
-    return recorded
-  run = run_of_best(storage.absolute(weights_dir))
-  task = None if run is None else run_task(run)
-  return None if task is None else as_recorded(task, recorded_identity(run, read_best(run))).hf_head
 
 
 # --- a task against recorded weights -------------------------------------------------------------------------

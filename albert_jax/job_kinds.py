@@ -198,7 +198,8 @@ class FineTuning(EncoderJob):
     from albert_jax import describe
     from albert_jax.tasks import get_task
     from albert_jax.weights import record
-    config = record.with_classifier_head(self.config, self.config.get("init_checkpoint"))
+    init = self.config.get("init_checkpoint")
+    config = record.with_classifier_head(self.config, record.read(init) if init else None)
     model_config = self.model_config(config)
     task = get_task(config)
     model = task.build_model(model_config)

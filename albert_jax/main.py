@@ -84,9 +84,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str | None, mode_name: str,
     initialize_distributed()
     cli.check_backend()
     from albert_jax import compilation_cache
-    from albert_jax.formats import hf
     compilation_cache.use(config, training_run)
-    hf.use_converted_init_checkpoint(config)  # a Hugging Face folder or Hub name: its conversion
   if mode_name == "compile" and not os.environ.get("JAX_PLATFORMS"):
     import jax
     jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing on a chip

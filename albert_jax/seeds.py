@@ -29,14 +29,13 @@ from ml_collections import config_flags
 
 from albert_jax import cli, job_kinds, main, optim, runner, stop_signals, storage
 from albert_jax.errors import InputError, one_line_user_errors
-from albert_jax.formats import hf
 from albert_jax.head_identity import check_identity, task_for_weights
 from albert_jax.run import Run, check_output, config as run_config
 from albert_jax.run.best import read_best, recorded_identity
 from albert_jax.run.layout import SEEDS_FILE as REPORT_FILE
 from albert_jax.seeds_report import best_run, grid_report, grid_table, report, table
 from albert_jax.tasks.classification import MultiLabelClassificationTask
-from albert_jax.weights.resolve import resolve
+from albert_jax.weights.resolve import resolve_init_checkpoint
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("seeds", None, "How many seeds of the recipe to run (the paper's GLUE table: 5).")
@@ -314,9 +313,8 @@ def cli_main(argv: list[str]) -> None:
     check_recipe(config, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
     learning_rates = parse_learning_rates(FLAGS.learning_rates)
     # as albert_jax.main's fine-tuning takes them, once for every seed's copy of the config
-    hf.use_converted_init_checkpoint(config)
-    if config.init_checkpoint:
-      config = resolve(config.init_checkpoint, config, tuple(config_flags.get_override_values(FLAGS["config"]))).config
+    if weights := resolve_init_checkpoint(config, tuple(config_flags.get_override_values(FLAGS["config"]))):
+      config = weights.config
     cli.check_workdir(workdir, "train")
     check_grid(folder, learning_rates)
     main.initialize_distributed()  # once for every seed: jax.distributed.initialize may run once per process

@@ -126,10 +126,10 @@ def test_the_head_follows_the_backbone_and_is_recorded(tmp_path):
   (tmp_path / "albert_run").mkdir()
   (tmp_path / "albert_run" / "config.json").write_text(json.dumps({"task": "pretrain"}))
   config = ml_collections.ConfigDict({"classifier_head": "auto"})
-  chosen = lambda path, c=config: record.with_classifier_head(c, path).classifier_head
+  chosen = lambda path, c=config: record.with_classifier_head(c, record.read(path)).classifier_head
   assert [chosen(str(tmp_path / name)) for name in ("electra_run", "finetuned", "albert_run")] == [
       "electra", "electra", "auto"]  # auto: ALBERT's head
-  assert record.with_classifier_head(config, "") is config and config.classifier_head == "auto"
+  assert record.with_classifier_head(config, None) is config and config.classifier_head == "auto"
   assert chosen(str(tmp_path / "electra_run"), ml_collections.ConfigDict({"classifier_head": "albert"})) == "albert"
 
   settings = dict(task="classification", path=str(tmp_path), labels=("a", "b"))

@@ -20,6 +20,7 @@ import pytest
 from albert_jax import finetune, model as model_lib
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run
+from albert_jax.run.best import read_best
 from albert_jax.tasks.squad import null_odds_path
 from albert_jax.weights import store
 from albert_jax.weights.resolve import resolve
@@ -255,5 +256,5 @@ def test_early_stopping_ends_training_after_patience_evaluations_without_a_bette
     assert said in out, out
     assert "dev at step 4" not in out
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3"]
-  assert finetune.read_best(Run(str(tmp_path / "run")))["step"] == 1
+  assert read_best(Run(str(tmp_path / "run")))["step"] == 1
   assert config_for(data, spm(shared_data)).train.early_stopping_patience == 0  # off by default

@@ -50,7 +50,7 @@ def test_the_model_and_the_tokenizer_of_the_run_are_taken_unless_the_command_lin
   workdir = training_workdir(tmp_path / "pre", {"kind": "tiny", "path": "", "spm_model": ""})
   prepared_tokenizer(tmp_path / "pre" / "tiny_data" / "prepared", do_lower_case=False)
   spm = f"{workdir}/tiny_data/prepared/spiece.model"
-  config, said = record.take_recorded(glue_experiment.get_config("task=rte"), workdir, explicit=())
+  config, said = record.take_recorded(glue_experiment.get_config("task=rte"), record.read(workdir), explicit=())
   assert model_config_from(config) == model_config_for("base", **TINY_RUN_MODEL, dtype="float32")
   assert (config.data.spm_model, config.data.do_lower_case, config.data.max_seq_length) == (spm, False, 128)
   assert config.train.max_micro_batch_size == 64  # base's 8192 tokens a device over the 128 taken, not over 512
@@ -58,13 +58,14 @@ def test_the_model_and_the_tokenizer_of_the_run_are_taken_unless_the_command_lin
                   f"spm_model={spm}, do_lower_case=False; {CAPPED}")
   given = glue_experiment.get_config(f"task=rte,spm={tmp_path / 'mine.model'}")
   given.model.hidden_size, given.data.max_seq_length = 768, 512  # given, equal to the experiment's: still kept
-  config, said = record.take_recorded(given, workdir, explicit=("model.hidden_size", "data.max_seq_length"))
+  config, said = record.take_recorded(given, record.read(workdir),
+                                      explicit=("model.hidden_size", "data.max_seq_length"))
   assert (config.model.hidden_size, config.model.num_hidden_layers, config.data.max_seq_length) == (768, 4, 512)
   assert config.train.max_micro_batch_size == 16  # 8192 // 512
   assert config.data.spm_model == str(tmp_path / "mine.model") and config.data.do_lower_case
   assert said == f"model from {workdir} (config.json): " + said_model(
       {k: v for k, v in TINY_RUN_MODEL.items() if k != "hidden_size"})
-  same, said = record.take_recorded(config, workdir, explicit=("model.hidden_size", "data.max_seq_length"))
+  same, said = record.take_recorded(config, record.read(workdir), explicit=("model.hidden_size", "data.max_seq_length"))
   assert said is None and same.to_dict() == config.to_dict()
 
 
@@ -105,7 +106,7 @@ def test_explicit_values_that_contradict_the_weights_are_refused(tmp_path):
       ("data.max_seq_length", 512, "data.max_seq_length=512 exceeds model.max_position_embeddings=128")):
     given = base.copy_and_resolve_references()
     given.update_from_flattened_dict({field: value})
-    config, said = record.take_recorded(given, str(tmp_path / "init"), explicit=(field,))
+    config, said = record.take_recorded(given, record.read(str(tmp_path / "init")), explicit=(field,))
     assert said.startswith(f"model from {tmp_path / 'init'} (model_config.json): ")
     with pytest.raises(ValueError, match=message):
       task = finetune.get_task(config)
@@ -119,7 +120,7 @@ import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 from albert_jax.weights import record
 from experiments import glue
-config, _ = record.take_recorded(glue.get_config("task=rte"), sys.argv[3], explicit=())
+config, _ = record.take_recorded(glue.get_config("task=rte"), record.read(sys.argv[3]), explicit=())
 print("RESULT", json.dumps([config.model.hidden_size, config.data.max_seq_length]), flush=True)
 """
 

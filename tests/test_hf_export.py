@@ -220,7 +220,7 @@ def test_a_hugging_face_folder_converted_here_and_back_keeps_its_tokenizer(share
   said = quietly(convert.convert, "hf", None, original, ours)
   assert said.rstrip().endswith("its tokenizer spiece.model, do_lower_case=False)."), said
   assert record.recorded_tokenizer(ours) == (f"{ours}/spiece.model", False)
-  config, taken = record.take_recorded(config_for(tmp_path, ""), ours, explicit=())
+  config, taken = record.take_recorded(config_for(tmp_path, ""), record.read(ours), explicit=())
   assert (config.data.spm_model, config.data.do_lower_case) == (f"{ours}/spiece.model", False), taken
   assert "checked to give its ids through" in quietly(convert.convert, None, "hf", ours, back)
   texts = [("A GREAT film, wasn't it?", None), ("Does Zoë live in São Paulo?", "She moved to Zürich last year.")]

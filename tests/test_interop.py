@@ -284,7 +284,8 @@ def test_convert_argument_errors(tmp_path, hf_dir):
     convert.convert("hf", None, None, str(tmp_path / "x"))
   with pytest.raises(FileNotFoundError, match="--src=.*missing is not a directory"):
     convert.convert("hf", None, str(tmp_path / "missing"), str(tmp_path / "x"))
-  with pytest.raises(FileNotFoundError, match="not a pretrained-weights directory"):
+  with pytest.raises(FileNotFoundError, match=r"--src=.* is neither a pretrained-weights directory .* nor a training "
+                                              r"workdir"):
     convert.convert(None, "hf", hf_dir, str(tmp_path / "x"))
 
 

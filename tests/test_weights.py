@@ -13,7 +13,7 @@ from albert_jax.families.electra import ELECTRA
 from albert_jax.model_config import model_config_for
 from albert_jax.run.layout import BEST_DIR
 from albert_jax.weights import store
-from albert_jax.weights.resolve import resolve
+from albert_jax.weights.resolve import resolve, resolve_init_checkpoint
 from experiments import glue
 
 HEAD = {"hf_architecture": "ElectraForSequenceClassification", "labels": ["neg", "pos"], "num_labels": 2,
@@ -108,6 +108,30 @@ def test_a_hugging_face_folder_is_read_through_its_conversion(tmp_path, monkeypa
   assert resolve(folder, glue.get_config("task=rte")).path == weights.path  # converted once, read after
 
 
+@pytest.mark.hf
+def test_init_checkpoint_names_the_conversion_in_the_config_the_run_records(tmp_path, monkeypatch):
+  """What a run records as init_checkpoint is the folder it read: a Hugging Face folder's conversion; a folder of
+  ours stays as given, the config itself."""
+  hf = importlib.import_module("tests.hf_models")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  config = glue.get_config("task=rte")
+  config.init_checkpoint = hf.saved(hf.hf_model(), tmp_path / "albert_hf")
+  weights = resolve_init_checkpoint(config)
+  assert (weights.config.init_checkpoint, weights.config.init_checkpoint_revision) == (weights.path, "")
+  assert config.init_checkpoint == str(tmp_path / "albert_hf")  # the caller's config is left as it was
+  config.init_checkpoint = weights.path
+  assert resolve_init_checkpoint(config).config is config
+
+
+def test_a_revision_of_no_init_checkpoint_is_refused_and_no_init_checkpoint_is_no_weights():
+  config = glue.get_config("task=rte")
+  assert resolve_init_checkpoint(config) is None
+  config.init_checkpoint_revision = "v2"
+  with pytest.raises(InputError, match=r"^init_checkpoint_revision=v2 pins a revision of nothing: set "
+                                       r"--config.init_checkpoint=NAME \(a Hugging Face Hub model\) too, or drop it\.$"):
+    resolve_init_checkpoint(config)
+
+
 def test_a_missing_source_is_refused_in_one_line(tmp_path):
   with pytest.raises(MissingFileError, match=r"^init_checkpoint='/nowhere/run' is neither a pretrained-weights "
                                              r"directory .* nor a training workdir \(checkpoints/\)\.$"):
@@ -120,3 +144,24 @@ def test_a_damaged_model_record_is_refused_in_one_line(tmp_path):
   with pytest.raises(InputError, match=r"^\S+model_config.json is not a model config \(a JSON object\); convert the "
                                        r"weights again \(python -m albert_jax.convert\)\.$"):
     resolve(path, glue.get_config("task=rte"))
+
+
+def test_a_tf1_checkpoint_is_read_through_its_conversion(tmp_path, monkeypatch, capsys):
+  """A TF1 release folder, or its checkpoint prefix, as init_checkpoint: converted once into the cache (the params
+  those `convert --from=tf1` reads), then read from there; its model taken from albert_config.json."""
+  import jax
+  from albert_jax.formats import tf1
+  from tests.test_tf1 import FIXTURES
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  release = str(FIXTURES / "release")
+  weights = resolve(release, glue.get_config("task=rte"), overrides=())
+  assert weights.path.startswith(str(tmp_path / "cache" / "albert_jax" / "tf1" / "release-"))
+  assert capsys.readouterr().out.startswith(f"init_checkpoint={release}: converted {release} into {weights.path} (")
+  expected_config, expected = tf1.load_tf1(release)
+  assert weights.config.model.hidden_size == expected_config.hidden_size and (weights.family, weights.head) == (
+      ALBERT, None)
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, weights.params), expected)
+  assert resolve(release, glue.get_config("task=rte")).path == weights.path  # converted once, read after
+  assert capsys.readouterr().out == f"init_checkpoint={release}: reading its conversion in {weights.path}\n"
+  prefix = tf1.find_checkpoint(release)
+  assert resolve(prefix, glue.get_config("task=rte")).path != weights.path  # a prefix is its own source

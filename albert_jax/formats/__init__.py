@@ -13,11 +13,13 @@ from typing import Callable
 @dataclasses.dataclass(frozen=True)
 class Format:
   """One format. `read(src, dst, clear)` converts its folder `src` into our folder `dst` (after `clear()` empties
-  dst of an earlier conversion) and returns what it wrote, for the closing line; `write(src, dst, encoder_only,
-  spm_model, clear)` converts our weights (a converted folder, a training workdir) into its folder and says so."""
+  dst of an earlier conversion) and returns what it wrote, for the closing line; `write(weights, dst,
+  encoder_only, spm_model, clear)` converts our weights (a `weights.Weights`, resolved from a converted folder or
+  a training workdir by `weights.resolve_ours`) into its folder and says so."""
   name: str
   summary: str  # what its folders are, for `convert --help`
   read: Callable[..., str] | None = None
   write: Callable[..., None] | None = None
   locate: Callable[[str, str, str, str], str | None] | None = None  # (name, revision, flags): a Hub name's folder
   local: str = ""  # why its folders must be local (gs:// refused), where they must
+  recognises: Callable[[str], bool] | None = None  # whether a local path holds its weights (init_checkpoint takes it)

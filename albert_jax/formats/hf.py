@@ -5,42 +5,34 @@ Reads and writes every family with a column here (`COLUMNS`, keyed by `Family.na
 weights' family is the one whose heads they hold, else the one their folder or run records. The tokenizer travels
 with the weights both ways (`hf_tokenizer`).
 
-`init_checkpoint` takes such a folder or Hub name too: `use_converted_init_checkpoint` converts it into our layout
-once, under `hf_hub.cache_dir()`, one folder per Hub commit or per state of a local folder's files, and the run reads
-that conversion as it reads any converted folder.
+`init_checkpoint` takes such a folder or Hub name too: `converted` converts it into our layout once (when
+`weights.resolve` reads it), under `hf_hub.cache_dir()`, one folder per Hub commit or per state of a local folder's
+files, and the run reads that conversion as it reads any converted folder.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import shutil
 from typing import Any, Callable
 
-import ml_collections
-
 from albert_jax import families, head_identity, storage
-from albert_jax.errors import InputError, MissingFileError
+from albert_jax.errors import InputError
 from albert_jax.families.albert import ALBERT
 from albert_jax.families.electra import ELECTRA
-from albert_jax.formats import Format, hf_albert, hf_electra, hf_hub, hf_tokenizer, weight_files
+from albert_jax.formats import Format, conversions, hf_albert, hf_electra, hf_hub, hf_tokenizer
 from albert_jax.formats.hf_files import CONFIG_FILE, read_config
 from albert_jax.head_identity import HFHead
 from albert_jax.model_config import ModelConfig
-from albert_jax.run import Run, as_run, config as run_config
-from albert_jax.run.best import read_best
-from albert_jax.tasks import get_task
-from albert_jax.weights import loading, record, store
+from albert_jax.weights import record, store
 from data_pipeline import tokenizer_json, wordpiece
 
 NO_TOKENIZER = "none"  # --spm_model's value for the weights alone
-PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 
 @dataclasses.dataclass(frozen=True)
 class FamilyClasses:
   """One family's transformers classes: `load` reads a folder of them; `save(model config, params, folder, head, the
-  run's config or None)` writes our params and returns the folders written, that folder first; `holds_heads` tells
+  config the weights record)` writes our params and returns the folders written, that folder first; `holds_heads` tells
   whether our params hold one of the family's heads."""
   load: Callable[[str], tuple[ModelConfig, dict[str, Any]]]
   save: Callable[[ModelConfig, Any, str, HFHead | None, Any], list[str]]
@@ -50,13 +42,13 @@ class FamilyClasses:
   extra_folder: str = ""  # said of each extra folder written, `{}` the folder
 
 
-def _save_albert(c, params, path, head, run) -> list[str]:
+def _save_albert(c, params, path, head, recorded) -> list[str]:
   hf_albert.save_hf(c, params, path, head=head)
   return [path]
 
 
-def _save_electra(c, params, path, head, run) -> list[str]:
-  fraction = ((run or {}).get("electra") or {}).get("generator_fraction")
+def _save_electra(c, params, path, head, recorded) -> list[str]:
+  fraction = (recorded.get("electra") or {}).get("generator_fraction")
   return hf_electra.save_hf(c, params, path, None if fraction is None else float(fraction), head)
 
 
@@ -76,13 +68,14 @@ def folder_family(path: str) -> families.Family:
   return families.for_hf_model_type(config.get("model_type", ALBERT.hf_model_type), os.path.join(path, CONFIG_FILE))
 
 
-def weights_family(src: str, params: Any, head: HFHead | None = None) -> families.Family:
-  """The family of our weights: the one whose class their `head` was trained as (heads of one dense layer are
-  alike in every family), else the one whose heads they hold, else the one `src` (a folder, a run) records."""
+def weights_family(weights, params: Any, head: HFHead | None = None) -> families.Family:
+  """The family of our `weights` (`weights.Weights`) whose params are `params`: the one whose class their `head` was
+  trained as (heads of one dense layer are alike in every family), else the one whose heads they hold, else the one
+  their folder or run records."""
   if head is not None and (family := families.for_hf_class(head.architecture)):
     return family
   held = [name for name, column in COLUMNS.items() if column.holds_heads(params)]
-  return families.get(held[0] if held else record.backbone_family(src))
+  return families.get(held[0]) if held else weights.family
 
 
 def read_head(path: str) -> HFHead | None:
@@ -141,25 +134,23 @@ def _carry_tokenizer(src: str, dst: str) -> str:
   return f"its tokenizer {name}, do_lower_case={True if lower is None else lower}"
 
 
-def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None = None, clear=lambda: None) -> None:
-  """The weights, and the tokenizer they were trained with once its export is checked to give the run's ids; then
-  the folder, loaded as transformers loads it, is checked again (`hf_tokenizer.check_loaded`)."""
-  run, best = src, None if store.is_pretrained_dir(src) else read_best(as_run(src))
-  if best is not None:  # a fine-tuning workdir: its best dev checkpoint, with its task's head
-    src = as_run(src).best_weights(best)
-  model_config, params, recorded = _our_weights(src)
-  tokenizer = None if spm_model == NO_TOKENIZER else hf_tokenizer.run_tokenizer(run, spm_model)
+def to_hf(weights, dst: str, encoder_only: bool = False, spm_model: str | None = None, clear=lambda: None) -> None:
+  """Writes `weights` (`weights.resolve_ours`: their config, params, family and head) and the tokenizer they were
+  trained with once its export is checked to give the run's ids; then the folder, loaded as transformers loads
+  it, is checked again (`hf_tokenizer.check_loaded`)."""
+  model_config, params = weights.model, weights.stored_params
+  tokenizer = None if spm_model == NO_TOKENIZER else hf_tokenizer.run_tokenizer(weights.path, spm_model)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
   else:
-    head = finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
-  column = COLUMNS[weights_family(src, params, head).name]
+    head = finetuned_head(weights)
+  column = COLUMNS[weights_family(weights, params, head).name]
   max_length = model_config.max_position_embeddings
   if tokenizer:
     hf_tokenizer.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
   fix = f"remove what else --dst={dst} holds and convert again"
-  for folder in column.save(model_config, params, dst, head, recorded)[1:]:
+  for folder in column.save(model_config, params, dst, head, weights.config)[1:]:
     hf_tokenizer.check_loaded(None, folder, fix)
     print(column.extra_folder.format(folder), flush=True)
   if column.exported:
@@ -171,36 +162,13 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
   if tokenizer:
     said = (f"the tokenizer of {tokenizer.model_path}, do_lower_case={tokenizer.do_lower_case}, checked to give its "
             f"ids through {checked}")
-  print(f"Wrote {dst} from {src} ({', '.join(sorted(params))}; {said}).", flush=True)
+  print(f"Wrote {dst} from {weights.folder} ({', '.join(sorted(params))}; {said}).", flush=True)
 
 
-def _our_weights(src: str) -> tuple[ModelConfig, Any, Any]:
-  """(ModelConfig, params, the run's config or None) of a `convert`/`save_pretrained` directory, or of a
-  pretraining workdir: its newest checkpoint whole (an ELECTRA run's generator too), the model from its config.json."""
-  training_run = as_run(src)
-  if store.is_pretrained_dir(src) or not storage.path(training_run.checkpoints).is_dir():
-    return (*store.load_pretrained(src), None)
-  if not run_config.exists(training_run):
-    raise MissingFileError(f"--src={src} has checkpoints/ but no config.json, which names the run's model: "
-                           f"{PASS_WORKDIR} (config.json next to checkpoints/).")
-  config = run_config.read(training_run, "--src", PASS_WORKDIR)
-  return ModelConfig.from_mapping(config["model"]), loading.load_params(src, "--src"), config
-
-
-def finetuned_head(weights_dir: str) -> HFHead | None:
-  """The HF head of fine-tuned weights (`head_identity.finetuned_head`): a converted directory's, or for weights
-  kept in a workdir (`WORKDIR/best/step_N`) the task named by the workdir's config.json; None for any other."""
-  return head_identity.finetuned_head(weights_dir, _run_task)
-
-
-def _run_task(run: Run):
-  """The fine-tuning task of a training run's config.json; None when it has none (or is no fine-tuning run)."""
-  config_path = run.config
-  if not storage.path(config_path).is_file():
-    return None
-  config = ml_collections.ConfigDict(store.read_json_object(config_path, "a run's config",
-                                                            store.RESTORE_RUN_CONFIG))
-  return get_task(config) if "task" in config else None
+def finetuned_head(weights) -> HFHead | None:
+  """The HF head of fine-tuned weights: the one converted weights recorded, else that of the task of the fine-tuning
+  run whose best dev checkpoint they are (`Weights.trained_task`); None for any other."""
+  return HFHead.from_identity(weights.head) or (weights.trained_task.hf_head if weights.trained_task else None)
 
 
 def converted(value: str, revision: str = "", flag: str = "init_checkpoint",
@@ -217,58 +185,8 @@ def converted(value: str, revision: str = "", flag: str = "init_checkpoint",
     target, origin = os.path.join(hf_hub.cache_dir(), repo_folder_name(repo_id=value, repo_type="model"), commit), (
         f"{value} at commit {commit[:12]}")
   else:
-    target, origin = os.path.join(hf_hub.cache_dir(), "folders", _folder_key(folder)), folder
-  if store.is_pretrained_dir(target):
-    print(f"{flag}={value}: reading its conversion in {target}", flush=True)
-    return target
-  partial = f"{target}.partial-{os.getpid()}"
-  try:
-    said = from_hf(folder, partial)
-    try:
-      os.rename(partial, target)  # whole or not at all; a conversion that another process finished first stays
-    except OSError:
-      if not store.is_pretrained_dir(target):
-        raise
-  finally:
-    shutil.rmtree(partial, ignore_errors=True)
-  print(f"{flag}={value}: converted {origin} into {target} ({said}); later runs read it from there (delete it to "
-        "free the space)", flush=True)
-  return target
-
-
-def _folder_key(folder: str) -> str:
-  """A local folder's conversion key: its path and the name, size and modification time of each of its files, so
-  that a folder saved again is converted again."""
-  digest = hashlib.sha256(os.path.realpath(folder).encode())
-  for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-    if entry.is_file():
-      stat = entry.stat()
-      digest.update(f"\0{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-  return f"{os.path.basename(folder.rstrip('/')) or 'folder'}-{digest.hexdigest()[:16]}"
-
-
-def use_converted_init_checkpoint(config: ml_collections.ConfigDict) -> None:
-  """Points `config.init_checkpoint` at the conversion of the Hugging Face folder or Hub name it names, in place
-  (the command line's config object), so every mode reads it as a converted folder and the run's config.json
-  records it (a Hub commit in its path); the revision, now part of that path, is cleared. Several processes are
-  refused: each host would convert into its own cache."""
-  value, revision = config.get("init_checkpoint", ""), config.get("init_checkpoint_revision", "")
-  weight_files.check_holds_weights(value, "init_checkpoint")
-  if revision and not value:
-    raise InputError(f"init_checkpoint_revision={revision} pins a revision of nothing: set "
-                     "--config.init_checkpoint=NAME (a Hugging Face Hub model) too, or drop it.")
-  if not (hf_hub.is_hub_name(value) or hf_hub.is_hf_folder(value) or revision):
-    return
-  import jax
-  if jax.process_count() > 1:
-    raise InputError(f"init_checkpoint={value} is a Hugging Face model, converted on the fly by a single process "
-                     "only: convert it once (python -m albert_jax.convert --from=hf --src=NAME --dst=gs://BUCKET/DIR) "
-                     "and pass that folder.")
-  target = converted(value, revision)
-  if target is not None:
-    config.init_checkpoint = target
-    if "init_checkpoint_revision" in config:
-      config.init_checkpoint_revision = ""
+    target, origin = os.path.join(hf_hub.cache_dir(), "folders", conversions.folder_key(folder)), folder
+  return conversions.convert_once(from_hf, folder, target, origin, f"{flag}={value}", FORMAT.name)
 
 
 FORMAT = Format("hf", "a transformers save_pretrained folder, or a Hugging Face Hub name to read (ALBERT, ELECTRA)",

@@ -12,7 +12,7 @@ import os
 
 from albert_jax import storage
 from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError
-from albert_jax.formats import hf_tokenizer
+from albert_jax.formats import conversions, hf_tokenizer
 from albert_jax.formats.hf_files import CONFIG_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE
 from albert_jax.weights import store
 from data_pipeline import wordpiece
@@ -27,8 +27,7 @@ INSTALL_HUB = 'pip install -e ".[hf]"'
 
 def cache_dir() -> str:
   """Where converted Hugging Face weights are kept: $XDG_CACHE_HOME/albert_jax/hf (default ~/.cache)."""
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "albert_jax", "hf")
+  return conversions.cache_dir("hf")
 
 
 def is_hf_folder(path: str) -> bool:

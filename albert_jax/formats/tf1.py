@@ -220,6 +220,17 @@ def find_checkpoint(src: str) -> str:
                    "convert as --src=DIR/PREFIX.")
 
 
+def holds_checkpoint(path: str) -> bool:
+  """Whether the local `path` is a checkpoint prefix, or a folder holding one (`find_checkpoint`)."""
+  if not (os.path.isfile(path + ".index") or os.path.isdir(path)):
+    return False
+  try:
+    find_checkpoint(path)
+  except MissingFileError:
+    return False
+  return True
+
+
 def _find_config(src: str, prefix: str) -> str:
   base = src if os.path.isdir(src) else os.path.dirname(prefix)
   for candidate in (os.path.join(base, CONFIG_FILE), os.path.join(base, "assets", CONFIG_FILE),
@@ -306,4 +317,4 @@ def from_tf1(src: str, dst: str, clear=lambda: None) -> str:
 
 FORMAT = Format("tf1", "a TF1 checkpoint + albert_config.json, as in the original's release tarballs and TF-Hub "
                 "modules, or google-research/electra's released folders (both towers), read without TensorFlow",
-                read=from_tf1)
+                read=from_tf1, recognises=holds_checkpoint)

@@ -7,7 +7,7 @@ import json
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from albert_jax.run.layout import Run, as_run
+from albert_jax.run.layout import Run
 
 # The fields of a best record that the readers use, and their types (`best_keeper.BestKeeper` writes them).
 BEST_FIELDS = {"step": int, "metric": str, "value": (int, float), "weights": str}
@@ -39,10 +39,3 @@ def recorded_identity(run: Run, best: dict | None = None) -> dict | None:
     return best["head"]
   path = storage.path(run.head)
   return json.loads(path.read_text()) if path.exists() else None
-
-
-def weights_identity(path: str) -> dict | None:
-  """What the head of the weights at `path` (init_checkpoint) was trained for: a fine-tuning run's record, or a
-  converted directory's (which keeps `head.json` where a run does)."""
-  weights = as_run(path)
-  return recorded_identity(weights, read_best(weights))

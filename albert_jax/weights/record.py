@@ -1,10 +1,11 @@
-"""What was recorded with weights: the model (a converted folder's model_config.json, a run's config.json), the
-tokenizer they were trained with, their family; and `take_recorded`, which gives a run the model and the tokenizer
-of the weights it loads, the command line's explicit values kept.
+"""What was recorded with weights, read once into a `Recorded` value (`read`): the model (a converted folder's
+model_config.json, a run's config.json), the tokenizer they were trained with, their family; and `take_recorded`,
+which gives a run the model and the tokenizer of the weights it loads, the command line's explicit values kept.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from typing import Any, Collection, Mapping
@@ -15,13 +16,17 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from albert_jax import families, storage
+from albert_jax.errors import MissingFileError
 from albert_jax.head_identity import SHAPELESS_FIELDS, check_shapeless_fields
 from albert_jax.run import Run, as_run, run_of_weights
+from albert_jax.run import config as run_config
 from albert_jax.run.config import SHAPE_FIELDS
 from albert_jax.run.layout import CONFIG_FILE as RUN_CONFIG_FILE
 from albert_jax.weights.store import (BACKBONE_FILE, CONFIG_FILE, CONVERT_AGAIN, HF_TOKENIZER_CONFIG,
                                       RESTORE_RUN_CONFIG, read_json_object)
 from data_pipeline import records, tiny, wordpiece
+
+PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 
 def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_checkpoint") -> None:
@@ -40,6 +45,18 @@ def recorded_model(path: str) -> tuple[dict[str, Any] | None, str]:
   if storage.path(run.config).is_file():
     return _run_config(run).get("model"), RUN_CONFIG_FILE
   return None, ""
+
+
+def recorded_config(path: str, flag: str) -> dict[str, Any]:
+  """The config that the weights at `path` record: their run's config.json (the folder's, or of the run whose
+  best/step_N it is) with the model recorded with them (`recorded_model`); a converted folder's model alone. A run
+  whose checkpoints have no config.json beside them is refused: nothing names their model."""
+  model, _ = recorded_model(path)
+  if model is None:
+    raise MissingFileError(f"{flag}={path} has checkpoints/ but no config.json, which names the run's model: "
+                           f"{PASS_WORKDIR} (config.json next to checkpoints/).")
+  run = run_of_weights(path)
+  return {**(run_config.read(run, flag, PASS_WORKDIR) if run else {}), "model": model}
 
 
 def _run_config(run: Run) -> dict[str, Any]:
@@ -81,6 +98,24 @@ def recorded_tokenizer(path: str) -> tuple[str, bool | None] | None:
   return beside, lower
 
 
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+  """What was recorded with the weights at `path`, read once (`read`): their model (a converted folder's
+  model_config.json, a run's config.json; None without one) and the file holding it, their family, the tokenizer
+  they were trained with (`recorded_tokenizer`)."""
+  path: str
+  model: dict[str, Any] | None
+  model_file: str
+  family: families.Family
+  tokenizer: tuple[str, bool | None] | None
+
+
+def read(path: str) -> Recorded:
+  """The record of the weights at `path`, process 0's on every process; a damaged record is refused in one line."""
+  model, model_file = recorded_model(path)
+  return Recorded(path, model, model_file, families.get(process_0s(backbone_family(path))), recorded_tokenizer(path))
+
+
 def backbone_family(path: str) -> str:
   """The name of the family of the weights at `path`: a training run's (or its best/step_N's) by its recorded config
   (`families.of_run`), converted weights' by their BACKBONE_FILE; the default family where neither says."""
@@ -92,13 +127,13 @@ def backbone_family(path: str) -> str:
   return families.DEFAULT
 
 
-def with_classifier_head(config: ml_collections.ConfigDict, path: str | None) -> ml_collections.ConfigDict:
+def with_classifier_head(config: ml_collections.ConfigDict, recorded: Recorded | None) -> ml_collections.ConfigDict:
   """`config` with classifier_head "auto" (`tasks.base.CLASSIFIER_HEADS`) made the head of the family of the
-  weights at `path` where that is not the default family's head (said in one line); otherwise `config` itself,
+  `recorded` weights where that is not the default family's head (said in one line); otherwise `config` itself,
   whose "auto" is the default family's head."""
-  if config.get("classifier_head") != families.AUTO_HEAD or not path:
+  if config.get("classifier_head") != families.AUTO_HEAD or recorded is None:
     return config
-  family, default = families.get(process_0s(backbone_family(path))), families.get(families.DEFAULT)
+  family, default, path = recorded.family, families.get(families.DEFAULT), recorded.path
   if family.classifier_head == default.classifier_head:
     return config
   config = config.copy_and_resolve_references()
@@ -109,18 +144,18 @@ def with_classifier_head(config: ml_collections.ConfigDict, path: str | None) ->
   return config
 
 
-def take_recorded(config: ml_collections.ConfigDict, path: str, explicit: Collection[str]
+def take_recorded(config: ml_collections.ConfigDict, recorded: Recorded, explicit: Collection[str]
                   ) -> tuple[ml_collections.ConfigDict, str | None]:
-  """`config` with what the weights at `path` fix and the command line left unset (`explicit`: the `a.b` names of
+  """`config` with what the `recorded` weights fix and the command line left unset (`explicit`: the `a.b` names of
   its `--config.a.b` overrides): the config.model fields they fix and, when data.spm_model is empty, the tokenizer
   they were trained with; data.max_seq_length is capped at the model's max_position_embeddings. An explicit value
   stays, to be refused where it conflicts with the weights. Every process takes process 0's values. Returns
   (the config, one line saying what was taken from where, None when nothing was)."""
-  model, model_file = recorded_model(path)
+  model = recorded.model
   fixed = dict.fromkeys(SHAPE_FIELDS + SHAPELESS_FIELDS)  # the shapes, and what no shape shows
   model = {k: model[k] for k in fixed if model and k in model and f"model.{k}" not in explicit}
   data = {}
-  if not config.data.spm_model and (tokenizer := recorded_tokenizer(path)):
+  if not config.data.spm_model and (tokenizer := recorded.tokenizer):
     data["spm_model"], lower = tokenizer
     if lower is not None and "do_lower_case" in config.data and "data.do_lower_case" not in explicit:
       data["do_lower_case"] = lower
@@ -134,7 +169,7 @@ def take_recorded(config: ml_collections.ConfigDict, path: str, explicit: Collec
   taken = {**{f"model.{k}": v for k, v in model.items() if config.model[k] != v},
            **{f"data.{k}": v for k, v in data.items() if config.data[k] != v}}
   config.update_from_flattened_dict(taken)
-  return config.copy_and_resolve_references(), _said(taken, path, model_file) if taken else None
+  return config.copy_and_resolve_references(), _said(taken, recorded.path, recorded.model_file) if taken else None
 
 
 def _said(taken: dict[str, Any], path: str, model_file: str) -> str:
