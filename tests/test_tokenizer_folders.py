@@ -53,7 +53,7 @@ def test_a_folder_with_tokenizer_json_alone_is_converted_and_fine_tuned_with_tra
   root = glue_data(shared_data, "rte", tmp_path / "glue")
   argv = ["main", f"--config=experiments/glue.py:task=rte,size=tiny,data={root}", f"--config.init_checkpoint={ours}",
           *STEPS]
-  config, taken = record.take_recorded(experiment_config(argv), ours, explicit=("data.max_seq_length",))
+  config, taken = record.take_recorded(experiment_config(argv), record.read(ours), explicit=("data.max_seq_length",))
   assert config.data.spm_model == f"{ours}/tokenizer.json", taken
   theirs = transformers.AutoTokenizer.from_pretrained(albert_folder)
   task = get_task(config)
