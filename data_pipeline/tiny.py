@@ -15,6 +15,7 @@ from albert_jax.errors import InputError
 ASSETS = Path(__file__).resolve().parent / "assets"
 VOCAB_SIZE = 4000
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "albert_jax", "tiny")
+PREPARED = "prepared"  # the folder, inside the one it is built in, of the corpus's preparation
 
 
 def ensure_tiny_dataset(directory: str | None = None) -> str:
@@ -24,7 +25,7 @@ def ensure_tiny_dataset(directory: str | None = None) -> str:
   if os.path.isfile(os.path.join(directory, records.MANIFEST)):
     raise InputError(f"data.path={directory} holds prepared data ({records.MANIFEST}), but data.kind=tiny builds the "
                      "bundled corpus into data.path: pass --config.data.kind=prepared to train on your data.")
-  prepared = os.path.join(directory, "prepared")
+  prepared = os.path.join(directory, PREPARED)
   if os.path.isfile(os.path.join(prepared, records.MANIFEST)):
     return prepared
   print(f"Building the bundled tiny dataset in {directory} (first use: a SentencePiece model, then shards)...",

@@ -27,7 +27,7 @@ from albert_jax.formats import Format, hf_albert, hf_electra, hf_hub, hf_tokeniz
 from albert_jax.formats.hf_files import CONFIG_FILE, read_config
 from albert_jax.head_identity import HFHead
 from albert_jax.model_config import ModelConfig
-from albert_jax.run import Run, as_run, config as run_config
+from albert_jax.run import Run, as_run, config as run_config, provenance
 from albert_jax.run.best import read_best
 from albert_jax.tasks import get_task
 from albert_jax.weights import loading, record, store
@@ -158,6 +158,7 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
     head = finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
   max_length = model_config.max_position_embeddings
   if tokenizer:
+    provenance.check_export(run, tokenizer.model_path)
     hf_tokenizer.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
   fix = f"remove what else --dst={dst} holds and convert again"
