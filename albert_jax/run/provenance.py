@@ -29,7 +29,7 @@ def tokenizer_of(config) -> str:
   if data.get("spm_model"):
     return data.spm_model
   folder = _prepared_folder(data)
-  if folder and data.kind == "tiny":
+  if folder and data.get("kind") == "tiny":
     return os.path.join(folder, records.SPM_MODEL)
   manifest = _manifest(data)
   if not manifest:
@@ -49,7 +49,7 @@ def _prepared_folder(data) -> str:
 def _manifest(data) -> str:
   folder = _prepared_folder(data)
   manifest = os.path.join(folder, records.MANIFEST)
-  return manifest if folder and (data.kind == "tiny" or storage.path(manifest).is_file()) else ""
+  return manifest if folder and (data.get("kind") == "tiny" or storage.path(manifest).is_file()) else ""
 
 
 def pretraining_inputs(config) -> dict[str, str]:
