@@ -17,11 +17,13 @@ Each setting and its reason:
 """
 from __future__ import annotations
 
+import contextlib
 import logging as std_logging
 import os
 import shlex
 import shutil
 import sys
+from typing import Iterator
 
 from absl import flags, logging
 
@@ -52,8 +54,23 @@ def python() -> str:
       sys.executable)
 
 
+_runs_say_done = True  # False while a command of several runs ends with its own summary (`runs_say_no_done_line`)
+
+
+@contextlib.contextmanager
+def runs_say_no_done_line() -> Iterator[None]:
+  """Inside, a finished run prints no `done: ... next:` line: a command that runs several (`albert_jax.seeds`) ends
+  with its own summary instead."""
+  global _runs_say_done
+  _runs_say_done = False
+  try:
+    yield
+  finally:
+    _runs_say_done = True
+
+
 def say_done(what: str, next_command: str) -> None:
   """The last line of a finished run: what it leaves, and the command that goes on from it (naming `python()`)."""
   import jax  # imported here: `--help` loads this module without jax
-  if jax.process_index() == 0:
+  if jax.process_index() == 0 and _runs_say_done:
     print(f"done: {what}; next: {next_command}", flush=True)

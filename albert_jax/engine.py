@@ -301,7 +301,7 @@ class Setup:
   def compile_train_step(self, example: dict[str, Any] | None = None) -> Callable:
     """The train step compiled ahead of time for batches shaped like `example` (default: the job's longest),
     saying on the console for how many devices and how long it took (a start that hits the persistent compilation
-    cache shows it)."""
+    cache shows it); refused when its compiled program does not fit this host's memory (`host_memory`)."""
     hits_before = compilation_cache.hits()
     log = print if jax.process_index() == 0 else lambda *a, **k: None
     devices = f"{self.mesh.size} device{'s' if self.mesh.size > 1 else ''}"
@@ -314,6 +314,7 @@ class Setup:
     compiled = self.lower_train_step(example).compile()
     log(f"Compiled the train step in {time.perf_counter() - start:.1f} s"
         f"{' (from the compilation cache)' if compilation_cache.hits() > hits_before else ''}.", flush=True)
+    host_memory.check_compiled(compiled, self.split, self.abstract_state, self.abstract_batch(example), self.mesh)
     return compiled
 
   def create_state(self, rng: jax.Array) -> TrainState:

@@ -9,8 +9,8 @@ recorded with the weights:
   in which class order the task reads it (`as_recorded`, `task_for_weights`);
 - which transformers class fine-tuned params leave as and come in from (`hf_head_from_config`, `hf_head_for`,
   `hf_config_fields`; SQuAD v2's answer-class head has none);
-- whether weights computed the config's model in what no shape shows: heads, layers, activation
-  (`check_shapeless_fields`, run at every weight load by `record.check_same_function`).
+- whether weights hold the config's model: its parameter tree (sharing, layers, sizes) and what no shape shows (heads,
+  activation) (`check_same_model`, run at every weight load by `record.check_same_function`).
 The Flax heads themselves are in `tasks/heads.py`.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from albert_jax import families
 from albert_jax.errors import InputError
+from albert_jax.run.config import SHAPE_FIELDS
 
 
 # --- transformers' head classes -----------------------------------------------------------------------------
@@ -211,12 +212,31 @@ def check_head_trained_for(task, recorded: dict | None, where: str) -> None:
 SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps")
 
 
-def check_shapeless_fields(saved: Mapping[str, Any] | None, model: Mapping[str, Any], path: str, name: str) -> None:
+def check_same_model(saved: Mapping[str, Any] | None, model: Mapping[str, Any], path: str, name: str) -> None:
   """Refuses weights at `path` whose recorded model `saved` differs from `model` (the config.model they are about
-  to be loaded into) in a field that no weight shape shows: they would load and compute another function."""
-  diffs = {k: (saved[k], model[k]) for k in SHAPELESS_FIELDS if saved and k in saved and saved[k] != model[k]}
+  to be loaded into) in a field that fixes their parameter tree (`run.config.SHAPE_FIELDS`: sizes, vocabulary,
+  sharing, layer groups, the embedding projection) or what no weight shape shows (`SHAPELESS_FIELDS`): loaded,
+  their layers would be dropped, reused or misfit, or compute another function. Each field is named with the
+  weights' value, which is the fix."""
+  fields = [k for k in dict.fromkeys(SHAPE_FIELDS + SHAPELESS_FIELDS) if saved and k in saved]
+  diffs = {k: (_meaning(saved, k), _meaning(model, k)) for k in fields if _differs(saved, model, k)}
   if diffs:
     raise InputError(f"{name}={path} was saved with " + ", ".join(
-        f"model.{k}={a!r} but this run has {b!r}" for k, (a, b) in diffs.items()) + "; no weight shape shows this, "
-        "so the weights would load and compute a different function. Pass " +
+        f"model.{k}={a!r} but this run has {b!r}" for k, (a, b) in diffs.items()) + "; loaded into this run's "
+        "model, the weights would lose, reuse or misfit layers, or compute a different function. Pass " +
         " ".join(f"--config.model.{k}={a}" for k, (a, _) in diffs.items()) + ".")
+
+
+def _meaning(model: Mapping[str, Any], field: str) -> Any:
+  """What `field` of `model` builds: an embedding_projection left at None is one where E != H (`ModelConfig`)."""
+  if field == "embedding_projection" and model.get(field) is None:
+    return model.get("embedding_size") != model.get("hidden_size")
+  return model.get(field)
+
+
+def _differs(saved: Mapping[str, Any], model: Mapping[str, Any], field: str) -> bool:
+  """Whether `field` builds another model; an embedding_projection left at None in both follows E and H, which
+  are compared themselves."""
+  if field == "embedding_projection" and saved[field] is None and model.get(field) is None:
+    return False
+  return _meaning(saved, field) != _meaning(model, field)

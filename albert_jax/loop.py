@@ -7,13 +7,13 @@ import errno
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
 import numpy as np
 
-from albert_jax import checkpointing, engine, flops, metrics as metrics_lib, storage
+from albert_jax import checkpointing, engine, flops, host_memory, metrics as metrics_lib, storage
 from albert_jax.errors import InputError, NotFiniteError
 from albert_jax.run import Run, config as run_config, provenance
 from albert_jax.run.lock import WorkdirLock
@@ -159,8 +159,10 @@ def _train(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict
         print(f"Nothing to train: {run.workdir} holds step {first_step} and train.num_train_steps={total_steps}; "
               "raise --config.train.num_train_steps to train further.", flush=True)
       return {}
-    run_config.write(run, config, provenance.fingerprint(job.inputs), replaced)
     train_step = _StepPerShape(s)
+    if host_memory.on_host(s.mesh):  # the step's memory is the host's: checked for the longest batch before writing
+      train_step.compile(job.example_batch(1))
+    run_config.write(run, config, provenance.fingerprint(job.inputs), replaced)
     writer = metrics_lib.MetricWriter(run, total_steps, config)
     signals = StopSignals()
     window, last, stop = _Window(ckpt), {}, False
@@ -241,11 +243,15 @@ class _StepPerShape:
   def __init__(self, s: engine.Setup):
     self.s, self.compiled = s, {}
 
-  def __call__(self, state: engine.TrainState, host_batch: dict[str, np.ndarray], rng: jax.Array):
-    shape = tuple((name, array.shape[1:]) for name, array in sorted(host_batch.items()))
+  def compile(self, host_batch: dict[str, np.ndarray]) -> Callable:
+    """The step for batches shaped like `host_batch` (any number of rows), compiled on first use."""
+    shape = tuple((name, array.shape[1:], array.dtype) for name, array in sorted(host_batch.items()))
     if shape not in self.compiled:
       self.compiled[shape] = self.s.compile_train_step(host_batch)
-    return self.compiled[shape](state, self.s.global_batch(host_batch), rng)
+    return self.compiled[shape]
+
+  def __call__(self, state: engine.TrainState, host_batch: dict[str, np.ndarray], rng: jax.Array):
+    return self.compile(host_batch)(state, self.s.global_batch(host_batch), rng)
 
 
 def _close_quietly(ckpt: checkpointing.Checkpointer, writer, signals: StopSignals) -> None:

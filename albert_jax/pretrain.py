@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -135,10 +136,7 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, run: 
   if kind not in ("prepared", "tiny"):
     raise InputError(f"data.kind={kind!r}; choose 'prepared', 'tiny' or 'synthetic'.")
   from data_pipeline import loader
-  data_config = config.data
-  if kind == "tiny":  # the bundled corpus, built once
-    data_config = ml_collections.ConfigDict({**config.data.to_dict(),
-                                             "path": record.tiny_data_dir(config.data.path, run)})
+  data_config = run_data(config, run).data
   if kind == "tiny" and jax.process_count() > 1:
     _build_tiny_dataset_on_process_0_first(data_config)
   batches = loader.make_pretraining_iterator(data_config, split=split_name, global_batch_size=split.global_batch,
@@ -147,6 +145,16 @@ def pretraining_batches(config, split_name: str, split: engine.BatchSplit, run: 
   if kind == "tiny":  # bundled and built the same way every time
     return LoaderPosition(batches, global_position, config.get("resume_with_changes", False))
   return PreparedDataPosition(batches, global_position, config.data.path, config.get("resume_with_changes", False))
+
+
+def run_data(config: ml_collections.ConfigDict, run: Run | None) -> ml_collections.ConfigDict:
+  """`config` with the data `run` reads: for the bundled corpus (data.kind=tiny), data.path made the folder it is
+  built in (`record.tiny_data_dir`: inside the run's folder by default); `config` itself otherwise."""
+  if config.data.kind != "tiny" or run is None:
+    return config
+  config = copy.deepcopy(config)
+  config.data.path = record.tiny_data_dir(config.data.path, run)
+  return config
 
 
 def _build_tiny_dataset_on_process_0_first(data_config: ml_collections.ConfigDict) -> None:
@@ -232,7 +240,7 @@ def data_fields(config: ml_collections.ConfigDict, run: Run | None) -> dict[str,
               example_batch=lambda rows: synthetic_batch(config.data, rows, config.model.vocab_size, 0),
               tokens_per_example=config.data.max_seq_length,
               evaluate=lambda step, params, s, writer: _log_evaluation(step, evaluate(config, s, params), writer),
-              inputs=provenance.pretraining_inputs(config))
+              inputs=provenance.pretraining_inputs(run_data(config, run)))
 
 
 def make_job(config: ml_collections.ConfigDict, run: Run | None = None) -> engine.Job:
@@ -333,7 +341,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None, 
                         ) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the run's latest checkpoint, also printed as one JSON line."""
   record.check_same_function(run.workdir, config.model, "--workdir")
-  provenance.check_reader(run.workdir, "--workdir", config, provenance.pretraining_inputs(config))
+  provenance.check_reader(run.workdir, "--workdir", config, provenance.pretraining_inputs(run_data(config, run)))
   if run_config.latest_step(run) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(run.checkpoints)}; train first (--mode=train).")
   s = engine.setup(config, job_for(config, run), run)

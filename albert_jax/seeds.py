@@ -319,10 +319,11 @@ def cli_main(argv: list[str]) -> None:
     check_grid(folder, learning_rates)
     main.initialize_distributed()  # once for every seed: jax.distributed.initialize may run once per process
     compilation_cache.use(config, folder)  # one cache for every seed's run
-    if learning_rates is None:
-      run_seeds(config, folder, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
-    else:
-      run_grid(config, folder, learning_rates, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+    with console.runs_say_no_done_line():  # the summary, naming the best run's folder, ends the output
+      if learning_rates is None:
+        run_seeds(config, folder, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
+      else:
+        run_grid(config, folder, learning_rates, FLAGS.seeds, FLAGS.first_seed, FLAGS.rerun_collapsed)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -154,14 +154,15 @@ def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predict
   bucketed = ["--config.data.max_seq_length=128", "--config.data.length_buckets=32,64"]
   straight = cli(spec, tmp_path / "straight", *TINY_RUN, *bucketed, fast_compile=True)
   assert straight.returncode == 0, straight.stderr
-  # One compile per batch shape the 4 steps used, as BucketedBatches draws them.
+  # One compile per batch shape the 4 steps used, as BucketedBatches draws them, and the longest's first, whose
+  # memory is checked before the run writes (`host_memory.check_compiled`).
   config = rte_config(root, spm_model)
   task = get_task(config)
   train = task.load_split("train", make_tokenizer(config))
   order = buckets.BucketedBatches(train.features, (32, 64, 128), split_of(8), config.seed)
   widths = [next(order)["input_ids"].shape[1] for _ in range(4)]
   compiles = [line for line in straight.stdout.splitlines() if line.startswith("Compiling the train step")]
-  assert len(compiles) == len(set(widths)) > 1, (widths, compiles)
+  assert len(compiles) == len(set(widths) | {128}) > 1 and "; inputs " not in compiles[0], (widths, compiles)
   # Resumed from its checkpoint of step 2, mid-epoch: the same weights as the straight run, bit for bit.
   shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
   shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")

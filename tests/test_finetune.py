@@ -223,7 +223,8 @@ def test_weights_refused_at_start_up_leave_no_workdir(shared_data, tmp_path):
   backbone = jax.eval_shape(lambda: model_lib.init_params(model_lib.AlbertModel(model_config), jax.random.key(0)))
   store.save_pretrained(str(tmp_path / "init"), model_config,
                         {"albert": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(backbone))})
-  cases = ((tmp_path / "init", "init_checkpoint does not match the model's backbone"),
+  cases = ((tmp_path / "init", f"init_checkpoint={tmp_path / 'init'} was saved with model.vocab_size=300 but this run "
+                               "has 30000; "),
            (tmp_path / "missing", "is neither a pretrained-weights directory"))
   results = refused(*((config, tmp_path / f"run{i}", "--config.train.num_train_steps=1",
                        "--config.data.max_seq_length=64", f"--config.init_checkpoint={init}",

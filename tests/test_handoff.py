@@ -101,7 +101,7 @@ def test_explicit_values_that_contradict_the_weights_are_refused(tmp_path):
   base = glue_experiment.get_config(f"task=rte,spm={tmp_path / 'spm.model'}")
   base.init_checkpoint = str(tmp_path / "init")
   for field, value, message in (
-      ("model.hidden_size", 32, "init_checkpoint does not match the model's backbone"),
+      ("model.hidden_size", 32, "hidden_size=64 but this run has 32; .* Pass --config.model.hidden_size=64"),
       ("model.num_attention_heads", 8, "num_attention_heads=4 but this run has 8"),
       ("data.max_seq_length", 512, "data.max_seq_length=512 exceeds model.max_position_embeddings=128")):
     given = base.copy_and_resolve_references()

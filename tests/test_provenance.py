@@ -145,3 +145,46 @@ def test_a_fine_tuning_train_file_changed_is_refused_on_resume(shared_data, tmp_
     finetune.train(experiment_config(argv), Run(str(tmp_path / "run")))
   touch(train, original)
   assert "Nothing to train" in quietly(finetune.train, experiment_config(argv), Run(str(tmp_path / "run")))
+
+
+@pytest.mark.slow
+def test_the_bundled_tiny_run_records_its_tokenizer_for_warm_starts_and_exports(tiny_prepared, tmp_path):
+  """data.kind=tiny records the tokenizer and the preparation it builds in the run's folder. Another SentencePiece
+  model of the same size copied over the tokenizer is then refused by a fine-tuning warm start from the run, and by
+  `convert --to=hf` of the run and of a run fine-tuned from it before the copy; the same bytes again pass."""
+  from albert_jax import convert
+  from albert_jax.weights.resolve import resolve
+  run = tmp_path / "run"
+  shutil.copytree(os.path.dirname(tiny_prepared), run / "tiny_data")  # built already: the run reuses it
+  quietly(pretrain.train, experiment_config(["main", "--config=experiments/pretrain_tiny.py", *STEPS, *SMALL]),
+          Run(str(run)))
+  tokenizer, manifest = (run / "tiny_data" / "prepared" / name for name in ("spiece.model", "manifest.json"))
+  assert provenance.recorded(Run(str(run))) == {
+      "tokenizer": {"path": str(tokenizer), "sha256": provenance.fingerprints.sha256(str(tokenizer))},
+      "prepared data": {"path": str(manifest), "sha256": provenance.fingerprints.sha256(str(manifest))}}
+  write_split(tmp_path / "train.tsv", 16)
+  write_split(tmp_path / "dev.tsv", 8)
+  argv = ["main", f"--config=experiments/classification.py:size=tiny,data={tmp_path},text=sentence,labels=pos|neg",
+          f"--config.init_checkpoint={run}", *STEPS]
+  fine_tuning = lambda: resolve(str(run), experiment_config(argv), overrides=()).config  # as `main` builds it
+  assert fine_tuning().data.spm_model == str(tokenizer)
+  quietly(finetune.train, fine_tuning(), Run(str(tmp_path / "tuned")))
+
+  original, before = tokenizer.read_bytes(), provenance.fingerprints.sha256(str(tokenizer))[:12]
+  touch(tokenizer, swap_pieces(original))
+  now = provenance.fingerprints.sha256(str(tokenizer))[:12]
+  change = f"the tokenizer ({tokenizer}: sha256 {before} then, {now} now)"
+  with pytest.raises(InputError) as refused:
+    finetune.train(fine_tuning(), Run(str(tmp_path / "tuned_after")))
+  assert one_line(refused) == (f"init_checkpoint={run} was made from other inputs: {change} changed. Restore them, "
+                               "or pass --config.accept_changed_inputs=True to go on with these.")
+  for src in (run, tmp_path / "tuned"):
+    with pytest.raises(InputError) as refused:
+      convert.convert(None, "hf", str(src), str(tmp_path / "hf"))
+    assert one_line(refused) == (f"--src={src} was trained with another tokenizer: {change}. Restore it, or pass "
+                                 "--spm_model= a copy of the one the run recorded, so that the export gives the "
+                                 "model's ids.")
+  assert not (tmp_path / "tuned_after").exists() and not (tmp_path / "hf").exists()
+  touch(tokenizer, original)
+  for src in (run, tmp_path / "tuned"):
+    provenance.check_export(str(src), str(tokenizer))

@@ -416,6 +416,19 @@ def test_each_rate_runs_its_seeds_in_its_folder_and_seeds_json_chooses_the_best_
 
 
 @pytest.mark.slow
+def test_the_output_ends_with_one_summary_naming_the_best_run_s_folder_and_no_run_s_done_line(grid, runs):
+  """Each seed's run finishes without the `done: ... next:` line a lone run ends with; the command's summary names
+  the best run's folder: a grid's at the best rate, before the rates' table; a seeds folder's after its table."""
+  grid_lines, seeds_lines = grid.first.stdout.splitlines(), [line for _, line in runs.second.lines]
+  assert not [line for line in grid_lines + seeds_lines if line.startswith("done: ")]
+  best_rate = grid.report["best_learning_rate"]
+  assert grid_lines[-4] == f"{seeds_report.best_run(grid.report)} at the best rate, {best_rate:g}"
+  assert grid_lines[-4].startswith(f"best run: {grid.workdir / 'lr_'}")
+  assert seeds_lines[-1] == seeds_report.best_run(runs.report)
+  assert seeds_lines[-1].startswith(f"best run: {runs.workdir / 'seed_100'}")  # the counted runs: 1000 and 1001
+
+
+@pytest.mark.slow
 def test_a_grid_rerun_skips_its_finished_runs_and_another_grid_is_refused(grid):
   assert grid.again.returncode == 0, grid.again.stdout + grid.again.stderr
   assert "training in" not in grid.again.stdout

@@ -666,8 +666,8 @@ def test_a_warm_start_of_another_shape_is_refused_before_anything_is_written(tmp
   saved_small_run_weights(tmp_path / "init")
   result = cli(tmp_path / "run", *SMALL_RUN, "--config.train.num_train_steps=1", "--config.model.embedding_size=16",
                f"--config.init_checkpoint={tmp_path / 'init'}")
-  assert result.returncode == 1 and "init_checkpoint does not match the model's backbone" in result.stderr, (
-      result.stderr)
+  assert result.returncode == 1 and (f"init_checkpoint={tmp_path / 'init'} was saved with model.embedding_size=32 but "
+                                    "this run has 16; ") in result.stderr, result.stderr
   assert not (tmp_path / "run").exists()
 
 

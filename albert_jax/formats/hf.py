@@ -23,6 +23,7 @@ from albert_jax.formats import Format, conversions, hf_albert, hf_electra, hf_hu
 from albert_jax.formats.hf_files import CONFIG_FILE, read_config
 from albert_jax.head_identity import HFHead
 from albert_jax.model_config import ModelConfig
+from albert_jax.run import provenance
 from albert_jax.weights import record, store
 from data_pipeline import tokenizer_json, wordpiece
 
@@ -147,6 +148,7 @@ def to_hf(weights, dst: str, encoder_only: bool = False, spm_model: str | None =
   column = COLUMNS[weights_family(weights, params, head).name]
   max_length = model_config.max_position_embeddings
   if tokenizer:
+    provenance.check_export(weights.path, tokenizer.model_path)
     hf_tokenizer.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
   fix = f"remove what else --dst={dst} holds and convert again"

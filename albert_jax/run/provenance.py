@@ -1,11 +1,12 @@
 """What a run is made from, recorded in its folder (`Run.provenance`) and checked by whoever reads the run.
 
 The inputs that define a run, each by the sha256 of its whole file: the tokenizer (SentencePiece model), the prepared
-data (its manifest.json, which names every shard and the preparation's settings) and a fine-tuning task's data files
-(train and dev). A copy with the same bytes and a new mtime is the same input. A resume compares what it reads now
-with what the run recorded (`resume_with_changes` accepts a change); a reader of the run's weights (a warm start from
-it, eval, predict, embed) compares the tokenizer it would use, and pretraining's eval also the prepared data
-(`accept_changed_inputs` accepts a change). A run recorded before fingerprints were kept is read as it is.
+data (its manifest.json, which names every shard and the preparation's settings; the bundled tiny corpus's too) and
+a fine-tuning task's data files (train and dev). A copy with the same bytes and a new mtime is the same input. A
+resume compares what it reads now with what the run recorded (`resume_with_changes` accepts a change); a reader of
+the run's weights (a warm start from it, eval, predict, embed) compares the tokenizer it would use, and
+pretraining's eval also the prepared data (`accept_changed_inputs` accepts a change); an export (`convert --to=hf`)
+compares the tokenizer it writes. A run recorded before fingerprints were kept is read as it is.
 """
 from __future__ import annotations
 
@@ -15,34 +16,46 @@ import os
 from albert_jax import storage
 from albert_jax.errors import InputError
 from albert_jax.run.layout import PROVENANCE_FILE, Run, run_of_weights
-from data_pipeline import fingerprints, records
+from data_pipeline import fingerprints, records, tiny
 
 TOKENIZER, PREPARED_DATA = "tokenizer", "prepared data"
 
 
 def tokenizer_of(config) -> str:
-  """The SentencePiece model a config tokenizes with: data.spm_model, else its prepared data's; "" for none."""
+  """The tokenizer a config tokenizes with: data.spm_model, else its prepared data's (the bundled corpus's,
+  data.kind=tiny, is always the SentencePiece model kept as its preparation's spiece.model, built or not yet);
+  "" for none."""
   data = config.data
   if data.get("spm_model"):
     return data.spm_model
-  manifest = _manifest(config)
+  folder = _prepared_folder(data)
+  if folder and data.get("kind") == "tiny":
+    return os.path.join(folder, records.SPM_MODEL)
+  manifest = _manifest(data)
   if not manifest:
     return ""
   model = json.loads(storage.path(manifest).read_text()).get("tokenizer", {}).get("model", "")
-  return os.path.join(data.path, model) if model else ""
+  return os.path.join(folder, model) if model else ""
 
 
-def _manifest(config) -> str:
-  data = config.data
-  if data.get("kind") != "prepared" or not data.get("path"):
+def _prepared_folder(data) -> str:
+  """The folder of the prepared data that `data` (a config.data) reads: data.path, or for the bundled corpus
+  (data.kind=tiny, data.path the folder it is built in) its preparation inside; "" for none."""
+  if not data.get("path"):
     return ""
-  manifest = os.path.join(data.path, records.MANIFEST)
-  return manifest if storage.path(manifest).is_file() else ""
+  return {"prepared": data.path, "tiny": tiny.prepared_dir(data.path, tiny.tokenizer_kind(data))}.get(data.get("kind"), "")
+
+
+def _manifest(data) -> str:
+  folder = _prepared_folder(data)
+  manifest = os.path.join(folder, records.MANIFEST)
+  return manifest if folder and (data.get("kind") == "tiny" or storage.path(manifest).is_file()) else ""
 
 
 def pretraining_inputs(config) -> dict[str, str]:
-  """{what: path} of the files a pretraining run reads: its tokenizer and its prepared data's manifest."""
-  return {TOKENIZER: tokenizer_of(config), PREPARED_DATA: _manifest(config)}
+  """{what: path} of the files a pretraining run reads: its tokenizer and its prepared data's manifest. For
+  data.kind=tiny, data.path is the folder the run builds the bundled corpus in."""
+  return {TOKENIZER: tokenizer_of(config), PREPARED_DATA: _manifest(config.data)}
 
 
 def fine_tuning_inputs(config, task) -> dict[str, str]:
@@ -105,3 +118,13 @@ def check_reader(path: str, name: str, config, inputs: dict[str, str] | None = N
   if run is not None:  # else converted weights, or a run that recorded nothing
     now = fingerprint(inputs or {TOKENIZER: tokenizer_of(config)})
     check(f"{name}={path}", recorded(run), now, config, "accept_changed_inputs")
+
+
+def check_export(path: str, tokenizer: str) -> None:
+  """An export of the weights at `path` writes the tokenizer they were trained with: refused when the file
+  `tokenizer` holds other bytes than their run recorded (a copy with the same bytes is that tokenizer)."""
+  run = run_of_weights(path, PROVENANCE_FILE)
+  changed = changes(recorded(run), fingerprint({TOKENIZER: tokenizer})) if run is not None else []
+  if changed:
+    raise InputError(f"--src={path} was trained with another tokenizer: {changed[0]}. Restore it, or pass "
+                     "--spm_model= a copy of the one the run recorded, so that the export gives the model's ids.")

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 
 from albert_jax import families, storage
 from albert_jax.errors import MissingFileError
-from albert_jax.head_identity import SHAPELESS_FIELDS, check_shapeless_fields
+from albert_jax.head_identity import SHAPELESS_FIELDS, check_same_model
 from albert_jax.run import Run, as_run, run_of_weights
 from albert_jax.run import config as run_config
 from albert_jax.run.config import SHAPE_FIELDS
@@ -31,9 +31,10 @@ PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_checkpoint") -> None:
   """Refuses weights at `path` whose recorded model (model_config.json of a converted directory, config.json of a
-  training workdir) differs from `model` (the config.model they are about to be loaded into) in a field that no
-  weight shape shows: they would load and compute another function (`head_identity.check_shapeless_fields`)."""
-  check_shapeless_fields(recorded_model(path)[0], model, path, name)
+  training workdir) differs from `model` (the config.model they are about to be loaded into) in a field of their
+  parameter tree or one that no weight shape shows (`head_identity.check_same_model`): an override that would load
+  them into another model."""
+  check_same_model(recorded_model(path)[0], model, path, name)
 
 
 def recorded_model(path: str) -> tuple[dict[str, Any] | None, str]:
