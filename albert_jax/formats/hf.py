@@ -1,9 +1,9 @@
 """The hf format: transformers `save_pretrained` folders (and Hub names) <-> our pretrained-weights folders.
 
 Reads and writes every family with a column here (`COLUMNS`, keyed by `Family.name`): ALBERT's classes are
-`hf_albert`'s, ELECTRA's `hf_electra`'s. A folder's family is its config.json's model_type (`families`); our
-weights' family is the one whose heads they hold, else the one their folder or run records. The tokenizer travels
-with the weights both ways (`hf_tokenizer`).
+`hf_albert`'s, ELECTRA's `hf_electra`'s, BERT's and RoBERTa's `hf_bert`'s. A folder's family is its config.json's
+model_type (`families`); our weights' family is the one their folder or run records where its classes hold their
+heads, else the one whose classes hold them. The tokenizer travels with the weights both ways (`hf_tokenizer`).
 
 `init_checkpoint` takes such a folder or Hub name too: `use_converted_init_checkpoint` converts it into our layout
 once, under `hf_hub.cache_dir()`, one folder per Hub commit or per state of a local folder's files, and the run reads
@@ -23,7 +23,7 @@ from albert_jax import families, head_identity, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.families.albert import ALBERT
 from albert_jax.families.electra import ELECTRA
-from albert_jax.formats import Format, hf_albert, hf_electra, hf_hub, hf_tokenizer, weight_files
+from albert_jax.formats import Format, hf_albert, hf_bert, hf_electra, hf_hub, hf_tokenizer, weight_files
 from albert_jax.formats.hf_files import CONFIG_FILE, read_config
 from albert_jax.head_identity import HFHead
 from albert_jax.model_config import ModelConfig
@@ -67,6 +67,8 @@ COLUMNS = {
         imported=f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({hf_electra.POOLER_NOTE}).",
         exported=f"HF ELECTRA has no pooler: albert/pooler is not written ({hf_electra.POOLER_NOTE}).",
         extra_folder="The generator went to {} (ElectraForMaskedLM)."),
+    **{layout.family.name: FamilyClasses(layout.load_hf, layout.save_hf, layout.holds_heads)
+       for layout in (hf_bert.BERT_LAYOUT, hf_bert.ROBERTA_LAYOUT)},
 }
 
 
@@ -77,9 +79,11 @@ def folder_family(path: str) -> families.Family:
 
 
 def weights_family(src: str, params: Any) -> families.Family:
-  """The family of our weights: the one whose heads they hold, else the one `src` (a folder, a run) records."""
+  """The family of our weights: the one `src` (a folder, a run) records where its classes hold their heads (BERT's
+  are ALBERT's), else the first whose classes hold them."""
+  recorded = record.backbone_family(src)
   held = [name for name, column in COLUMNS.items() if column.holds_heads(params)]
-  return families.get(held[0] if held else record.backbone_family(src))
+  return families.get(recorded if not held or COLUMNS[recorded].holds_heads(params) else held[0])
 
 
 def read_head(path: str) -> HFHead | None:
@@ -156,7 +160,7 @@ def to_hf(src: str, dst: str, encoder_only: bool = False, spm_model: str | None 
     params, head = {"albert": params["albert"]}, None
   else:
     head = finetuned_head(src)  # a converted head's, or WORKDIR/best/step_N's task's HF class
-  max_length = model_config.max_position_embeddings
+  max_length = model_config.positions
   if tokenizer:
     hf_tokenizer.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
@@ -273,6 +277,7 @@ def use_converted_init_checkpoint(config: ml_collections.ConfigDict) -> None:
       config.init_checkpoint_revision = ""
 
 
-FORMAT = Format("hf", "a transformers save_pretrained folder, or a Hugging Face Hub name to read (ALBERT, ELECTRA)",
+FORMAT = Format("hf", "a transformers save_pretrained folder, or a Hugging Face Hub name to read (ALBERT, ELECTRA, "
+                "BERT, RoBERTa)",
                 read=from_hf, write=to_hf, locate=hf_hub.hf_folder,
                 local="Hugging Face directories are read and written by transformers, which needs a local folder")
