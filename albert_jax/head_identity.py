@@ -232,7 +232,7 @@ def check_head_trained_for(task, recorded: dict | None, where: str) -> None:
 # --- the model, beyond its shapes ----------------------------------------------------------------------------
 # Fields that change the function without changing any weight shape, so the shape check of the warm start misses
 # them: the head count (the xlarge v2 TF-Hub weights have 32, the `xlarge` size 16), shared-layer repetitions, etc.
-SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps")
+SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps", "position_offset")
 
 
 def check_shapeless_fields(saved: Mapping[str, Any] | None, model: Mapping[str, Any], path: str, name: str) -> None:

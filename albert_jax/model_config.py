@@ -93,6 +93,12 @@ class ModelConfig:
     return self.max_position_embeddings - self.position_offset
 
   @property
+  def positions_said(self) -> str:
+    """`positions` as messages say it."""
+    offset = f" - position_offset={self.position_offset} = {self.positions}" if self.position_offset else ""
+    return f"model.max_position_embeddings={self.max_position_embeddings}{offset}"
+
+  @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
@@ -109,9 +115,8 @@ class ModelConfig:
     `text_pairs` [CLS] A [SEP] B [SEP], a token each, whose masked positions follow [CLS] (0: masked_lm_prob of the
     tokens)."""
     if max_seq_length + self.position_offset > self.max_position_embeddings:
-      raise InputError(f"data.max_seq_length={max_seq_length} exceeds the {self.positions} positions of "
-                       f"model.max_position_embeddings={self.max_position_embeddings} (position_offset="
-                       f"{self.position_offset}); lower --config.data.max_seq_length.")
+      raise InputError(f"data.max_seq_length={max_seq_length} exceeds {self.positions_said}; lower "
+                       "--config.data.max_seq_length.")
     pretraining = max_predictions_per_seq is not None
     shortest, form = (5, "[CLS] A [SEP] B [SEP]") if pretraining or text_pairs else (3, "[CLS] text [SEP]")
     if max_seq_length < shortest:

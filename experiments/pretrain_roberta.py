@@ -7,8 +7,12 @@ clipping, peak lr 6e-4 / 4e-4, warmup 24k / 30k, linear decay to 0 at 500k steps
 ALBERT's moments without bias correction: within 1% of the corrected update from step 200, when warmup's rate is
 still 5e-6 (base).
 tiny: `pretrain_tiny.py`'s CPU run (bundled corpus, its 4,000-piece tokenizer, LAMB schedule, 500 steps at seq 64)
-with the model BERT-shaped and the inputs RoBERTa's, so the two runs compare. The tokenizer stays SentencePiece
-(RoBERTa's byte-level BPE is not implemented).
+with the model BERT-shaped and the inputs RoBERTa's, so the two runs compare.
+The model is RoBERTa's (`families.roberta`: its runs export as RobertaForMaskedLM): exact GELU, LayerNorm eps 1e-5,
+positions counted past the tokenizer's padding id (`model.position_offset` = its pad id + 1, as transformers'
+RobertaEmbeddings count them): 2 for base and large, RoBERTa's byte-level BPE (`<pad>` 1), whose 512 tokens then
+need a 514-row table; 1 for tiny, whose SentencePiece `<pad>` is 0. With a SentencePiece tokenizer at base or large,
+pass --config.model.position_offset=1.
 """
 from albert_jax.errors import InputError
 from experiments import common, pretrain_tiny
@@ -16,6 +20,7 @@ from experiments import common, pretrain_tiny
 # size: (model size, peak learning rate, warmup steps), Table 9 of the paper
 RECIPES = {"base": ("bert_base", 6e-4, 24_000), "large": ("bert_large", 4e-4, 30_000)}
 SIZES = ("tiny", *RECIPES)
+ROBERTA_PAD_ID, SENTENCEPIECE_PAD_ID = 1, 0  # the padding ids of RoBERTa's byte-level BPE and of SentencePiece
 
 
 def get_config(arg=None):
@@ -36,6 +41,12 @@ def get_config(arg=None):
     c.train.warmup_steps = warmup_steps
     c.train.b1, c.train.b2, c.train.eps, c.train.weight_decay = 0.9, 0.98, 1e-6, 0.01
     c.train.clip_grad_norm = 0.0
+  c.model_family = "roberta"
+  c.model.hidden_act = "gelu"
+  c.model.layer_norm_eps = 1e-5
+  c.model.position_offset = ROBERTA_PAD_ID + 1 if args.size in RECIPES else SENTENCEPIECE_PAD_ID + 1
+  c.model.max_position_embeddings = max(c.model.max_position_embeddings,
+                                        c.data.max_seq_length + c.model.position_offset)
   c.data.packing = "full_sentences"
   c.data.sentence_task = "none"
   c.data.masking = "dynamic"

@@ -1,6 +1,7 @@
 """Hugging Face BERT and RoBERTa interop (albert_jax/formats/hf_bert.py): every class of both families read with
 transformers' logits, written back with the very tensors it was read from and read by transformers with ours;
 RoBERTa's positions; the refusals; convert both ways and the family of a run."""
+import importlib
 import json
 
 import flax.linen as nn
@@ -9,14 +10,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers import final_params, pretrain_cli
 from tests.hf_models import assert_same_tensors, hf_model, read, torch, transformers
 
-from albert_jax import families  # noqa: E402
+from albert_jax import convert, families  # noqa: E402
 from albert_jax.errors import InputError  # noqa: E402
 from albert_jax.formats import hf, hf_bert  # noqa: E402
 from albert_jax.model import AlbertForPreTraining, AlbertModel  # noqa: E402
 from albert_jax.model_config import ModelConfig  # noqa: E402
 from albert_jax.tasks.heads import PooledClassifier, SpanExtractor, TokenClassifier  # noqa: E402
+from albert_jax.weights import record  # noqa: E402
+from experiments import glue  # noqa: E402
 
 pytestmark = pytest.mark.hf
 BERT_SIZES = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -111,8 +115,8 @@ def test_roberta_positions_start_past_the_padding_row_and_bound_the_length():
                   sharing="none", position_offset=2)
   assert c.positions == 20
   c.check_seq_length(20)
-  with pytest.raises(InputError, match="data.max_seq_length=21 exceeds the 20 positions of "
-                                       "model.max_position_embeddings=22 \\(position_offset=2\\)"):
+  with pytest.raises(InputError, match="data.max_seq_length=21 exceeds model.max_position_embeddings=22 - "
+                                       "position_offset=2 = 20; lower"):
     c.check_seq_length(21)
   with pytest.raises(InputError, match="model.position_offset=22 must be an integer from 0 to"):
     c.replace(position_offset=22)
@@ -126,5 +130,102 @@ def test_roberta_positions_start_past_the_padding_row_and_bound_the_length():
   np.testing.assert_array_equal(output(with_rows(slice(0, 2))), output(params))
   assert not np.allclose(output(with_rows(2)), output(params))
   assert output(params).shape == (1, 4, 32) and model.apply({"params": params}, jnp.ones((1, 20), jnp.int32))
-  with pytest.raises(InputError, match="Sequence length 21 exceeds the 20 positions"):
+  with pytest.raises(InputError, match="Sequence length 21 exceeds model.max_position_embeddings=22 - position_offset=2 = 20"):
     model.apply({"params": params}, jnp.ones((1, 21), jnp.int32))
+
+
+@pytest.mark.parametrize("cls, sizes, labels", [
+    (transformers.RobertaForSequenceClassification, ROBERTA_SIZES, ("contradiction", "entailment", "neutral")),
+    (transformers.BertForTokenClassification, BERT_SIZES, ("O", "B-PER", "I-PER"))])
+def test_convert_carries_a_fine_tuned_head_and_its_classes_both_ways(cls, sizes, labels, tmp_path):
+  model = hf_model(cls, sizes=sizes, id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
+  model.save_pretrained(tmp_path / "hf")
+  convert.convert("hf", None, str(tmp_path / "hf"), str(tmp_path / "ours"))
+  family = json.loads((tmp_path / "ours" / "backbone.json").read_text())["family"]
+  assert family == cls.config_class.model_type
+  assert json.loads((tmp_path / "ours" / "head.json").read_text())["labels"] == list(labels)
+  convert.convert(None, "hf", str(tmp_path / "ours"), str(tmp_path / "back"), spm_model="none")
+  assert_same_tensors(read(tmp_path / "back"), read(tmp_path / "hf"))
+  written = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert written["architectures"] == [cls.__name__]
+  assert written["id2label"] == {str(i): name for i, name in enumerate(labels)}
+
+
+def test_a_folder_of_another_model_type_is_refused_in_one_line(tmp_path):
+  transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11)).save_pretrained(
+      tmp_path / "gpt2")
+  with pytest.raises(InputError) as refused:
+    convert.convert("hf", None, str(tmp_path / "gpt2"), str(tmp_path / "ours"))
+  assert str(refused.value) == (f"{tmp_path / 'gpt2' / 'config.json'} has model_type='gpt2'; the model types read "
+                                "here are albert, bert, electra, roberta.")
+
+
+def test_what_bert_and_roberta_classes_cannot_hold_is_refused_before_writing(tmp_path):
+  c = ModelConfig(**BERT_SIZES, embedding_size=32, sharing="none")
+  params = nn.unbox(AlbertForPreTraining(c).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"])
+  cases = [(hf_bert.BERT_LAYOUT, c.replace(sharing="all"), "has one weight set per layer"),
+           (hf_bert.BERT_LAYOUT, c.replace(embedding_size=16), "has H-wide embeddings and no projection"),
+           (hf_bert.BERT_LAYOUT, c.replace(position_offset=2), "counts positions from 0"),
+           (hf_bert.ROBERTA_LAYOUT, c, "counts positions from its padding index"),
+           (hf_bert.ROBERTA_LAYOUT, c.replace(position_offset=2, hidden_act="gelu_new"),
+            "RobertaForMaskedLM head always applies gelu")]
+  for k, (layout, config, message) in enumerate(cases):
+    with pytest.raises(InputError, match=message):
+      layout.save_hf(config, {"albert": params["albert"], "predictions": params["predictions"]}, str(tmp_path / f"{k}"))
+  pooled = {"albert": params["albert"], "classifier": {"kernel": np.zeros((32, 3)), "bias": np.zeros(3)}}
+  with pytest.raises(InputError, match="fine-tune with --config.classifier_head=roberta"):
+    hf_bert.ROBERTA_LAYOUT.save_hf(c.replace(position_offset=2), pooled, str(tmp_path / "pooled"))
+  assert not list(tmp_path.iterdir())
+  hf_model(transformers.RobertaModel, sizes=ROBERTA_SIZES).save_pretrained(tmp_path / "causal")
+  config = json.loads((tmp_path / "causal" / "config.json").read_text())
+  (tmp_path / "causal" / "config.json").write_text(json.dumps({**config, "architectures": ["RobertaForCausalLM"]}))
+  with pytest.raises(InputError, match="names RobertaForCausalLM; the RoBERTa classes read here are RobertaModel, "):
+    hf_bert.ROBERTA_LAYOUT.load_hf(str(tmp_path / "causal"))
+
+
+def test_bert_and_roberta_experiments_record_their_family():
+  for experiment, family in (("bert_base", "bert"), ("bert_large", "bert"), ("pretrain_roberta", "roberta")):
+    config = importlib.import_module(f"experiments.{experiment}").get_config()
+    assert families.of_run(config.to_dict()).name == family
+  assert families.of_run(importlib.import_module("experiments.pretrain_base").get_config().to_dict()).name == "albert"
+
+
+@pytest.mark.slow  # two pretraining runs in a subprocess
+@pytest.mark.parametrize("family, architecture", [("roberta", "RobertaForMaskedLM"), ("bert", "BertForPreTraining")])
+def test_a_run_of_the_family_exports_as_its_class_with_our_logits(family, architecture, tmp_path):
+  """pretrain_roberta's tiny run (and the same run told it is BERT, positions from 0) --to=hf: transformers loads
+  the class of the run's family and gives the run's MLM logits."""
+  bert = ["--config.model_family=bert", "--config.model.position_offset=0"] if family == "bert" else []
+  trained = pretrain_cli(tmp_path / "run", "--config.data.kind=synthetic", "--config.train.num_train_steps=2",
+                         "--config.data.max_seq_length=16", "--config.train.global_batch_size=4", *bert,
+                         config="experiments/pretrain_roberta.py:size=tiny", fast_compile=True)
+  assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+  convert.convert(None, "hf", str(tmp_path / "run"), str(tmp_path / "hf"), spm_model="none")
+  model = getattr(transformers, architecture).from_pretrained(tmp_path / "hf").eval()
+  c = ModelConfig.from_mapping(json.loads((tmp_path / "run" / "config.json").read_text())["model"])
+  _, saved = final_params(tmp_path / "run")
+  batch = inputs(hf_bert.BERT_LAYOUT if family == "bert" else hf_bert.ROBERTA_LAYOUT)
+  batch = (np.where(batch[1] > 0, batch[0], c.position_offset - 1 if c.position_offset else 0), *batch[1:])
+  ours = AlbertForPreTraining(c).apply({"params": saved}, *(jnp.asarray(x) for x in batch))
+  theirs = hf_outputs(model, batch)
+  real = np.asarray(batch[1]) > 0
+  np.testing.assert_allclose(np.asarray(ours["mlm_logits"])[real], theirs[0][real], atol=1e-5, rtol=0)
+  if family == "bert":
+    np.testing.assert_allclose(ours["sop_logits"], theirs[1], atol=1e-5, rtol=0)
+
+
+def test_a_roberta_folder_as_init_checkpoint_gives_its_layout_and_its_head(tmp_path, monkeypatch):
+  """As ALBERT's: converted once into the cache; fine-tuning takes its model (positions from row 2, LayerNorm eps
+  1e-5, one token type) and, for classifier_head=auto, RoBERTa's head."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  hf_model(transformers.RobertaForMaskedLM, sizes=ROBERTA_SIZES).save_pretrained(tmp_path / "roberta")
+  config = glue.get_config("task=rte,size=tiny")
+  config.init_checkpoint = str(tmp_path / "roberta")
+  hf.use_converted_init_checkpoint(config)
+  assert config.init_checkpoint.startswith(str(tmp_path / "cache"))
+  assert record.backbone_family(config.init_checkpoint) == "roberta"
+  taken, _ = record.take_recorded(config, config.init_checkpoint, explicit=())
+  assert (taken.model.position_offset, taken.model.layer_norm_eps, taken.model.type_vocab_size,
+          taken.model.max_position_embeddings) == (2, 1e-5, 1, 22)
+  assert taken.data.max_seq_length == 20  # the positions the table holds past the offset
+  assert record.with_classifier_head(taken, config.init_checkpoint).classifier_head == "roberta"

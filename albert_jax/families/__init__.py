@@ -4,8 +4,8 @@ A family owns its name, the `model_type` its transformers config.json carries, i
 sequence-classification head it fine-tunes with by default, the kind of tokenizer its released checkpoints ship and
 how its pretraining runs' weights are told apart. Every other module asks the registry (`get`, `for_hf_model_type`,
 `family_of`, `of_run`) instead of testing a family's name; the per-format weight names are the formats'
-(`albert_jax.formats`), in one column per family. A family's module (`albert.py`, `electra.py`, `bert.py`, `roberta.py`: its `Family`,
-listed in `_families`) imports no jax: its model and heads load when asked (`Family.classifier`).
+(`albert_jax.formats`), in one column per family. A family's module (`albert.py`, `electra.py`, `bert.py`,
+`roberta.py`: its `Family`, listed in `_families`) imports no jax: its model and heads load when asked (`Family.classifier`).
 """
 from __future__ import annotations
 

@@ -277,7 +277,6 @@ def use_converted_init_checkpoint(config: ml_collections.ConfigDict) -> None:
       config.init_checkpoint_revision = ""
 
 
-FORMAT = Format("hf", "a transformers save_pretrained folder, or a Hugging Face Hub name to read (ALBERT, ELECTRA, "
-                "BERT, RoBERTa)",
+FORMAT = Format("hf", "a transformers save_pretrained folder or Hub name (ALBERT, ELECTRA, BERT, RoBERTa)",
                 read=from_hf, write=to_hf, locate=hf_hub.hf_folder,
                 local="Hugging Face directories are read and written by transformers, which needs a local folder")

@@ -98,7 +98,8 @@ class Layout:
     if hf["hidden_act"] not in ACTIVATIONS:
       raise InputError(f"{where} has hidden_act={hf['hidden_act']!r}; supported: {sorted(ACTIVATIONS)}.")
     fields = {k: hf[k] for k in _DEFAULTS} | {"hidden_act": ACTIVATIONS[hf["hidden_act"]]}
-    offset = hf["pad_token_id"] + 1 if self.counts_past_padding else 0
+    pad = self.pad_token_id if hf["pad_token_id"] is None else hf["pad_token_id"]
+    offset = pad + 1 if self.counts_past_padding else 0
     return ModelConfig(**fields, embedding_size=hf["hidden_size"], sharing="none", position_offset=offset)
 
   def config_to_hf(self, c: ModelConfig, architecture: str, dtype: str) -> dict[str, Any]:
@@ -143,15 +144,14 @@ class Layout:
     if role == BACKBONE:  # <P>Model's keys have no prefix
       tensors = {k if k.startswith(f"{self.prefix}.") else f"{self.prefix}.{k}": v for k, v in tensors.items()}
     params = {} if names.POOLER in self.parts(role) else initialised_pooler(c)
-    for ours, key, transpose in self._name_map(c, role):
+    head = self.dense_head(role)
+    dense_head = [((head, "kernel"), f"{head}.weight", True), ((head, "bias"), f"{head}.bias", False)] if head else []
+    for ours, key, transpose in self._name_map(c, role) + dense_head:
       if key not in tensors:
         raise InputError(f"{path}: parameter {key} (ours {'/'.join(ours)}) is missing from the checkpoint; "
                          "config.json does not describe these weights.")
       value = np.asarray(tensors.pop(key), np.float32)
       params[ours] = np.ascontiguousarray(value.T if transpose else value)
-    if head := self.dense_head(role):
-      params[(head, "kernel")] = np.ascontiguousarray(np.asarray(tensors.pop(f"{head}.weight"), np.float32).T)
-      params[(head, "bias")] = np.asarray(tensors.pop(f"{head}.bias"), np.float32)
     self._pop_tied(tensors, params, path)
     for buffer in ("position_ids", "token_type_ids"):
       tensors.pop(f"{self.prefix}.embeddings.{buffer}", None)
@@ -159,7 +159,8 @@ class Layout:
       raise InputError(f"{path}: parameters {sorted(tensors)[:5]} have no place in {architecture} as config.json "
                        "describes it; the config does not describe these weights.")
     trained = head_identity.hf_head_from_config(hf_config, path)
-    _check_shapes(c, params, path, trained.num_labels if trained and trained.num_labels else 0)
+    outputs = {MULTIPLE_CHOICE: 1, QUESTION_ANSWERING: 2}.get(role, trained.num_labels if trained else 0)
+    _check_shapes(c, params, path, outputs)
     return c, traverse_util.unflatten_dict(params)
 
   def _pop_tied(self, tensors: dict[str, np.ndarray], params: dict[Path, np.ndarray], path: str) -> None:
@@ -243,21 +244,20 @@ def _role(architecture: str) -> str:
   return family.role_of(architecture)
 
 
-def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], where: str, num_labels: int) -> None:
-  """Every tensor in the shape our model gives it (a classifier of `num_labels` outputs; QA's 2, one choice's 1)."""
+def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], where: str, outputs: int) -> None:
+  """Every tensor in the shape our model gives it, a fine-tuned head's with `outputs` outputs."""
   abstract = nn.unbox(abstract_params(AlbertForPreTraining(c)))
   shapes = {p: tuple(x.shape) for p, x in traverse_util.flatten_dict(abstract).items()}
   h = c.hidden_size
-  outputs = num_labels or next((x.shape[-1] for p, x in params.items() if p == (CLASSIFIER, "kernel")), 0)
   shapes.update({(CLASSIFIER, "dense", "kernel"): (h, h), (CLASSIFIER, "dense", "bias"): (h,),
-                 (CLASSIFIER, "out_proj", "kernel"): (h, num_labels), (CLASSIFIER, "out_proj", "bias"): (num_labels,),
+                 (CLASSIFIER, "out_proj", "kernel"): (h, outputs), (CLASSIFIER, "out_proj", "bias"): (outputs,),
                  (CLASSIFIER, "kernel"): (h, outputs), (CLASSIFIER, "bias"): (outputs,),
-                 (QA, "kernel"): (h, 2), (QA, "bias"): (2,)})
+                 (QA, "kernel"): (h, outputs), (QA, "bias"): (outputs,)})
   for path, value in params.items():
     check_shape("/".join(path), path, value.shape, shapes[path], where)
 
 
-BERT_LAYOUT = Layout(BERT, names.HF_BERT, "bert", "cls.predictions.decoder", vocab_size=30522, pad_token_id=0, counts_past_padding=False,
-                     pooled_classifier=True, mlm_activation=None)
+BERT_LAYOUT = Layout(BERT, names.HF_BERT, "bert", "cls.predictions.decoder", vocab_size=30522, pad_token_id=0,
+                     counts_past_padding=False, pooled_classifier=True, mlm_activation=None)
 ROBERTA_LAYOUT = Layout(ROBERTA, names.HF_ROBERTA, "roberta", "lm_head.decoder", vocab_size=50265, pad_token_id=1,
                         counts_past_padding=True, pooled_classifier=False, mlm_activation="gelu")
