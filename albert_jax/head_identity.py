@@ -34,13 +34,11 @@ MASKED_LM = _DEFAULT.hf_class(families.MASKED_LM)
 # Every family's classes of each fine-tuned head: sequence classifiers (`Family.classifier`: classes, named or
 # not, or a regression), question answering, token classifiers and multiple-choice scorers.
 CLASSIFIERS = families.hf_classes(families.SEQUENCE_CLASSIFICATION)
-QUESTION_ANSWERERS = families.hf_classes(families.QUESTION_ANSWERING)
-TOKEN_CLASSIFIERS = families.hf_classes(families.TOKEN_CLASSIFICATION)
-MULTIPLE_CHOICE_SCORERS = families.hf_classes(families.MULTIPLE_CHOICE)
+LABELLED = (*CLASSIFIERS, *families.hf_classes(families.TOKEN_CLASSIFICATION))  # whose config names its classes
 MULTI_LABEL = "multi_label_classification"  # the problem_type of a classifier with a sigmoid per class
-# Where each class keeps its head's output layer, in our params as in transformers'.
-HF_HEAD_PARAMS = {**dict.fromkeys(CLASSIFIERS + MULTIPLE_CHOICE_SCORERS + TOKEN_CLASSIFIERS, "classifier"),
-                  **dict.fromkeys(QUESTION_ANSWERERS, "qa_outputs")}
+# Every family's fine-tuned heads by the param name of ours that holds them.
+HF_HEAD_PARAMS = {**dict.fromkeys((*LABELLED, *families.hf_classes(families.MULTIPLE_CHOICE)), "classifier"),
+                  **dict.fromkeys(families.hf_classes(families.QUESTION_ANSWERING), "qa_outputs")}
 # The answer-class head's top-level param names (the original's variable scopes, `heads.AnswerClassSpanHead`);
 # HF has no class holding them.
 ANSWER_CLASS_PARAMS = ("start_logits", "end_logits", "answer_class")
@@ -79,7 +77,7 @@ def hf_head_from_config(hf_config: Mapping[str, Any], path: str) -> HFHead | Non
   architecture = (hf_config.get("architectures") or [""])[0]
   if architecture not in HF_HEAD_PARAMS:
     return None
-  if architecture not in CLASSIFIERS + TOKEN_CLASSIFIERS:
+  if architecture not in LABELLED:
     return HFHead(architecture)
   problem_type = hf_config.get("problem_type")
   id2label = {int(i): name for i, name in (hf_config.get("id2label") or {}).items()}
@@ -113,15 +111,15 @@ def hf_head_for(name: str, outputs: int, head: HFHead | None) -> tuple[HFHead, i
   if HF_HEAD_PARAMS[head.architecture] != name:
     raise InputError(f"{head.architecture} keeps its head in {HF_HEAD_PARAMS[head.architecture]!r}, but params "
                      f"have {name!r}.")
-  expected = (2 if head.architecture in QUESTION_ANSWERERS else 1 if head.architecture in MULTIPLE_CHOICE_SCORERS
-              else len(head.labels) if head.labels else outputs)
+  expected = {families.QUESTION_ANSWERING: 2, families.MULTIPLE_CHOICE: 1}.get(
+      _role(head.architecture), len(head.labels) if head.labels else outputs)
   return head, expected
 
 
 def hf_config_fields(head: HFHead, outputs: int) -> dict[str, Any]:
   """The config.json fields that say what `head` was trained for (`hf_head_from_config` reads them back)."""
   config: dict[str, Any] = {}
-  if head.architecture in CLASSIFIERS + TOKEN_CLASSIFIERS:
+  if head.architecture in LABELLED:
     labels = head.labels or [f"LABEL_{i}" for i in range(outputs)]
     config = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
   if head.architecture in CLASSIFIERS:
@@ -149,12 +147,24 @@ def task_for_weights(task, recorded: dict | None, warm_start: bool = False):
   return as_recorded(task, recorded)
 
 
+def _role(architecture: str) -> str | None:
+  family = families.for_hf_class(architecture)
+  return family.role_of(architecture) if family else None
+
+
+def same_head(converted: str, ours: str) -> bool:
+  """Whether a converted head of the transformers class `converted` is the head a task of class `ours` trains: the
+  same class, or the same role outside sequence classification (a task names the default family's class for a
+  span, token or choice head, which every family's backbone takes as it is; sequence classifiers differ)."""
+  return converted == ours or _role(converted) == _role(ours) != families.SEQUENCE_CLASSIFICATION
+
+
 def converted_head_fits(task, recorded: dict) -> bool:
   """A converted transformers head (`HFHead.identity()`) names a class, not a task: it fits a task of that class
   whose classes it names in the same order (HF's default LABEL_i names say nothing: the shapes decide) and that
   picks one class per row, or several (multi-label), as the head was trained to."""
   head, ours = HFHead.from_identity(recorded), task.hf_head
-  return (head is not None and ours is not None and head.architecture == ours.architecture
+  return (head is not None and ours is not None and same_head(head.architecture, ours.architecture)
           and head.labels in (None, ours.labels)
           and (head.problem_type == MULTI_LABEL) == (ours.problem_type == MULTI_LABEL))
 
@@ -180,7 +190,7 @@ def _identity_fix(task, recorded: dict) -> str:
       return (f"pass labels={labels} (--config.data.labels) as at training" if now["labels"]
               else "run with the training run's settings (its config.json)")
     return "run with the experiment config it was trained with (config.json there), or use another --workdir"
-  if task.hf_head is None or converted.architecture != task.hf_head.architecture:
+  if task.hf_head is None or not same_head(converted.architecture, task.hf_head.architecture):
     return (f"use it with a task whose model is an {converted.architecture}, or fine-tune from it "
             "(--config.init_checkpoint: a head for other classes starts afresh)")
   if (converted.problem_type == MULTI_LABEL) != (task.hf_head.problem_type == MULTI_LABEL):
@@ -209,7 +219,7 @@ def check_head_trained_for(task, recorded: dict | None, where: str) -> None:
 # --- the model, beyond its shapes ----------------------------------------------------------------------------
 # Fields that change the function without changing any weight shape, so the shape check of the warm start misses
 # them: the head count (the xlarge v2 TF-Hub weights have 32, the `xlarge` size 16), shared-layer repetitions, etc.
-SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps")
+SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps", "position_offset")
 
 
 def check_same_model(saved: Mapping[str, Any] | None, model: Mapping[str, Any], path: str, name: str) -> None:

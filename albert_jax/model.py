@@ -109,7 +109,7 @@ class LayerNorm(nn.Module):
 
 
 def activation(name: str) -> Callable[[Array], Array]:
-  return {"gelu_new": ops.gelu_tanh, "gelu": ops.gelu_erf, "relu": jax.nn.relu}[name]
+  return {"gelu_new": ops.gelu_tanh, "gelu": ops.gelu_erf, "relu": jax.nn.relu, "tanh": jnp.tanh}[name]
 
 
 class Embeddings(nn.Module):
@@ -128,11 +128,10 @@ class Embeddings(nn.Module):
     self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
   def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
-    seq_len = input_ids.shape[1]
-    if seq_len > self.config.max_position_embeddings:
-      raise InputError(f"Sequence length {seq_len} exceeds model.max_position_embeddings="
-                       f"{self.config.max_position_embeddings}; shorten max_seq_length or use a model with more "
-                       "positions.")
+    seq_len, c = input_ids.shape[1], self.config
+    if seq_len > c.positions:
+      raise InputError(f"Sequence length {seq_len} exceeds {c.positions_said}; shorten max_seq_length or use a "
+                       "model with more positions.")
     # Summed in float32, which LayerNorm computes in anyway. Positions are a slice of their table and token types
     # a one-hot product (the original's form), so their gradients are a reduction and a matmul: as gathers, their
     # backward would be a scatter-add of every token into 512 and 2 rows, in bfloat16 under bfloat16 compute. On an
@@ -140,7 +139,8 @@ class Embeddings(nn.Module):
     # 128 x 128, and sums 16k gradients in bfloat16 (docs/profiling.md "GPU").
     table = lambda embed: jnp.asarray(embed.embedding, jnp.float32)
     token_types = jax.nn.one_hot(token_type_ids, self.config.type_vocab_size, dtype=jnp.float32)
-    x = (jnp.take(table(self.word_embeddings), input_ids, axis=0) + table(self.position_embeddings)[None, :seq_len]
+    positions = table(self.position_embeddings)[None, c.position_offset:c.position_offset + seq_len]
+    x = (jnp.take(table(self.word_embeddings), input_ids, axis=0) + positions
          + over_flat_tokens(lambda t: jnp.dot(t, table(self.token_type_embeddings),
                                               precision=jax.lax.Precision.HIGHEST), token_types))
     return self.dropout(self.LayerNorm(x), deterministic=deterministic)

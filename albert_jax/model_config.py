@@ -45,6 +45,9 @@ class ModelConfig:
   attention_probs_dropout_prob: float = 0.0
   max_position_embeddings: int = 512
   type_vocab_size: int = 2
+  # The position table's row of a sequence's first token: 0, or RoBERTa's padding index + 1 (2), whose positions
+  # are counted past the padding row (a right-padded sequence's token i has row offset + i).
+  position_offset: int = 0
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
   # "all" (ALBERT), "attention" (attention shared, FFN per layer), "ffn" (FFN shared), "none" (BERT).
@@ -85,6 +88,17 @@ class ModelConfig:
     return bool(self.embedding_projection)
 
   @property
+  def positions(self) -> int:
+    """The longest sequence the position table embeds: its rows from `position_offset` on."""
+    return self.max_position_embeddings - self.position_offset
+
+  @property
+  def positions_said(self) -> str:
+    """`positions` as messages say it."""
+    offset = f" - position_offset={self.position_offset} = {self.positions}" if self.position_offset else ""
+    return f"model.max_position_embeddings={self.max_position_embeddings}{offset}"
+
+  @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
@@ -100,9 +114,9 @@ class ModelConfig:
     Inputs are [CLS] text [SEP], holding a token of text at least; with `max_predictions_per_seq` (pretraining) or
     `text_pairs` [CLS] A [SEP] B [SEP], a token each, whose masked positions follow [CLS] (0: masked_lm_prob of the
     tokens)."""
-    if max_seq_length > self.max_position_embeddings:
-      raise InputError(f"data.max_seq_length={max_seq_length} exceeds model.max_position_embeddings="
-                       f"{self.max_position_embeddings}; lower --config.data.max_seq_length.")
+    if max_seq_length + self.position_offset > self.max_position_embeddings:
+      raise InputError(f"data.max_seq_length={max_seq_length} exceeds {self.positions_said}; lower "
+                       "--config.data.max_seq_length.")
     pretraining = max_predictions_per_seq is not None
     shortest, form = (5, "[CLS] A [SEP] B [SEP]") if pretraining or text_pairs else (3, "[CLS] text [SEP]")
     if max_seq_length < shortest:
@@ -144,6 +158,9 @@ def validate(c: ModelConfig) -> None:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value <= INT32_MAX:
       raise InputError(f"model.{name}={value!r} must be an integer from 1 to {INT32_MAX:,} (token ids, positions "
                        "and loop counters are int32).")
+  if not isinstance(c.position_offset, numbers.Integral) or not 0 <= c.position_offset < c.max_position_embeddings:
+    raise InputError(f"model.position_offset={c.position_offset!r} must be an integer from 0 to "
+                     f"max_position_embeddings - 1 = {c.max_position_embeddings - 1} (RoBERTa: 2).")
   if c.hidden_size % c.num_attention_heads:
     raise InputError(
         f"model.hidden_size={c.hidden_size} is not divisible by model.num_attention_heads="

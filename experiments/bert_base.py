@@ -8,4 +8,6 @@ from experiments import common
 
 def get_config(arg=None):
   del arg
-  return common.pretraining_config("bert_base")
+  c = common.pretraining_config("bert_base")
+  c.model_family = "bert"  # exports as BertForPreTraining (`families.of_run`)
+  return c

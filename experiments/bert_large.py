@@ -8,4 +8,6 @@ from experiments import common
 
 def get_config(arg=None):
   del arg
-  return common.pretraining_config("bert_large")
+  c = common.pretraining_config("bert_large")
+  c.model_family = "bert"  # exports as BertForPreTraining (`families.of_run`)
+  return c

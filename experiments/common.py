@@ -190,7 +190,7 @@ def finetuning_config(size: str, task: str, task_name: str = "", data: str = "",
   c.init_checkpoint = ""          # pretrained weights: a pretraining workdir, a convert output, an HF folder or Hub name
   c.allow_random_init = False     # an empty init_checkpoint is an error unless this is True (#132: F1 16)
   c.classifier_dropout_prob = 0.1  # on the pooled vector (GLUE, RACE); hard-coded 0.1 in the original
-  c.classifier_head = "auto"      # the heads' family: "albert" | "electra"; auto: the weights' family
+  c.classifier_head = "auto"      # GLUE/own classification: albert | electra | bert | roberta; auto: the weights'
 
   c.model.dtype = "float32"       # fine-tuning keeps full precision and every activation (short runs)
   c.model.remat_policy = "none"

@@ -10,6 +10,11 @@ tiny: `pretrain_tiny.py`'s CPU run (bundled corpus, its 4,000-piece tokenizer, L
 with the model BERT-shaped and the inputs RoBERTa's, so the two runs compare. `tokenizer=bpe` tokenizes the bundled
 corpus with RoBERTa's kind of tokenizer instead, a 4,000-token byte-level BPE that `data_pipeline.train_spm` trains
 on it (`data.tiny_tokenizer`); base and large take the tokenizer their prepared data was made with.
+The model is RoBERTa's (`families.roberta`: its runs export as RobertaForMaskedLM): exact GELU, LayerNorm eps 1e-5,
+positions counted past the tokenizer's padding id (`model.position_offset` = its pad id + 1, as transformers'
+RobertaEmbeddings count them): 2 for base and large, RoBERTa's byte-level BPE (`<pad>` 1), whose 512 tokens then
+need a 514-row table, and for tiny with `tokenizer=bpe`; 1 for tiny's SentencePiece, whose `<pad>` is 0. With a SentencePiece tokenizer at base or large,
+pass --config.model.position_offset=1.
 """
 from albert_jax.errors import InputError
 from experiments import common, pretrain_tiny
@@ -18,6 +23,7 @@ from experiments import common, pretrain_tiny
 RECIPES = {"base": ("bert_base", 6e-4, 24_000), "large": ("bert_large", 4e-4, 30_000)}
 SIZES = ("tiny", *RECIPES)
 TOKENIZERS = ("unigram", "bpe")  # the bundled corpus's: SentencePiece's (pretrain_tiny.py's), RoBERTa's kind
+ROBERTA_PAD_ID, SENTENCEPIECE_PAD_ID = 1, 0  # the padding ids of RoBERTa's byte-level BPE and of SentencePiece
 
 
 def get_config(arg=None):
@@ -44,6 +50,13 @@ def get_config(arg=None):
     c.train.warmup_steps = warmup_steps
     c.train.b1, c.train.b2, c.train.eps, c.train.weight_decay = 0.9, 0.98, 1e-6, 0.01
     c.train.clip_grad_norm = 0.0
+  c.model_family = "roberta"
+  c.model.hidden_act = "gelu"
+  c.model.layer_norm_eps = 1e-5
+  byte_level = args.size in RECIPES or args.tokenizer == "bpe"
+  c.model.position_offset = (ROBERTA_PAD_ID if byte_level else SENTENCEPIECE_PAD_ID) + 1
+  c.model.max_position_embeddings = max(c.model.max_position_embeddings,
+                                        c.data.max_seq_length + c.model.position_offset)
   c.data.packing = "full_sentences"
   c.data.sentence_task = "none"
   c.data.masking = "dynamic"

@@ -16,10 +16,11 @@ SMALL = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_layers
              intermediate_size=64, max_position_embeddings=24)
 
 
-def hf_model(cls=transformers.AlbertForPreTraining, seed=0, **overrides):
-  """A random-init HF model in eval mode whose every parameter is random (so a swapped bias or LN shows)."""
+def hf_model(cls=transformers.AlbertForPreTraining, seed=0, sizes=SMALL, **overrides):
+  """A random-init HF model of `sizes` in eval mode whose every parameter is random (so a swapped bias or LN
+  shows)."""
   torch.manual_seed(seed)
-  model = cls(transformers.AlbertConfig(**{**SMALL, **overrides})).eval()
+  model = cls(cls.config_class(**{**sizes, **overrides})).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
       is_scale = name.endswith(("LayerNorm.weight", "layer_norm.weight"))

@@ -142,8 +142,8 @@ def test_the_head_follows_the_backbone_and_is_recorded(tmp_path):
   assert electra.identity() == {**albert.identity(), "classifier_head": "electra"}
   assert (electra.hf_head.architecture, albert.hf_head.architecture) == (
       ELECTRA_SEQUENCE_CLASSIFICATION, "AlbertForSequenceClassification")
-  with pytest.raises(InputError, match="classifier_head='bert'; choose one of auto, albert, electra"):
-    TaskSettings(**settings, classifier_head="bert")
+  with pytest.raises(InputError, match="classifier_head='gpt2'; choose one of auto, albert, electra, bert, roberta"):
+    TaskSettings(**settings, classifier_head="gpt2")
 
 
 def test_describe_says_which_head_and_counts_it(capsys):

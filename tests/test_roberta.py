@@ -44,6 +44,8 @@ def test_base_and_large_carry_the_papers_table_9(size, model, learning_rate, war
       "train.learning_rate": learning_rate, "train.warmup_steps": warmup, "train.poly_power": 1.0,
       "train.weight_decay": 0.01, "train.b1": 0.9, "train.b2": 0.98, "train.eps": 1e-6, "train.clip_grad_norm": 0.0}
   assert c["data.max_seq_length"] == 512 and c["data.kind"] == "prepared"
+  assert (c["model_family"], c["model.position_offset"], c["model.max_position_embeddings"],
+          c["model.layer_norm_eps"]) == ("roberta", 2, 514, 1e-5)  # RoBERTa's layout: 512 positions from row 2
   expected = model_config_for(model).to_dict()
   assert {k: c[f"model.{k}"] for k in ("embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                        "intermediate_size", "sharing", "hidden_act", "hidden_dropout_prob")} == {
@@ -54,8 +56,10 @@ def test_base_and_large_carry_the_papers_table_9(size, model, learning_rate, war
 def test_tiny_is_pretrain_tiny_with_bert_shape_and_robertas_inputs():
   tiny, albert_tiny = flat(roberta("tiny")), flat(experiment_config(["main", f"--config={ROOT}/experiments/"
                                                                             "pretrain_tiny.py"]))
-  changed = {k: (albert_tiny[k], v) for k, v in tiny.items() if albert_tiny[k] != v}
+  changed = {k: (albert_tiny.get(k), v) for k, v in tiny.items() if albert_tiny.get(k) != v}
   assert changed == {"model.embedding_size": (32, 128), "model.sharing": ("all", "none"),
+                     "model_family": (None, "roberta"), "model.hidden_act": ("gelu_new", "gelu"),
+                     "model.layer_norm_eps": (1e-12, 1e-5), "model.position_offset": (0, 1),
                      "data.packing": ("segment_pairs", "full_sentences"), "data.sentence_task": ("sop", "none"),
                      "data.max_predictions_per_seq": (10, 0), "data.ngram": (3, 1), "data.short_seq_prob": (0.1, 0.0)}
 
@@ -65,12 +69,12 @@ def test_an_unknown_size_is_refused():
     pretrain_roberta.get_config("size=huge")
 
 
-# V=30000, P=512, T=2, by hand. Backbone: embeddings V·H + P·H + 2H + 2H (LayerNorm), L layers of
+# V=30000, P=514 (RoBERTa's 512 positions from row 2), T=2, by hand. Backbone: embeddings V·H + P·H + 2H + 2H (LayerNorm), L layers of
 # 4(H² + H) + 2(H·4H) + 4H + H + 4H (attention, FFN, two LayerNorms), the pooler H² + H. Heads: the MLM transform
 # H² + H, its LayerNorm 2H, the output bias V (the decoder is the tied embedding), the sentence head 2H + 2 (kept,
-# unused without a sentence task). transformers' BertModel at V=30522 has 109,482,240 = base + 522·768.
-COUNTS = {"base": (109_081_344, 109_081_344 + 768 * 768 + 768 + 2 * 768 + 30000 + 2 * 768 + 2),
-          "large": (334_607_360, 334_607_360 + 1024 * 1024 + 1024 + 2 * 1024 + 30000 + 2 * 1024 + 2)}
+# unused without a sentence task). transformers' BertModel at V=30522, P=512 has 109,482,240 = base + 522·768 - 2·768.
+COUNTS = {"base": (109_082_880, 109_082_880 + 768 * 768 + 768 + 2 * 768 + 30000 + 2 * 768 + 2),
+          "large": (334_609_408, 334_609_408 + 1024 * 1024 + 1024 + 2 * 1024 + 30000 + 2 * 1024 + 2)}
 
 
 @pytest.mark.parametrize("size", sorted(COUNTS))

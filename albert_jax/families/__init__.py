@@ -4,8 +4,8 @@ A family owns its name, the `model_type` its transformers config.json carries, i
 sequence-classification head it fine-tunes with by default, the kind of tokenizer its released checkpoints ship and
 how its pretraining runs' weights are told apart. Every other module asks the registry (`get`, `for_hf_model_type`,
 `family_of`, `of_run`) instead of testing a family's name; the per-format weight names are the formats'
-(`albert_jax.formats`), in one column per family. A family's module (`albert.py`, `electra.py`: its `Family`,
-listed in `_families`) imports no jax: its model and heads load when asked (`Family.classifier`).
+(`albert_jax.formats`), in one column per family. A family's module (`albert.py`, `electra.py`, `bert.py`,
+`roberta.py`: its `Family`, listed in `_families`) imports no jax: its model and heads load when asked (`Family.classifier`).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ __all__ = ["BACKBONE", "MASKED_LM", "MULTIPLE_CHOICE", "PRETRAINING", "QUESTION_
 
 DEFAULT = "albert"  # the family of weights that record none (and of `classifier_head=auto` without weights)
 AUTO_HEAD = "auto"  # classifier_head that takes the head of the weights' family (`record.with_classifier_head`)
+MODEL_FAMILY = "model_family"  # the config key naming a pretraining run's family where its task does not
 BACKBONE_PARAMS = "albert"  # the top-level name of the encoder in every family's parameter tree
 
 
@@ -75,9 +76,12 @@ def family_of(params: Any) -> Family:
 
 
 def of_run(config: Mapping[str, Any]) -> Family:
-  """The family of a training run's weights by its recorded config: a pretraining run's task, or a fine-tuning run's
-  classification head when the head is a family's own; the default family otherwise (`classifier_head=auto`,
-  which a run records only where its weights' family is the default)."""
+  """The family of a training run's weights by its recorded config: its `model_family` (the experiment files of
+  BERT and RoBERTa set it: their pretraining runs share ALBERT's task), else a pretraining run's task, or a
+  fine-tuning run's classification head when the head is a family's own; the default family otherwise
+  (`classifier_head=auto`, which a run records only where its weights' family is the default)."""
+  if config.get(MODEL_FAMILY):
+    return get(config[MODEL_FAMILY])
   return next((family for family in _families().values()
                if config.get("task") == family.pretraining_task or config.get("classifier_head") == family.name),
               _families()[DEFAULT])
@@ -86,5 +90,5 @@ def of_run(config: Mapping[str, Any]) -> Family:
 @functools.cache
 def _families() -> dict[str, Family]:
   """The families by name, the default first: one module each, imported when first asked for."""
-  from albert_jax.families import albert, electra
-  return {family.name: family for family in (albert.ALBERT, electra.ELECTRA)}
+  from albert_jax.families import albert, bert, electra, roberta
+  return {family.name: family for family in (albert.ALBERT, electra.ELECTRA, bert.BERT, roberta.ROBERTA)}

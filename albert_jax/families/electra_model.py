@@ -90,41 +90,45 @@ class ElectraForPreTraining(nn.Module):
             "disc_logits": self.discriminator_logits(input_ids, attention_mask, token_type_ids, deterministic)}
 
 
-def _gelu_dense(c: ModelConfig, x: jax.Array, name: str, dropout_rate: float, deterministic: bool) -> jax.Array:
-  """dense(H) named `name` -> exact GELU -> dropout: what both of transformers' ELECTRA heads on the first token
-  compute before their output layer."""
-  x = activation("gelu")(dense(c, c.hidden_size, ("embed", "qkv"), name)(x))
+def _activated_dense(c: ModelConfig, x: jax.Array, name: str, act: str, dropout_rate: float,
+                     deterministic: bool) -> jax.Array:
+  """dense(H) named `name` -> `act` -> dropout: what transformers' heads on the first token (ELECTRA's two with
+  exact GELU, RoBERTa's classifier with tanh) compute before their output layer."""
+  x = activation(act)(dense(c, c.hidden_size, ("embed", "qkv"), name)(x))
   return nn.Dropout(dropout_rate)(x, deterministic=deterministic)
 
 
 class _ElectraHead(nn.Module):
-  """The first token's vector -> dropout -> dense(H) -> exact GELU -> dropout -> dense(num_outputs), as
-  transformers' ElectraClassificationHead (submodules named as its `dense` and `out_proj`)."""
+  """The first token's vector -> dropout -> dense(H) -> `activation` -> dropout -> dense(num_outputs), as
+  transformers' ElectraClassificationHead (exact GELU) and RobertaClassificationHead (tanh) (submodules named as
+  their `dense` and `out_proj`)."""
   config: ModelConfig
   num_outputs: int
   dropout_rate: float
+  activation: str
 
   @nn.compact
   def __call__(self, first: jax.Array, deterministic: bool) -> jax.Array:
     c = self.config
     x = nn.Dropout(self.dropout_rate)(first, deterministic=deterministic)
-    x = _gelu_dense(c, x, "dense", self.dropout_rate, deterministic)
+    x = _activated_dense(c, x, "dense", self.activation, self.dropout_rate, deterministic)
     return dense(c, self.num_outputs, ("embed", "classes"), "out_proj")(x)
 
 
 class ElectraClassifier(nn.Module):
   """ELECTRA's sequence classifier: `_ElectraHead` on the first token's vector, not on the pooler (the backbone's
   pooler is left unused, as ELECTRA has none). The head of fine-tuning from an ELECTRA backbone
-  (`TaskSettings.classifier_head`)."""
+  (`TaskSettings.classifier_head`); RoBERTa's with `activation` "tanh"."""
   config: ModelConfig
   num_outputs: int
   dropout_rate: float = 0.1
+  activation: str = "gelu"
 
   @nn.compact
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array,
                deterministic: bool = True) -> jax.Array:
     sequence, _ = AlbertModel(self.config, name="albert")(input_ids, attention_mask, token_type_ids, deterministic)
-    head = _ElectraHead(self.config, self.num_outputs, self.dropout_rate, name="classifier")
+    head = _ElectraHead(self.config, self.num_outputs, self.dropout_rate, self.activation, name="classifier")
     return head(sequence[:, 0], deterministic).astype(jnp.float32)
 
 
@@ -136,7 +140,7 @@ class _SequenceSummary(nn.Module):
 
   @nn.compact
   def __call__(self, first: jax.Array, deterministic: bool) -> jax.Array:
-    return _gelu_dense(self.config, first, "summary", self.dropout_rate, deterministic)
+    return _activated_dense(self.config, first, "summary", "gelu", self.dropout_rate, deterministic)
 
 
 class ElectraMultipleChoice(nn.Module):

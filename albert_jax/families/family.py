@@ -32,6 +32,7 @@ class Family:
   classifier: Callable[[], type]  # loads the flax class of the head named after this family: (config, outputs, p)
   classifier_note: str       # what that head computes, for the line saying it was chosen
   tokenizer: str             # what its released checkpoints ship: "sentencepiece" (spiece.model) | "wordpiece"
+                             # (vocab.txt) | "bpe" (byte-level BPE: vocab.json, merges.txt, tokenizer.json)
   pretraining_task: str      # config.task of its pretraining runs
   # A top-level parameter name only its pretraining runs hold beside the backbone (`family_of`); weights loaded
   # from such a run keep only the backbone, as `run_backbone_note` says. None: its runs' weights are all backbone

@@ -1,9 +1,9 @@
 """The hf format: transformers `save_pretrained` folders (and Hub names) <-> our pretrained-weights folders.
 
 Reads and writes every family with a column here (`COLUMNS`, keyed by `Family.name`): ALBERT's classes are
-`hf_albert`'s, ELECTRA's `hf_electra`'s. A folder's family is its config.json's model_type (`families`); our
-weights' family is the one whose heads they hold, else the one their folder or run records. The tokenizer travels
-with the weights both ways (`hf_tokenizer`).
+`hf_albert`'s, ELECTRA's `hf_electra`'s, BERT's and RoBERTa's `hf_bert`'s. A folder's family is its config.json's
+model_type (`families`); our weights' family is the one their folder or run records where its classes hold their
+heads, else the one whose classes hold them. The tokenizer travels with the weights both ways (`hf_tokenizer`).
 
 `init_checkpoint` takes such a folder or Hub name too: `converted` converts it into our layout once (when
 `weights.resolve` reads it), under `hf_hub.cache_dir()`, one folder per Hub commit or per state of a local folder's
@@ -19,7 +19,7 @@ from albert_jax import families, head_identity, storage
 from albert_jax.errors import InputError
 from albert_jax.families.albert import ALBERT
 from albert_jax.families.electra import ELECTRA
-from albert_jax.formats import Format, conversions, hf_albert, hf_electra, hf_hub, hf_tokenizer
+from albert_jax.formats import Format, conversions, hf_albert, hf_bert, hf_electra, hf_hub, hf_tokenizer
 from albert_jax.formats.hf_files import CONFIG_FILE, read_config
 from albert_jax.head_identity import HFHead
 from albert_jax.model_config import ModelConfig
@@ -60,6 +60,8 @@ COLUMNS = {
         imported=f"HF ELECTRA has no pooler: albert/pooler is initialised, untrained ({hf_electra.POOLER_NOTE}).",
         exported=f"HF ELECTRA has no pooler: albert/pooler is not written ({hf_electra.POOLER_NOTE}).",
         extra_folder="The generator went to {} (ElectraForMaskedLM)."),
+    **{layout.family.name: FamilyClasses(layout.load_hf, layout.save_hf, layout.holds_heads)
+       for layout in (hf_bert.BERT_LAYOUT, hf_bert.ROBERTA_LAYOUT)},
 }
 
 
@@ -71,12 +73,13 @@ def folder_family(path: str) -> families.Family:
 
 def weights_family(weights, params: Any, head: HFHead | None = None) -> families.Family:
   """The family of our `weights` (`weights.Weights`) whose params are `params`: the one whose class their `head` was
-  trained as (heads of one dense layer are alike in every family), else the one whose heads they hold, else the one
-  their folder or run records."""
+  trained as, else the one their folder or run records where its classes hold their heads (heads of one dense layer
+  are alike in several families: BERT's are ALBERT's), else the first whose classes hold them."""
   if head is not None and (family := families.for_hf_class(head.architecture)):
     return family
   held = [name for name, column in COLUMNS.items() if column.holds_heads(params)]
-  return families.get(held[0]) if held else weights.family
+  recorded = weights.family.name
+  return families.get(recorded if not held or COLUMNS[recorded].holds_heads(params) else held[0])
 
 
 def read_head(path: str) -> HFHead | None:
@@ -146,7 +149,7 @@ def to_hf(weights, dst: str, encoder_only: bool = False, spm_model: str | None =
   else:
     head = finetuned_head(weights)
   column = COLUMNS[weights_family(weights, params, head).name]
-  max_length = model_config.max_position_embeddings
+  max_length = model_config.positions
   if tokenizer:
     provenance.check_export(weights.path, tokenizer.model_path)
     hf_tokenizer.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
@@ -191,6 +194,6 @@ def converted(value: str, revision: str = "", flag: str = "init_checkpoint",
   return conversions.convert_once(from_hf, folder, target, origin, f"{flag}={value}", FORMAT.name)
 
 
-FORMAT = Format("hf", "a transformers save_pretrained folder, or a Hugging Face Hub name to read (ALBERT, ELECTRA)",
+FORMAT = Format("hf", "a transformers save_pretrained folder or Hub name (ALBERT, ELECTRA, BERT, RoBERTa)",
                 read=from_hf, write=to_hf, locate=hf_hub.hf_folder,
                 local="Hugging Face directories are read and written by transformers, which needs a local folder")

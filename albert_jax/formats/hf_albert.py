@@ -80,6 +80,9 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
 
 def _hf_layout(c: ModelConfig) -> ModelConfig:
   """Our config as HF lays it out: E->H projection always present, `sharing="none"` (BERT) as one group per layer."""
+  if c.position_offset:
+    raise InputError(f"model.position_offset={c.position_offset}: transformers' ALBERT counts positions from 0; "
+                     "export the run as RoBERTa (its config's model_family=roberta) or train with position_offset=0.")
   if c.sharing not in ("all", "none"):
     raise InputError(f"model.sharing={c.sharing!r} has no transformers equivalent (HF ALBERT only shares whole "
                      "layers); export a model with sharing 'all' or 'none'.")

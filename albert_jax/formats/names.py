@@ -12,7 +12,9 @@ import dataclasses
 import itertools
 
 from albert_jax.families.albert import ALBERT
+from albert_jax.families.bert import BERT
 from albert_jax.families.electra import ELECTRA
+from albert_jax.families.roberta import ROBERTA
 from albert_jax.model_config import ModelConfig
 
 Path = tuple[str, ...]
@@ -44,6 +46,8 @@ class Column:
 
 HF_ALBERT = Column("hf", ALBERT.name, "albert.encoder.albert_layer_groups.{g}.albert_layers.{i}")
 HF_ELECTRA = Column("hf", ELECTRA.name, "electra.encoder.layer.{g}")  # one weight set per layer: i is always 0
+HF_BERT = Column("hf", BERT.name, "bert.encoder.layer.{g}")  # transformers' BertLayer, as ELECTRA's
+HF_ROBERTA = Column("hf", ROBERTA.name, "roberta.encoder.layer.{g}")
 TF1_ALBERT = Column("tf1", ALBERT.name, "bert/encoder/transformer/group_{g}/inner_group_{i}")
 # google-research/electra's checkpoints hold both towers: the discriminator under electra/, the generator under
 # generator/, over electra/'s embeddings; each column names one tower as a model of its own (its encoder under ours
@@ -62,7 +66,8 @@ ENCODER_PARTS = (EMBEDDINGS, PROJECTION, LAYERS)
 ENCODER = ("albert", "encoder")  # where our encoder's parameters sit (an ELECTRA run's generator: ("generator",))
 
 _EMBEDDINGS = {HF_ALBERT: "albert.embeddings.", HF_ELECTRA: "electra.embeddings.", TF1_ALBERT: "bert/embeddings/",
-               TF1_ELECTRA: "electra/embeddings/", TF1_ELECTRA_GENERATOR: "electra/embeddings/"}
+               TF1_ELECTRA: "electra/embeddings/", TF1_ELECTRA_GENERATOR: "electra/embeddings/",
+               HF_BERT: "bert.embeddings.", HF_ROBERTA: "roberta.embeddings."}
 
 
 def _tf1_electra(name: str) -> dict[Column, str]:
@@ -100,15 +105,19 @@ ROWS = [
     (LAYERS, ("ffn", "LayerNorm"), LAYER_NORM,
      {HF_ALBERT: "full_layer_layer_norm", HF_ELECTRA: "output.LayerNorm", TF1_ALBERT: "LayerNorm_1",
       **_tf1_electra("output/LayerNorm")}),
-    (POOLER, ("albert", "pooler"), DENSE, {HF_ALBERT: "albert.pooler", TF1_ALBERT: "bert/pooler/dense"}),
+    (POOLER, ("albert", "pooler"), DENSE, {HF_ALBERT: "albert.pooler", TF1_ALBERT: "bert/pooler/dense",
+                                           HF_BERT: "bert.pooler.dense", HF_ROBERTA: "roberta.pooler.dense"}),
     (PREDICTIONS, ("predictions", "dense"), DENSE,
-     {HF_ALBERT: "predictions.dense", TF1_ALBERT: "cls/predictions/transform/dense"}),
+     {HF_ALBERT: "predictions.dense", TF1_ALBERT: "cls/predictions/transform/dense",
+      HF_BERT: "cls.predictions.transform.dense", HF_ROBERTA: "lm_head.dense"}),
     (PREDICTIONS, ("predictions", "LayerNorm"), LAYER_NORM,
-     {HF_ALBERT: "predictions.LayerNorm", TF1_ALBERT: "cls/predictions/transform/LayerNorm"}),
+     {HF_ALBERT: "predictions.LayerNorm", TF1_ALBERT: "cls/predictions/transform/LayerNorm",
+      HF_BERT: "cls.predictions.transform.LayerNorm", HF_ROBERTA: "lm_head.layer_norm"}),
     (PREDICTIONS, ("predictions", "bias"), VECTOR,
-     {HF_ALBERT: "predictions.bias", TF1_ALBERT: "cls/predictions/output_bias"}),
+     {HF_ALBERT: "predictions.bias", TF1_ALBERT: "cls/predictions/output_bias", HF_BERT: "cls.predictions.bias",
+      HF_ROBERTA: "lm_head.bias"}),
     (SOP, ("sop_classifier",), OUTPUT_WEIGHTS,
-     {HF_ALBERT: "sop_classifier.classifier", TF1_ALBERT: "cls/seq_relationship"}),
+     {HF_ALBERT: "sop_classifier.classifier", TF1_ALBERT: "cls/seq_relationship", HF_BERT: "cls.seq_relationship"}),
     *[(DISCRIMINATOR, (DISCRIMINATOR, n), DENSE,
        {HF_ELECTRA: f"{DISCRIMINATOR}.{n}", TF1_ELECTRA: f"{DISCRIMINATOR}/{tf}"})
       for n, tf in (("dense", "dense"), ("dense_prediction", "dense_1"))],
@@ -118,11 +127,15 @@ ROWS = [
      {HF_ELECTRA: f"{GENERATOR}.LayerNorm", TF1_ELECTRA_GENERATOR: f"{GENERATOR}/LayerNorm"}),
     (GENERATOR, (GENERATOR, "bias"), VECTOR,
      {HF_ELECTRA: "generator_lm_head.bias", TF1_ELECTRA_GENERATOR: f"{GENERATOR}/output_bias"}),
-    *[(CLASSIFIER, (CLASSIFIER, n), DENSE, {HF_ELECTRA: f"{CLASSIFIER}.{n}"}) for n in ("dense", "out_proj")],
+    *[(CLASSIFIER, (CLASSIFIER, n), DENSE, {HF_ELECTRA: f"{CLASSIFIER}.{n}", HF_ROBERTA: f"{CLASSIFIER}.{n}"})
+      for n in ("dense", "out_proj")],
     (QA_OUTPUTS, (QA_OUTPUTS,), DENSE, {HF_ELECTRA: QA_OUTPUTS}),
     (SEQUENCE_SUMMARY, (SEQUENCE_SUMMARY, "summary"), DENSE, {HF_ELECTRA: f"{SEQUENCE_SUMMARY}.summary"}),
     (DENSE_CLASSIFIER, (CLASSIFIER,), DENSE, {HF_ELECTRA: CLASSIFIER}),
 ]
+for _part, _, _, _names in ROWS:  # BERT's and RoBERTa's layers are named as ELECTRA's (all three: BertLayer)
+  if _part == LAYERS:
+    _names.update(dict.fromkeys((HF_BERT, HF_ROBERTA), _names[HF_ELECTRA]))
 
 
 def name_map(column: Column, c: ModelConfig, parts: tuple[str, ...] | None = None,

@@ -160,7 +160,8 @@ def take_recorded(config: ml_collections.ConfigDict, recorded: Recorded, explici
     data["spm_model"], lower = tokenizer
     if lower is not None and "do_lower_case" in config.data and "data.do_lower_case" not in explicit:
       data["do_lower_case"] = lower
-  positions = model.get("max_position_embeddings", config.model.max_position_embeddings)
+  positions = (model.get("max_position_embeddings", config.model.max_position_embeddings)
+               - model.get("position_offset", config.model.get("position_offset", 0)))
   if config.data.max_seq_length > positions and "data.max_seq_length" not in explicit:
     data["max_seq_length"] = positions
   model, data = process_0s((model, data))
