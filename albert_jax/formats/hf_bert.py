@@ -34,7 +34,7 @@ from albert_jax.families import (BACKBONE, MASKED_LM, MULTIPLE_CHOICE, PRETRAINI
 from albert_jax.families.bert import BERT
 from albert_jax.families.roberta import ROBERTA
 from albert_jax.formats import names
-from albert_jax.formats.hf_electra import _initialised_pooler as initialised_pooler, _tensors as popped_tensors
+from albert_jax.formats.hf_electra import initialised_pooler, popped_tensors
 from albert_jax.formats.hf_files import ACTIVATIONS, Path, check_shape, read_config, read_tensors, write_folder
 from albert_jax.head_identity import HFHead
 from albert_jax.model import AlbertForPreTraining, abstract_params

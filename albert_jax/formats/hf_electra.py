@@ -202,7 +202,7 @@ def _check_shapes(c: ModelConfig, params: dict[Path, np.ndarray], architecture: 
     check_shape("/".join(path), path, value.shape, expected, where)
 
 
-def _tensors(mapping: list[tuple[Path, str, bool]], flat: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
+def popped_tensors(mapping: list[tuple[Path, str, bool]], flat: dict[Path, np.ndarray]) -> dict[str, np.ndarray]:
   """HF tensors of `mapping`, each popped from `flat`."""
   tensors = {}
   for ours, key, transpose in mapping:
@@ -231,12 +231,12 @@ def save_hf(c: ModelConfig, params: Any, path: str, generator_fraction: float | 
     g = generator_config(c, generator_fraction)
     shared = {p: v for p, v in flat.items() if p[:2] == ("albert", "embeddings")}
     hf = config_to_hf(g, MASKED_LM, dtype)
-    folders[os.path.join(path, GENERATOR_DIR)] = (_tensors(_name_map(g, MASKED_LM, (GENERATOR,)), flat), hf)
+    folders[os.path.join(path, GENERATOR_DIR)] = (popped_tensors(_name_map(g, MASKED_LM, (GENERATOR,)), flat), hf)
     flat.update(shared)  # the discriminator's too
   architecture = _architecture(flat, head)
   hf = config_to_hf(c, architecture, dtype)
   hf.update(_classifier_fields(head, architecture, flat))
-  tensors = _tensors(_name_map(c, architecture), flat)
+  tensors = popped_tensors(_name_map(c, architecture), flat)
   if architecture == BACKBONE:  # as transformers saves ElectraModel: without the "electra." prefix
     tensors = {k.removeprefix("electra."): v for k, v in tensors.items()}
   if flat:
