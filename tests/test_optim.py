@@ -280,3 +280,14 @@ def test_a_generator_multiplier_that_is_not_positive_is_refused(multiplier):
   with pytest.raises(InputError, match=(
       rf"^electra.generator_lr_multiplier={multiplier} must be a positive number \(1: the discriminator's rate\).$")):
     electra_pretraining.make_job(electra_config(multiplier))
+
+
+def test_resuming_with_the_correction_switched_is_refused(tmp_path, monkeypatch):
+  """The corrected AdamW keeps other state (a step count) and takes other steps: not the same run."""
+  from albert_jax.run import Run, config as run_config
+  monkeypatch.setattr(run_config, "latest_step", lambda run: 2)
+  config = pretrain_electra.get_config()
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  config.train.adam_bias_correction = True
+  with pytest.raises(InputError, match=r"with changed train\.adam_bias_correction would not continue the same run"):
+    run_config.check_resume(Run(str(tmp_path)), config)
