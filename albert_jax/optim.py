@@ -107,7 +107,7 @@ def layerwise_factors(params: Any, decay: float, num_layers: int) -> Any:
 
 def scale_by_factors(factors_of: Callable[[Any], Any]) -> optax.GradientTransformation:
   """Each update times its parameter's factor in `factors_of(updates)`, a tree of Python floats that the tree's
-  names fix; its state is empty, so a chain that ends with it restores the checkpoints of one without."""
+  names fix (no state)."""
   def update(updates, state, params=None):
     del params
     return jax.tree.map(lambda u, f: u * f, updates, factors_of(updates)), state

@@ -185,7 +185,7 @@ def test_bias_corrected_adamw_matches_a_hand_computation_for_two_steps():
     params = jax.tree.map(lambda p, u: p + u, params, updates)
     for k, value in flat(params).items():
       np.testing.assert_allclose(value, expected[k], rtol=2e-5, atol=1e-7, err_msg=f"{k} at step {t}")
-  # A first step moves each bias by lr · |m̂ / (√v̂ + ε)| = lr, against (1 - β1) / √(1 - β2) = 3.16 times lr uncorrected.
+  # A first step moves each bias by lr · |m̂ / (√v̂ + ε)| = lr; uncorrected, by (1 - β1) / √(1 - β2) = 3.16 × lr.
   first, _ = tx.update(grads, tx.init(params), params)
   plain, _ = optim.create_optimizer(adamw_config())
   uncorrected, _ = plain.update(grads, plain.init(params), params)
