@@ -56,6 +56,7 @@ class Job:
   evaluate: Callable | None = None   # (step, params, Setup, writer) -> True to stop early: scores, keeps the best
   warm_start: Callable | None = None  # params (host) -> (params, fresh paths); raises if the checkpoint misfits
   inputs: dict = dataclasses.field(default_factory=dict)  # {what: path} of the files that define the run (`provenance`)
+  update_factors: Callable | None = None  # params -> a tree of each update's factor, last in the optimizer (`optim`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,7 +340,7 @@ def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.logical_rules(config.mesh)
   split = batch_split(config.train, mesh, process_count, process_index)
-  tx, schedule = optim.create_optimizer(config.train, config.model)
+  tx, schedule = optim.create_optimizer(config.train, config.model, job.update_factors)
   key = jax.random.key(0)  # outside the mesh context: keys cannot be made on a compile-only topology's devices
 
   def init_state(rng):

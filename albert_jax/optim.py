@@ -4,13 +4,15 @@ The original LAMB and AdamW use Adam moments WITHOUT bias correction and skip we
 trust ratio) for LayerNorm parameters and biases; optax's `scale_by_adam` always bias-corrects, so the faithful
 moments are a small transformation here. The learning rate warms up linearly, then decays polynomially from step 0
 (so it drops from lr to lr·(1 - W/T) at the end of warmup, as the original; `optax.join_schedules` would not).
-`train.layerwise_lr_decay` scales each update by its layer's factor after all of that (ELECTRA's fine-tuning,
-google-research/electra `optimization.py`: the clipping, weight decay and schedule are those of every parameter).
+`train.adam_bias_correction` swaps AdamW's moments for optax's `adamw`, whose moments are bias-corrected (as torch's
+AdamW). `train.layerwise_lr_decay` scales each update by its layer's factor after all of that (ELECTRA's fine-tuning,
+google-research/electra `optimization.py`: the clipping, weight decay and schedule are those of every parameter), and
+a job's own factors (`engine.Job.update_factors`: ELECTRA's generator rate) come last.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -103,11 +105,12 @@ def layerwise_factors(params: Any, decay: float, num_layers: int) -> Any:
   return jax.tree_util.tree_map_with_path(factor, params)
 
 
-def scale_by_layer(decay: float, num_layers: int) -> optax.GradientTransformation:
-  """Each update times its parameter's `layerwise_factors` (Python floats: the tree's names fix them)."""
+def scale_by_factors(factors_of: Callable[[Any], Any]) -> optax.GradientTransformation:
+  """Each update times its parameter's factor in `factors_of(updates)`, a tree of Python floats that the tree's
+  names fix (no state)."""
   def update(updates, state, params=None):
     del params
-    return jax.tree.map(lambda u, f: u * f, updates, layerwise_factors(updates, decay, num_layers)), state
+    return jax.tree.map(lambda u, f: u * f, updates, factors_of(updates)), state
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
@@ -122,23 +125,39 @@ def layerwise_decay(train_config, model_config) -> list[optax.GradientTransforma
   if model_config.sharing != "none":
     raise InputError(f"train.layerwise_lr_decay={decay} needs layers with their own weights, but model.sharing="
                      f"{model_config.sharing!r} shares them across layers; set train.layerwise_lr_decay=0.")
-  return [scale_by_layer(decay, model_config.num_hidden_layers)]
+  return [scale_by_factors(lambda tree: layerwise_factors(tree, decay, model_config.num_hidden_layers))]
 
 
-def create_optimizer(train_config, model_config=None) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def bias_corrected(train_config) -> bool:
+  """`train.adam_bias_correction`, refused for an optimizer it does not apply to."""
+  corrected = train_config.get("adam_bias_correction", False)
+  if corrected and train_config.optimizer != "adamw":
+    raise InputError(f"train.adam_bias_correction=True applies to train.optimizer='adamw' only, not "
+                     f"{train_config.optimizer!r} (optax_lamb's moments are corrected, lamb's are not); set "
+                     "train.adam_bias_correction=False.")
+  return corrected
+
+
+def create_optimizer(train_config, model_config=None, update_factors: Callable[[Any], Any] | None = None
+                     ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimizer chain named by `train.optimizer`, with global-norm clipping first (as the original), then
-  `train.layerwise_lr_decay`'s per-layer factors, which read `model_config`'s layers and sharing."""
+  `train.layerwise_lr_decay`'s per-layer factors, which read `model_config`'s layers and sharing, then
+  `update_factors` (params -> a tree of factors; None: none)."""
   t = train_config
   if t.optimizer not in OPTIMIZERS:
     raise InputError(f"train.optimizer={t.optimizer!r}; choose one of {OPTIMIZERS}.")
   schedule = learning_rate_schedule(t.learning_rate, t.warmup_steps, t.num_train_steps, t.poly_power)
   clip = [optax.clip_by_global_norm(t.clip_grad_norm)] if t.clip_grad_norm > 0 else []
-  layerwise = layerwise_decay(t, model_config)
+  after = [*layerwise_decay(t, model_config), *([scale_by_factors(update_factors)] if update_factors else [])]
+  corrected = bias_corrected(t)
   if t.optimizer == "optax_lamb":  # bias-corrected moments, trust ratio on every leaf
     return optax.chain(*clip, optax.lamb(schedule, t.b1, t.b2, t.eps, weight_decay=t.weight_decay,
-                                         mask=decay_mask), *layerwise), schedule
+                                         mask=decay_mask), *after), schedule
+  if corrected:
+    return optax.chain(*clip, optax.adamw(schedule, t.b1, t.b2, t.eps, weight_decay=t.weight_decay,
+                                          mask=decay_mask), *after), schedule
   chain = [scale_by_adam_without_bias_correction(t.b1, t.b2, t.eps),
            optax.add_decayed_weights(t.weight_decay, mask=decay_mask)]
   if t.optimizer == "lamb":
     chain.append(optax.masked(optax.scale_by_trust_ratio(), decay_mask))
-  return optax.chain(*clip, *chain, optax.scale_by_learning_rate(schedule), *layerwise), schedule
+  return optax.chain(*clip, *chain, optax.scale_by_learning_rate(schedule), *after), schedule

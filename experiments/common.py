@@ -119,6 +119,7 @@ def pretraining_config(size: str) -> ml_collections.ConfigDict:
   c.train.b1 = 0.9
   c.train.b2 = 0.999
   c.train.eps = 1e-6
+  c.train.adam_bias_correction = False  # adamw only: True corrects its moments' bias (optax's and torch's AdamW)
   c.train.clip_grad_norm = 1.0
   c.train.eval_every = 5000
   c.train.eval_batches = 100

@@ -37,6 +37,7 @@ def get_config(arg=None):
   c.electra.generator_fraction = 1 / 4    # the generator's hidden size, FFN size and heads, of the discriminator's
   c.electra.discriminator_weight = 50.0   # λ of L_MLM + λ · L_disc
   c.electra.init_generator = ""          # with init_checkpoint: its generator's folder ("": its generator/ if any)
+  c.electra.generator_lr_multiplier = 1.0  # the generator's updates times this (1: the discriminator's rate)
   c.data.sentence_task = "none"
   c.data.ngram = 1                        # single tokens, as ELECTRA masks
   c.train.optimizer = "adamw"

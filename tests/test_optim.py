@@ -1,6 +1,7 @@
 """Layer-wise learning-rate decay (ELECTRA's fine-tuning): each parameter's factor against a hand computation on a
 3-layer model, a step equal to the undecayed step times those factors, the refusal where layers share weights, and
-a tiny fine-tuning run on ELECTRA's recipe."""
+a tiny fine-tuning run on ELECTRA's recipe. The bias-corrected AdamW against a hand computation, and ELECTRA's
+generator learning rate scaling exactly the generator's updates."""
 import json
 
 import flax.linen as nn
@@ -10,10 +11,11 @@ import pytest
 
 from albert_jax import engine, optim, pretrain
 from albert_jax.errors import InputError
-from albert_jax.model import init_params
+from albert_jax.families import electra_pretraining
+from albert_jax.model import dummy_inputs, init_params
 from albert_jax.model_config import model_config_for
 from albert_jax.tasks.heads import PooledClassifier
-from experiments import common
+from experiments import common, pretrain_electra
 from tests.cli_forks import run_each
 from tests.helpers import TINY_RUN, cpu_env, finetune_cli, glue_data, spm
 
@@ -147,3 +149,145 @@ def test_fine_tuning_on_electras_recipe_runs_unshared_and_is_refused_shared(shar
   assert (recorded["train"]["layerwise_lr_decay"], recorded["train"]["learning_rate"],
           recorded["model"]["sharing"]) == (0.8, 3e-4, "none")
   assert json.load(open(tmp_path / "run" / "best" / "best.json"))["step"] in (2, 4)
+
+
+def adamw_config(**overrides):
+  c = common.pretraining_config("tiny").train
+  c.update({**dict(optimizer="adamw", learning_rate=1e-2, warmup_steps=0, num_train_steps=10, weight_decay=0.1,
+                   clip_grad_norm=1.0), **overrides})
+  return c
+
+
+def test_bias_corrected_adamw_matches_a_hand_computation_for_two_steps():
+  """Clipped to global norm 1, m̂ = m / (1 - β1^t), v̂ = v / (1 - β2^t), u = m̂ / (√v̂ + ε) + wd · p (not for
+  biases and LayerNorm), p -= lr_t · u with lr_t = lr · (1 - t / T) from t = 0."""
+  c = adamw_config(adam_bias_correction=True)
+  tx, _ = optim.create_optimizer(c)
+  rng = np.random.default_rng(0)
+  params = {"dense": {"kernel": rng.normal(size=(3, 4)).astype(np.float32), "bias": np.zeros(4, np.float32)},
+            "LayerNorm": {"scale": np.ones(4, np.float32)}}
+  decayed = {"dense/kernel": True, "dense/bias": False, "LayerNorm/scale": False}
+  state, expected = tx.init(params), {k: v.astype(np.float64) for k, v in flat(params).items()}
+  m = {k: 0.0 for k in expected}
+  v = {k: 0.0 for k in expected}
+  for t in (1, 2):
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32) * 3, params)  # norm > 1: clipped
+    g = flat(grads)
+    norm = np.sqrt(sum(np.sum(np.square(x.astype(np.float64))) for x in g.values()))
+    lr = c.learning_rate * (1 - (t - 1) / c.num_train_steps)
+    for k in expected:
+      clipped = g[k] / max(norm, 1.0)
+      m[k] = c.b1 * m[k] + (1 - c.b1) * clipped
+      v[k] = c.b2 * v[k] + (1 - c.b2) * clipped ** 2
+      u = (m[k] / (1 - c.b1 ** t)) / (np.sqrt(v[k] / (1 - c.b2 ** t)) + c.eps)
+      expected[k] = expected[k] - lr * (u + c.weight_decay * expected[k] * decayed[k])
+    updates, state = tx.update(grads, state, params)
+    params = jax.tree.map(lambda p, u: p + u, params, updates)
+    for k, value in flat(params).items():
+      np.testing.assert_allclose(value, expected[k], rtol=2e-5, atol=1e-7, err_msg=f"{k} at step {t}")
+  # A first step moves each bias by lr · |m̂ / (√v̂ + ε)| = lr; uncorrected, by (1 - β1) / √(1 - β2) = 3.16 × lr.
+  first, _ = tx.update(grads, tx.init(params), params)
+  plain, _ = optim.create_optimizer(adamw_config())
+  uncorrected, _ = plain.update(grads, plain.init(params), params)
+  np.testing.assert_allclose(np.abs(flat(first)["dense/bias"]), c.learning_rate, rtol=5e-3)   # rtol: ε
+  np.testing.assert_allclose(np.abs(flat(uncorrected)["dense/bias"]), c.learning_rate * 0.1 / np.sqrt(0.001),
+                             rtol=5e-3)
+
+
+def test_the_default_is_the_uncorrected_adamw_bit_for_bit():
+  """`adam_bias_correction=False` and a config saved without the field build the same chain and the same updates."""
+  params = named_like_a_three_layer_classifier()
+  rng = np.random.default_rng(2)
+  off, _ = optim.create_optimizer(adamw_config(adam_bias_correction=False))
+  without = adamw_config()
+  del without["adam_bias_correction"]
+  unset, _ = optim.create_optimizer(without)
+  a_state, b_state = off.init(params), unset.init(params)
+  assert jax.tree.structure(a_state) == jax.tree.structure(b_state)
+  assert isinstance(a_state[1], optim.AdamMomentsState)
+  for _ in range(2):
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+    a, a_state = off.update(grads, a_state, params)
+    b, b_state = unset.update(grads, b_state, params)
+    for name, update in flat(a).items():
+      np.testing.assert_array_equal(update, flat(b)[name], err_msg=name)
+
+
+@pytest.mark.parametrize("optimizer", ["lamb", "optax_lamb"])
+def test_bias_correction_is_refused_for_the_lambs(optimizer):
+  with pytest.raises(InputError, match=(
+      rf"^train.adam_bias_correction=True applies to train.optimizer='adamw' only, not '{optimizer}' \(optax_lamb's "
+      r"moments are corrected, lamb's are not\); set train.adam_bias_correction=False.$")):
+    optim.create_optimizer(adamw_config(optimizer=optimizer, adam_bias_correction=True))
+
+
+def electra_config(multiplier):
+  config = pretrain_electra.get_config()
+  config.model.update(vocab_size=300, max_position_embeddings=16, num_hidden_layers=2, hidden_size=64,
+                      intermediate_size=128, num_attention_heads=4, embedding_size=32)
+  config.data.update(max_seq_length=16, max_predictions_per_seq=4)
+  config.train.update(global_batch_size=4, warmup_steps=0, learning_rate=1e-3, optimizer="adamw",
+                      adam_bias_correction=True)
+  config.electra.generator_lr_multiplier = multiplier
+  return config
+
+
+@pytest.mark.parametrize("corrected", [True, False])
+def test_the_generator_multiplier_scales_exactly_the_generators_updates(corrected):
+  """Two optimizer steps on ELECTRA's parameter tree: the generator's encoder and MLM head move 0.25 times as far;
+  the shared embeddings, the discriminator and its head exactly as without the multiplier."""
+  model = electra_pretraining.make_model(electra_config(0.25))
+  shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), **dummy_inputs(1, 16))["params"]))
+  assert set(shapes) == {"albert", "discriminator_predictions", "generator", "generator_predictions"}
+  rng = np.random.default_rng(3)
+  params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), shapes)
+  train = adamw_config(adam_bias_correction=corrected)
+  scaled, _ = optim.create_optimizer(train, update_factors=electra_pretraining.generator_update_factors(0.25))
+  plain, _ = optim.create_optimizer(train)
+  scaled_state, plain_state = scaled.init(params), plain.init(params)
+  for _ in range(2):
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+    a, scaled_state = scaled.update(grads, scaled_state, params)
+    b, plain_state = plain.update(grads, plain_state, params)
+    for name, update in flat(a).items():
+      factor = 0.25 if name.startswith("generator") else 1.0
+      np.testing.assert_array_equal(update, flat(b)[name] * np.float32(factor), err_msg=name)
+  assert electra_pretraining.generator_update_factors(1.0) is None   # the default adds nothing to the chain
+
+
+@pytest.mark.slow
+def test_the_engines_electra_step_moves_the_generator_by_its_multiplier():
+  """One compiled ELECTRA train step from the same state and batch at multiplier 0.5 and 1: the job carries the
+  factors to the optimizer."""
+  changes = {}
+  for multiplier in (0.5, 1.0):
+    config = electra_config(multiplier)
+    batch = pretrain.synthetic_batch(config.data, 4, 300, (3, 0))
+    s = engine.setup(config, electra_pretraining.make_job(config), devices=jax.devices()[:1])
+    state = s.create_state(jax.random.key(0))
+    before = jax.tree.map(np.array, state.params)  # copies: the step donates `state`
+    with s.context():
+      after, _ = s.train_step(state, s.global_batch(batch), jax.random.key(5))
+    changes[multiplier] = flat(jax.tree.map(lambda a, b: np.asarray(a) - b, after.params, before))
+  assert np.abs(changes[1.0]["generator_predictions/dense/kernel"]).max() > 1e-4
+  for name, change in changes[0.5].items():  # atol: float32 rounding of the LayerNorm scales near 1
+    factor = 0.5 if name.startswith("generator") else 1.0
+    np.testing.assert_allclose(change, changes[1.0][name] * factor, rtol=1e-5, atol=2e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("multiplier", [0.0, -1.0, float("nan")])
+def test_a_generator_multiplier_that_is_not_positive_is_refused(multiplier):
+  with pytest.raises(InputError, match=(
+      rf"^electra.generator_lr_multiplier={multiplier} must be a positive number \(1: the discriminator's rate\).$")):
+    electra_pretraining.make_job(electra_config(multiplier))
+
+
+def test_resuming_with_the_correction_switched_is_refused(tmp_path, monkeypatch):
+  """The corrected AdamW keeps other state (a step count) and takes other steps: not the same run."""
+  from albert_jax.run import Run, config as run_config
+  monkeypatch.setattr(run_config, "latest_step", lambda run: 2)
+  config = pretrain_electra.get_config()
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  config.train.adam_bias_correction = True
+  with pytest.raises(InputError, match=r"with changed train\.adam_bias_correction would not continue the same run"):
+    run_config.check_resume(Run(str(tmp_path)), config)

@@ -55,6 +55,14 @@ def corrupt(batch: dict[str, jax.Array], samples: jax.Array) -> tuple[jax.Array,
 def electra_loss(model: ElectraForPreTraining, discriminator_weight: float, params: Any, batch: dict[str, jax.Array],
                  rng: jax.Array, totals: dict[str, jax.Array], deterministic: bool = False):
   """This micro batch's share of mlm + weight · disc over the global batch (`electra_totals`); returns (loss, sums)."""
+  return electra_objective(*electra_forward(model, params, batch, rng, deterministic), batch, totals,
+                           discriminator_weight)
+
+
+def electra_forward(model: ElectraForPreTraining, params: Any, batch: dict[str, jax.Array], rng: jax.Array,
+                    deterministic: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(the generator's logits at the masked positions, the discriminator's at every position of the input its
+  samples corrupted, the replaced labels)."""
   generator_rng, sample_rng, discriminator_rng = jax.random.split(rng, 3)
   inputs = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
   mlm_logits = model.apply({"params": params}, *inputs, batch["masked_lm_positions"], deterministic,
@@ -63,7 +71,7 @@ def electra_loss(model: ElectraForPreTraining, discriminator_weight: float, para
   replaced_input, labels = corrupt(batch, samples)
   disc_logits = model.apply({"params": params}, replaced_input, *inputs[1:], deterministic,
                             method=model.discriminator_logits, rngs={"dropout": discriminator_rng})
-  return electra_objective(mlm_logits, disc_logits, labels, batch, totals, discriminator_weight)
+  return mlm_logits, disc_logits, labels
 
 
 def electra_objective(mlm_logits: jax.Array, disc_logits: jax.Array, labels: jax.Array, batch: dict[str, jax.Array],
@@ -110,6 +118,24 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.electra.discriminator_weight <= 0:
     raise InputError(f"electra.discriminator_weight={config.electra.discriminator_weight} must be positive (the "
                      "paper: 50).")
+  multiplier = generator_lr_multiplier(config)
+  if not (math.isfinite(multiplier) and multiplier > 0):
+    raise InputError(f"electra.generator_lr_multiplier={multiplier} must be a positive number (1: the "
+                     "discriminator's rate).")
+
+
+def generator_lr_multiplier(config: ml_collections.ConfigDict) -> float:
+  """`electra.generator_lr_multiplier` (a config saved before it existed: 1)."""
+  return config.electra.get("generator_lr_multiplier", 1.0)
+
+
+def generator_update_factors(multiplier: float):
+  """The `engine.Job.update_factors` that scale the generator's updates (its encoder and MLM head, not the
+  embeddings it shares) by `multiplier`; None at 1, so the optimizer and its state stay as without it."""
+  if multiplier == 1.0:
+    return None
+  return lambda params: {name: jax.tree.map(lambda _: multiplier if name.startswith(GENERATOR) else 1.0, part)
+                         for name, part in params.items()}
 
 
 def make_model(config: ml_collections.ConfigDict) -> ElectraForPreTraining:
@@ -128,7 +154,8 @@ def make_job(config: ml_collections.ConfigDict, run: Run | None = None) -> engin
   return engine.Job(
       init_params=lambda rng: model.init(rng, **dummy_inputs(1, seq_len))["params"],
       loss_fn=loss_fn, totals_fn=electra_totals, summarize=lambda sums, steps: summarize_electra(weight, sums),
-      flops_per_token=train_flops_per_token(config), **pretrain.data_fields(config, run))
+      flops_per_token=train_flops_per_token(config),
+      update_factors=generator_update_factors(generator_lr_multiplier(config)), **pretrain.data_fields(config, run))
 
 
 def train_flops_per_token(config: ml_collections.ConfigDict) -> float:

@@ -40,8 +40,9 @@ OTHER_SHAPE_FIELDS = ("electra.generator_fraction",)
 # Settings whose change breaks an exact resume (data order, dropout, the function the weights compute, what a step
 # means): refused unless `resume_with_changes` is set. Every other change (schedule length, logging, checkpoints,
 # mesh, micro batch) is legitimate: said on the console and recorded.
-EXACT_RESUME_FIELDS = ("seed", "train.global_batch_size", "train.optimizer", "data.", "model.hidden_act",
-                       "model.layer_norm_eps", "model.position_offset", "model.hidden_dropout_prob", "model.attention_probs_dropout_prob")
+EXACT_RESUME_FIELDS = ("seed", "train.global_batch_size", "train.optimizer", "train.adam_bias_correction", "data.",
+                       "model.hidden_act", "model.layer_norm_eps", "model.position_offset", "model.hidden_dropout_prob",
+                       "model.attention_probs_dropout_prob")
 
 
 def exists(run: Run) -> bool:
