@@ -1,7 +1,6 @@
 """A run's folder (`albert_jax.run`): its layout, the weights a run has, and a tool's output that would land on a run's
 own file or folder, refused in one line before anything is written (predict, embed, seeds, glue_submission;
 convert refuses any --dst in a training workdir, tests/test_cli_args.py)."""
-import json
 import os
 import subprocess
 import sys

@@ -797,5 +797,5 @@ def test_a_first_save_that_fails_says_the_run_starts_again(tmp_path, monkeypatch
       ckpt.save(1, {"w": np.zeros(100_000, np.float32)}, {"position": 0}, force=True)
     ckpt.close()
   assert "No space left on device" in str(failed.value)
-  assert str(failed.value).endswith(f"The last good checkpoint is none (no checkpoint was completed); free space (or "
+  assert str(failed.value).endswith("The last good checkpoint is none (no checkpoint was completed); free space (or "
                                     "fix the storage) and rerun: the run resumes from its first step.")

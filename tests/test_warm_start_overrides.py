@@ -32,9 +32,9 @@ def converted(path, **fields) -> str:
 
 
 def training_run(path, **fields) -> str:
-  """A training run's folder whose config.json records the tiny model with `fields` (refused before its
-  checkpoints are read)."""
-  path.mkdir()
+  """A training run's folder whose config.json records the tiny model with `fields`, beside an empty checkpoints/
+  (refused before its checkpoints are read)."""
+  (path / "checkpoints").mkdir(parents=True)
   model = model_config_for("tiny", **{"vocab_size": 300, **fields})
   (path / "config.json").write_text(json.dumps({"model": model.to_dict()}))
   return str(path)
