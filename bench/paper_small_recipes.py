@@ -68,7 +68,9 @@ class RecipeRun(ps.Pretraining):
 
   def config_args(self, scale: ps.Scale) -> list[str]:
     if self.recipe_name == "roberta":
-      return ["--config=experiments/pretrain_roberta.py:size=tiny",
+      # The study's model as recorded: positions from row 0, the tanh GELU and eps 1e-12 of its other runs.
+      return ["--config=experiments/pretrain_roberta.py:size=tiny", "--config.model.position_offset=0",
+              "--config.model.hidden_act=gelu_new", "--config.model.layer_norm_eps=1e-12",
               f"--config.model.embedding_size={self.embedding_size}", "--config.train.optimizer=adamw",
               "--config.train.b1=0.9", "--config.train.b2=0.98", "--config.train.eps=1e-06",
               "--config.train.weight_decay=0.01", "--config.train.clip_grad_norm=0.0"]

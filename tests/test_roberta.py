@@ -42,7 +42,8 @@ def test_base_and_large_carry_the_papers_table_9(size, model, learning_rate, war
                                                                              "train.max_micro_batch_size")} == {
       "train.global_batch_size": 8192, "train.num_train_steps": 500_000, "train.optimizer": "adamw",
       "train.learning_rate": learning_rate, "train.warmup_steps": warmup, "train.poly_power": 1.0,
-      "train.weight_decay": 0.01, "train.b1": 0.9, "train.b2": 0.98, "train.eps": 1e-6, "train.clip_grad_norm": 0.0}
+      "train.weight_decay": 0.01, "train.b1": 0.9, "train.b2": 0.98, "train.eps": 1e-6, "train.clip_grad_norm": 0.0,
+      "train.adam_bias_correction": False}
   assert c["data.max_seq_length"] == 512 and c["data.kind"] == "prepared"
   assert (c["model_family"], c["model.position_offset"], c["model.max_position_embeddings"],
           c["model.layer_norm_eps"]) == ("roberta", 2, 514, 1e-5)  # RoBERTa's layout: 512 positions from row 2

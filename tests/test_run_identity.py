@@ -11,6 +11,7 @@ import pytest
 from albert_jax import finetune, job_kinds
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run
+from albert_jax.run.best import read_best
 from albert_jax.run.best_keeper import BestKeeper
 from albert_jax.tasks import get_task
 from albert_jax.weights import loading, store
@@ -43,7 +44,7 @@ def run(shared_data, tmp_path_factory):
 @pytest.mark.slow
 def test_a_restart_drops_the_best_of_steps_it_scores_again(run):
   assert "this run continues from step 0 and scores the steps after it again" in run.output
-  best = finetune.read_best(Run(str(run.workdir)))
+  best = read_best(Run(str(run.workdir)))
   assert best["step"] in (2, 4) and "(best: step 60," not in run.output
   assert [p.name for p in (run.workdir / "best").glob("step_*")] == [f"step_{best['step']}"]
   assert best["head"] == {"task": "classification", "task_name": "", "labels": ["pos", "neg"]}
@@ -111,7 +112,7 @@ def test_resuming_with_another_class_order_is_refused(run):
 
 @pytest.mark.slow
 def test_init_checkpoint_of_a_fine_tuning_run_loads_its_best_weights(run, capsys):
-  best = finetune.read_best(Run(str(run.workdir)))
+  best = read_best(Run(str(run.workdir)))
   loaded = loading.load_init_params(str(run.workdir))
   assert f"loading the best dev checkpoint of the fine-tuning run (step {best['step']}," in capsys.readouterr().out
   jax.tree.map(np.testing.assert_array_equal, loaded, store.load_pretrained(best["weights"])[1])

@@ -196,8 +196,7 @@ def test_without_a_readable_run_config_one_line_names_the_fix(tmp_path, args, me
 def test_convert_names_a_garbled_run_config_in_one_line(tmp_path):
   (tmp_path / "run" / "checkpoints").mkdir(parents=True)
   (tmp_path / "run" / "config.json").write_text("[]")
-  with pytest.raises(ValueError, match=(f"^{tmp_path}/run/config.json is not a run's config .*; pass a training "
-                                        "workdir as albert_jax.main wrote it, or restore it from a copy")):
+  with pytest.raises(ValueError, match=f"^{tmp_path}/run/config.json is not a run's config .*; restore it from a copy"):
     convert.convert(None, "hf", str(tmp_path / "run"), str(tmp_path / "hf"))
 
 

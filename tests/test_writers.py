@@ -8,14 +8,19 @@ import multiprocessing
 import socket
 import time
 
+import flax.linen as nn
+import jax
+import numpy as np
 import pytest
 
 from albert_jax import convert, errors, glue_submission
+from albert_jax import model as model_lib
 from albert_jax.errors import InputError, UserError
+from albert_jax.weights import store
 from data_pipeline import train_spm
 from data_pipeline.prepare import PrepareConfig, parse_args, prepare
 from data_pipeline.sources import Source
-from tests.helpers import SMALL_RUN, TEXT, pretrain_cli
+from tests.helpers import SMALL_RUN, TEXT, TINY_MODEL, pretrain_cli
 from tests.test_glue_submission import run_dir
 
 
@@ -56,7 +61,9 @@ def _tools(shared_data, tmp_path):
   corpus.write_text(TEXT)
   spm = str(shared_data / "albert_spm" / "spiece.model")
   run = run_dir(tmp_path / "run", 0.5, [("RTE.tsv", ["entailment"] * 3)])
-  (tmp_path / "weights").mkdir()
+  abstract = nn.unbox(model_lib.abstract_params(model_lib.AlbertForPreTraining(TINY_MODEL)))
+  store.save_pretrained(str(tmp_path / "weights"), TINY_MODEL,
+                        jax.tree.map(lambda x: np.zeros(x.shape, np.float32), abstract))
   return {
       "prepare": ("data_pipeline.prepare", "write_shards", functools.partial(
           prepare, PrepareConfig(input=str(corpus), spm_model=spm, output_dir=str(tmp_path / "out"), num_shards=2,
