@@ -10,7 +10,7 @@ from typing import Iterator
 
 from albert_jax import storage
 from albert_jax.errors import is_user_error
-from albert_jax.run.layout import CHECKPOINTS_DIR, COMPILATION_CACHE_DIR, HEAD_FILE, LOCK_FILE
+from albert_jax.run.layout import CHECKPOINTS_DIR, COMPILATION_CACHE_DIR, HEAD_FILE, LOCK_FILE, Run
 
 SET_UP_NAMES = frozenset({HEAD_FILE, COMPILATION_CACHE_DIR, LOCK_FILE})
 
@@ -30,5 +30,5 @@ def leaves_no_new_workdir(workdir: str | None) -> Iterator[None]:
 
 
 def _set_up_only(workdir: str) -> bool:
-  return all(name in SET_UP_NAMES or (name == CHECKPOINTS_DIR and not os.listdir(os.path.join(workdir, name)))
+  return all(name in SET_UP_NAMES or (name == CHECKPOINTS_DIR and not os.listdir(Run(workdir).checkpoints))
              for name in os.listdir(workdir))
