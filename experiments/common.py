@@ -11,6 +11,7 @@ A config has these sections:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import ml_collections
 
@@ -257,16 +258,58 @@ def _schedule(c: ml_collections.ConfigDict, learning_rate: float, warmup_steps: 
   return c
 
 
-# ELECTRA's fine-tuning (Clark et al. 2020, appendix table; google-research/electra `configure_finetuning.py`): AdamW
-# at batch 32 with 10% warmup, 3 epochs (10 for RTE and STS-B, 2 for SQuAD), GLUE at 128 tokens and SQuAD at 512.
+class Recipe(NamedTuple):
+  """One task's published fine-tuning recipe: its schedule in epochs and its optimiser's settings (AdamW)."""
+  learning_rate: float
+  batch: int
+  epochs: int
+  max_seq_length: int
+  warmup_percent: int = 10          # of the steps, rounded down
+  weight_decay: float = 0.01
+  b2: float = 0.999
+  adam_bias_correction: bool = False  # True: fairseq's and torch's Adam; False: BERT's and ELECTRA's (no correction)
+  clip_grad_norm: float = 1.0       # 0: no clipping
+  layerwise_lr_decay: float = 0.0
+
+
+# Training examples per task: the rows of GLUE's train.tsv; SQuAD's questions (about one 512-token window each);
+# RACE's questions (train/middle and train/high).
+TRAIN_EXAMPLES = {"cola": 8551, "sst-2": 67349, "mrpc": 3668, "sts-b": 5749, "qqp": 363846, "mnli": 392702,
+                  "qnli": 104743, "rte": 2490, "wnli": 635, "squad_v1": 87599, "squad_v2": 130319, "race": 87866}
+SQUAD_TASKS = ("squad_v1", "squad_v2")
+GLUE_TASKS = tuple(GLUE_RECIPES)
+
+# ELECTRA's (Clark et al. 2020, appendix table; google-research/electra `configure_finetuning.py`): batch 32, 10%
+# warmup, 3 epochs (10 for RTE and STS-B, 2 for SQuAD), GLUE at 128 tokens and SQuAD at 512.
 # recipe: (learning_rate, layerwise_lr_decay)
 ELECTRA_RECIPES = {"electra_small": (3e-4, 0.8), "electra_base": (1e-4, 0.8), "electra_large": (5e-5, 0.9)}
-RECIPES = ("albert", *ELECTRA_RECIPES)  # "albert": the original ALBERT recipes above (run_glue.sh, the README's SQuAD)
-ELECTRA_BATCH = 32
 ELECTRA_EPOCHS = {"rte": 10, "sts-b": 10, "squad_v1": 2, "squad_v2": 2}  # every other task: 3
-# Training examples per task: the rows of GLUE's train.tsv; SQuAD's questions (about one 512-token window each).
-TRAIN_EXAMPLES = {"cola": 8551, "sst-2": 67349, "mrpc": 3668, "sts-b": 5749, "qqp": 363846, "mnli": 392702,
-                  "qnli": 104743, "rte": 2490, "wnli": 635, "squad_v1": 87599, "squad_v2": 130319}
+
+# RoBERTa's (Liu et al. 2019, Table 10: 10 epochs on GLUE, 4 on RACE, 2 on SQuAD; 6% warmup, linear decay) with
+# fairseq's Adam (bias-corrected, β2 0.98, ε 1e-6, no clipping). GLUE's per-task learning rate and batch are those
+# of fairseq's `examples/roberta/README.glue.md` (its rows of the Table 10 grid); RACE's and SQuAD's are Table 10's,
+# which gives no SQuAD length (384 here, the README's) and no WNLI row (the paper ranks WNLI's candidates).
+ROBERTA_GLUE = {"mnli": (1e-5, 32), "qnli": (1e-5, 32), "qqp": (1e-5, 32), "sst-2": (1e-5, 32),
+                "rte": (2e-5, 16), "sts-b": (2e-5, 16), "mrpc": (1e-5, 16), "cola": (1e-5, 16)}
+ROBERTA_OPTIMISER = dict(warmup_percent=6, b2=0.98, adam_bias_correction=True, clip_grad_norm=0.0)
+
+# task -> Recipe for every published recipe but ALBERT's (GLUE_RECIPES and the configs' own figures).
+FINETUNING_RECIPES = {
+    **{name: {task: Recipe(learning_rate, 32, ELECTRA_EPOCHS.get(task, 3), 512 if task in SQUAD_TASKS else 128,
+                           layerwise_lr_decay=decay) for task in (*GLUE_TASKS, *SQUAD_TASKS)}
+       for name, (learning_rate, decay) in ELECTRA_RECIPES.items()},
+    "roberta": {**{task: Recipe(learning_rate, batch, 10, 512, weight_decay=0.1, **ROBERTA_OPTIMISER)
+                   for task, (learning_rate, batch) in ROBERTA_GLUE.items()},
+                "race": Recipe(1e-5, 16, 4, 512, weight_decay=0.1, **ROBERTA_OPTIMISER),
+                **{task: Recipe(1.5e-5, 48, 2, 384, **ROBERTA_OPTIMISER) for task in SQUAD_TASKS}},
+    # BERT's (Devlin et al. 2019, section 4.1; google-research/bert `run_classifier.py`, `optimization.py`): 3 epochs
+    # at batch 32 and 128 tokens, 10% warmup, its AdamW without bias correction; 2e-5 of the paper's grid
+    # {5e-5, 4e-5, 3e-5, 2e-5}. SQuAD: its README's v1.1 base command (lr 3e-5, batch 12, 2 epochs, 384 tokens, stride
+    # 128), also for v2.0. The paper leaves WNLI out and has no RACE.
+    "bert": {**{task: Recipe(2e-5, 32, 3, 128) for task in GLUE_TASKS if task != "wnli"},
+             **{task: Recipe(3e-5, 12, 2, 384) for task in SQUAD_TASKS}},
+}
+RECIPES = ("albert", *FINETUNING_RECIPES)  # "albert": the original ALBERT recipes above (run_glue.sh, the README's)
 
 
 def check_recipe(recipe: str) -> str:
@@ -275,22 +318,30 @@ def check_recipe(recipe: str) -> str:
   return recipe
 
 
-def electra_recipe(c: ml_collections.ConfigDict, recipe: str, task: str) -> ml_collections.ConfigDict:
-  """ELECTRA's recipe `recipe` for `task` (a key of TRAIN_EXAMPLES): its epochs at batch 32 as steps, dev scored at
-  each tenth of them (the best kept), and its layer-wise learning-rate decay."""
-  learning_rate, decay = ELECTRA_RECIPES[recipe]
-  steps = math.ceil(ELECTRA_EPOCHS.get(task, 3) * TRAIN_EXAMPLES[task] / ELECTRA_BATCH)
-  c.data.max_seq_length = 512 if task.startswith("squad") else 128
-  c.train.layerwise_lr_decay = decay
-  cap_micro_batch(c, 1)
-  return _schedule(c, learning_rate, steps // 10, steps, ELECTRA_BATCH, math.ceil(steps / 10))
+def published_recipe(c: ml_collections.ConfigDict, recipe: str, task: str,
+                     sequences_per_example: int = 1) -> ml_collections.ConfigDict:
+  """Recipe `recipe` of FINETUNING_RECIPES for `task` (a key of TRAIN_EXAMPLES): its epochs at its batch as steps
+  (rounded up), dev scored at each tenth of them (the best kept), its sequence length and optimiser settings."""
+  published = FINETUNING_RECIPES[recipe].get(task)
+  if published is None:
+    covered = [name for name, tasks in FINETUNING_RECIPES.items() if task in tasks]
+    raise InputError(f"Config argument recipe={recipe} has no published figures for {task}; choose one of "
+                     f"{['albert', *covered]}.")
+  steps = math.ceil(published.epochs * TRAIN_EXAMPLES[task] / published.batch)
+  c.data.max_seq_length = published.max_seq_length
+  for field in ("weight_decay", "b2", "adam_bias_correction", "clip_grad_norm", "layerwise_lr_decay"):
+    c.train[field] = getattr(published, field)
+  cap_micro_batch(c, sequences_per_example)
+  return _schedule(c, published.learning_rate, steps * published.warmup_percent // 100, steps, published.batch,
+                   math.ceil(steps / 10))
 
 
 def squad_config(size: str, version: int, data: str, spm_model: str,
                  recipe: str = "albert") -> ml_collections.ConfigDict:
   """The README's run_squad_v1/v2 commands: msl 384, doc_stride 128, max_query 64, batch 48, lr 5e-5,
   2 epochs with 10% warmup, n_best 20, max_answer 30; only the final checkpoint is evaluated there
-  (save_checkpoints_steps=5000 > steps). An ELECTRA `recipe` replaces the length and schedule (`electra_recipe`)."""
+  (save_checkpoints_steps=5000 > steps). Another `recipe` replaces the length, schedule and optimiser settings
+  (`published_recipe`)."""
   c = finetuning_config(size, f"squad_v{version}", data=data, spm_model=spm_model)
   c.data.max_seq_length = 384
   c.data.doc_stride = 128         # tokens between the starts of consecutive context windows
@@ -304,8 +355,8 @@ def squad_config(size: str, version: int, data: str, spm_model: str,
     c.data.end_n_top = 5           # answer_class: ends kept per start
   # 2 epochs of the train windows: v1.1 3649 steps (= the paper's count, 87.6k questions -> ~88.6k windows);
   # v2.0 ~5500 (130.3k questions -> ~132k windows; for the exact count use ceil(2 * windows / 48)).
-  if recipe in ELECTRA_RECIPES:
-    return electra_recipe(c, recipe, c.task)
+  if recipe in FINETUNING_RECIPES:
+    return published_recipe(c, recipe, c.task)
   steps = 3649 if version == 1 else 5500
   return set_recipe(c, 5e-5, steps // 10, steps, 48, eval_every=steps)
 

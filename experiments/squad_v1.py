@@ -1,7 +1,8 @@
 """SQuAD v1.1 fine-tuning with the original README recipe: `experiments/squad_v1.py:size=base,data=DIR,spm=PATH`.
 
 DIR holds train-v1.1.json and dev-v1.1.json (the official files). `recipe=electra_base` (or electra_small,
-electra_large) takes ELECTRA's recipe instead of ALBERT's (experiments/common.py ELECTRA_RECIPES).
+electra_large), `recipe=roberta` or `recipe=bert` takes that paper's recipe instead of ALBERT's
+(experiments/common.py FINETUNING_RECIPES).
 """
 from experiments import common
 

@@ -3,7 +3,9 @@
 DIR holds train-v2.0.json and dev-v2.0.json (the official files). `head=answer_class` trains the original's
 answer-class head with start/end beam search (run_squad_v2.py) instead of the default null-score span head
 (`head=null_score`); the same switch is `--config.data.v2_head`, with `data.start_n_top`/`data.end_n_top` the beam.
-`recipe=electra_base` (or electra_small, electra_large) takes ELECTRA's recipe instead of ALBERT's.
+`recipe=electra_base` (or electra_small, electra_large), `recipe=roberta` or `recipe=bert` takes that paper's recipe
+instead of ALBERT's; each keeps the null-score threshold 0 (`data.null_score_diff_threshold`; dev's best_f1_thresh
+is the one to set, as BERT's README says).
 """
 from experiments import common
 

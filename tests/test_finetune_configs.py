@@ -100,9 +100,9 @@ def test_electra_squad_recipes():
 
 
 def test_an_unknown_recipe_is_refused():
-  for module, arg in ((glue, "task=rte,"), (squad_v1, ""), (squad_v2, "")):
+  for module, arg in ((glue, "task=rte,"), (squad_v1, ""), (squad_v2, ""), (race, "")):
     with pytest.raises(InputError, match=r"^Config argument recipe='electra'; choose one of \['albert', "
-                       r"'electra_small', 'electra_base', 'electra_large'\]\.$"):
+                       r"'electra_small', 'electra_base', 'electra_large', 'roberta', 'bert'\]\.$"):
       module.get_config(f"{arg}recipe=electra")
 
 
