@@ -100,7 +100,7 @@ def _task_and_model(config, weights: Weights | None = None, warm_start: bool = F
   tokenizer = make_tokenizer(config)
   model_config = model_config_from(config)
   tokenizer.check_vocab(model_config.vocab_size)
-  return task, tokenizer, model_config, task.build_model(model_config)
+  return task, tokenizer, model_config, task.build_model(model_config, tokenizer.pair_layout)
 
 
 def predict_split_file(config, run: Run, task, model, params, split: Split, output: str | None = None) -> str:

@@ -12,6 +12,7 @@ import typing
 from typing import Any, Mapping
 
 from albert_jax.errors import InputError
+from data_pipeline.pair_layout import BERT, PairLayout
 
 SHARING_MODES = ("all", "attention", "ffn", "none")
 ACTIVATIONS = ("gelu_new", "gelu", "relu")  # gelu_new = tanh approximation (the original's `gelu`)
@@ -109,16 +110,19 @@ class ModelConfig:
     return dataclasses.asdict(self)
 
   def check_seq_length(self, max_seq_length: int, max_predictions_per_seq: int | None = None,
-                       text_pairs: bool = False) -> None:
+                       pair_layout: PairLayout | None = None) -> None:
     """Positions are a slice of the learned table, so longer inputs have no embedding (the original asserts too).
-    Inputs are [CLS] text [SEP], holding a token of text at least; with `max_predictions_per_seq` (pretraining) or
-    `text_pairs` [CLS] A [SEP] B [SEP], a token each, whose masked positions follow [CLS] (0: masked_lm_prob of the
-    tokens)."""
+    Inputs are [CLS] text [SEP], holding a token of text at least; with `pair_layout` (text pairs: the tokenizer's
+    layout, whose separators between the texts differ) or `max_predictions_per_seq` (pretraining, in BERT's layout)
+    two texts of a token each around the layout's special tokens, whose masked positions follow [CLS] (0:
+    masked_lm_prob of the tokens)."""
     if max_seq_length + self.position_offset > self.max_position_embeddings:
       raise InputError(f"data.max_seq_length={max_seq_length} exceeds {self.positions_said}; lower "
                        "--config.data.max_seq_length.")
     pretraining = max_predictions_per_seq is not None
-    shortest, form = (5, "[CLS] A [SEP] B [SEP]") if pretraining or text_pairs else (3, "[CLS] text [SEP]")
+    pair_layout = pair_layout or (BERT if pretraining else None)
+    shortest, form = ((pair_layout.special_tokens(pair=True) + 2, pair_layout.pair_form) if pair_layout
+                      else (3, "[CLS] text [SEP]"))
     if max_seq_length < shortest:
       raise InputError(f"data.max_seq_length={max_seq_length} leaves no room for {form}; give "
                        f"--config.data.max_seq_length={shortest} or more.")

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import console, engine, flops, loop, storage
+from albert_jax import console, engine, families, flops, loop, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
@@ -225,8 +225,9 @@ class PreparedDataPosition(LoaderPosition):
 
 
 def checked_model_config(config: ml_collections.ConfigDict):
-  """The model of a pretraining `config`, with its sequence length and masking and sentence settings checked: refused
-  by name before any work."""
+  """The model of a pretraining `config`, with its family, sequence length and masking and sentence settings
+  checked: refused by name before any work."""
+  families.check_model_family(config)
   model_config = model_config_from(config)
   model_config.check_seq_length(config.data.max_seq_length, config.data.max_predictions_per_seq)
   ExampleConfig.from_config(config.data)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from tokenizers import processors
-
 
 @dataclasses.dataclass(frozen=True)
 class PairLayout:
@@ -21,6 +19,11 @@ class PairLayout:
   def special_tokens(self, pair: bool) -> int:
     """How many of the max_seq_length tokens the classification and separator tokens take."""
     return 2 + self.separators_between if pair else 2
+
+  @property
+  def pair_form(self) -> str:
+    """A pair's tokens with BERT's names for the special ones, e.g. `[CLS] A [SEP] [SEP] B [SEP]` for RoBERTa's."""
+    return " ".join(["[CLS]", "A", *["[SEP]"] * self.separators_between, "B", "[SEP]"])
 
   def second_start(self, first_length: int) -> int:
     """The position of the second text's first token."""
@@ -36,8 +39,10 @@ class PairLayout:
       ids, types = ids + rest, types + [self.second_segment] * len(rest)
     return ids, types
 
-  def post_processor(self, cls: tuple[str, int], sep: tuple[str, int]) -> processors.TemplateProcessing:
-    """The `tokenizers` post-processor that adds the special tokens (and token types) as `join` does."""
+  def post_processor(self, cls: tuple[str, int], sep: tuple[str, int]):
+    """The `tokenizers` post-processor (a TemplateProcessing) that adds the special tokens (and token types) as
+    `join` does; `tokenizers` is imported here so that reading a layout's counts does not load it."""
+    from tokenizers import processors
     first = [f"{cls[0]}:0", "$A:0", f"{sep[0]}:0"]
     second = [f"{sep[0]}:{self.second_segment}"] * (self.separators_between - 1)
     second += [f"$B:{self.second_segment}", f"{sep[0]}:{self.second_segment}"]

@@ -10,6 +10,7 @@ import pytest
 
 from albert_jax import engine, seeds
 from albert_jax.model_config import ModelConfig
+from data_pipeline.pair_layout import BERT, ROBERTA
 from experiments.common import pretraining_config
 from tests.cli_forks import run_each
 from tests.helpers import SMALL_RUN, TINY_RUN, compile_cli, compile_env, cpu_env, glue_data, require_module, spm
@@ -93,14 +94,15 @@ def test_lengths_the_model_cannot_take_are_refused_before_anything_is_written(le
   assert not workdir.exists()
 
 
-@pytest.mark.parametrize("length, pretraining, text_pairs, refused", [
-    (2, False, False, "[CLS] text [SEP]"), (3, False, False, None),   # [CLS][SEP] holds no text
-    (4, False, True, "[CLS] A [SEP] B [SEP]"), (5, False, True, None),
-    (4, True, False, "[CLS] A [SEP] B [SEP]"), (5, True, False, None),
+@pytest.mark.parametrize("length, pretraining, pair_layout, refused", [
+    (2, False, None, "[CLS] text [SEP]"), (3, False, None, None),   # [CLS][SEP] holds no text
+    (4, False, BERT, "[CLS] A [SEP] B [SEP]"), (5, False, BERT, None),
+    (5, False, ROBERTA, "[CLS] A [SEP] [SEP] B [SEP]"), (6, False, ROBERTA, None),  # <s> A </s></s> B </s>
+    (4, True, None, "[CLS] A [SEP] B [SEP]"), (5, True, None, None),
 ])
-def test_a_sequence_length_that_holds_no_text_is_refused(length, pretraining, text_pairs, refused):
+def test_a_sequence_length_that_holds_no_text_is_refused(length, pretraining, pair_layout, refused):
   model = ModelConfig(vocab_size=97, max_position_embeddings=32)
-  check = lambda: model.check_seq_length(length, 0 if pretraining else None, text_pairs=text_pairs)
+  check = lambda: model.check_seq_length(length, 0 if pretraining else None, pair_layout=pair_layout)
   if refused is None:
     check()
     return

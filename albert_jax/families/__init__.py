@@ -75,6 +75,15 @@ def family_of(params: Any) -> Family:
               _families()[DEFAULT])
 
 
+def check_model_family(config: Mapping[str, Any]) -> None:
+  """Refuses a config whose `model_family` names no registered family, at start-up rather than when its weights
+  are exported or fine-tuned (`of_run`)."""
+  name = config.get(MODEL_FAMILY)
+  if name and name not in _families():
+    raise InputError(f"{MODEL_FAMILY}={name!r} names no model family; set --config.{MODEL_FAMILY} to one of "
+                     f"{', '.join(sorted(_families()))}.")
+
+
 def of_run(config: Mapping[str, Any]) -> Family:
   """The family of a training run's weights by its recorded config: its `model_family` (the experiment files of
   BERT and RoBERTa set it: their pretraining runs share ALBERT's task), else a pretraining run's task, or a

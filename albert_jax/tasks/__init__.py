@@ -26,7 +26,7 @@ def get_task(config) -> Task:
                      "(GLUE's sub-task goes in config.task_name).")
   task = TASKS[settings.task](settings)
   if not isinstance(config, TaskSettings) and "model" in config:
-    ModelConfig.from_mapping(config.model).check_seq_length(settings.max_seq_length, text_pairs=task.text_pairs)
+    task.check_seq_length(ModelConfig.from_mapping(config.model))
   return task
 
 __all__ = ["Split", "Task", "TASKS", "TaskSettings", "get_task", "make_tokenizer", "model_inputs"]

@@ -179,7 +179,7 @@ class Task(abc.ABC):
   # Outputs per example, which padding does not change: batches are cut to length buckets (albert_jax/buckets.py).
   # Tasks with outputs per token keep every batch at max_seq_length.
   length_buckets_apply: bool = True
-  text_pairs: bool = False  # inputs are [CLS] A [SEP] B [SEP]: max_seq_length holds a token of each
+  text_pairs: bool = False  # inputs are text pairs, in the tokenizer's layout: max_seq_length holds a token of each
   download: tuple[str, str] | None = None  # (data_pipeline.download --tasks, the folder it writes in DATA); None: yours
 
   def __init__(self, settings: TaskSettings):
@@ -238,9 +238,14 @@ class Task(abc.ABC):
     return Split(name=name, path=path, examples=examples, features=features, info=info)
 
   # --- model ----------------------------------------------------------------------------------------------
-  def build_model(self, model_config: ModelConfig):
-    """The backbone (submodule "albert") + this task's head; checks the inputs fit the position table."""
-    model_config.check_seq_length(self.settings.max_seq_length, text_pairs=self.text_pairs)
+  def check_seq_length(self, model_config: ModelConfig, pair_layout: PairLayout = BERT) -> None:
+    """The inputs fit the position table and hold a token of each text around `pair_layout`'s special tokens (the
+    tokenizer's; BERT's, the fewest, where it is not known yet)."""
+    model_config.check_seq_length(self.settings.max_seq_length, pair_layout=pair_layout if self.text_pairs else None)
+
+  def build_model(self, model_config: ModelConfig, pair_layout: PairLayout = BERT):
+    """The backbone (submodule "albert") + this task's head, once `check_seq_length` passes."""
+    self.check_seq_length(model_config, pair_layout)
     return self.make_model(model_config)
 
   @abc.abstractmethod
