@@ -288,20 +288,20 @@ ELECTRA_EPOCHS = {"rte": 10, "sts-b": 10, "squad_v1": 2, "squad_v2": 2}  # every
 # RoBERTa's (Liu et al. 2019, Table 10: 10 epochs on GLUE, 4 on RACE, 2 on SQuAD; 6% warmup, linear decay) with
 # fairseq's Adam (bias-corrected, β2 0.98, ε 1e-6, no clipping). GLUE's per-task learning rate and batch are those
 # of fairseq's `examples/roberta/README.glue.md` (its rows of the Table 10 grid); RACE's and SQuAD's are Table 10's,
-# which gives no SQuAD length (384 here, the README's) and no WNLI row (the paper ranks WNLI's candidates).
+# which gives no SQuAD length (384 here, as ALBERT's and BERT's) and no WNLI row (the paper ranks WNLI's candidates).
 ROBERTA_GLUE = {"mnli": (1e-5, 32), "qnli": (1e-5, 32), "qqp": (1e-5, 32), "sst-2": (1e-5, 32),
                 "rte": (2e-5, 16), "sts-b": (2e-5, 16), "mrpc": (1e-5, 16), "cola": (1e-5, 16)}
-ROBERTA_OPTIMISER = dict(warmup_percent=6, b2=0.98, adam_bias_correction=True, clip_grad_norm=0.0)
+ROBERTA_EVERY_TASK = dict(warmup_percent=6, b2=0.98, adam_bias_correction=True, clip_grad_norm=0.0)
 
 # task -> Recipe for every published recipe but ALBERT's (GLUE_RECIPES and the configs' own figures).
 FINETUNING_RECIPES = {
     **{name: {task: Recipe(learning_rate, 32, ELECTRA_EPOCHS.get(task, 3), 512 if task in SQUAD_TASKS else 128,
                            layerwise_lr_decay=decay) for task in (*GLUE_TASKS, *SQUAD_TASKS)}
        for name, (learning_rate, decay) in ELECTRA_RECIPES.items()},
-    "roberta": {**{task: Recipe(learning_rate, batch, 10, 512, weight_decay=0.1, **ROBERTA_OPTIMISER)
+    "roberta": {**{task: Recipe(learning_rate, batch, 10, 512, weight_decay=0.1, **ROBERTA_EVERY_TASK)
                    for task, (learning_rate, batch) in ROBERTA_GLUE.items()},
-                "race": Recipe(1e-5, 16, 4, 512, weight_decay=0.1, **ROBERTA_OPTIMISER),
-                **{task: Recipe(1.5e-5, 48, 2, 384, **ROBERTA_OPTIMISER) for task in SQUAD_TASKS}},
+                "race": Recipe(1e-5, 16, 4, 512, weight_decay=0.1, **ROBERTA_EVERY_TASK),
+                **{task: Recipe(1.5e-5, 48, 2, 384, **ROBERTA_EVERY_TASK) for task in SQUAD_TASKS}},
     # BERT's (Devlin et al. 2019, section 4.1; google-research/bert `run_classifier.py`, `optimization.py`): 3 epochs
     # at batch 32 and 128 tokens, 10% warmup, its AdamW without bias correction; 2e-5 of the paper's grid
     # {5e-5, 4e-5, 3e-5, 2e-5}. SQuAD: its README's v1.1 base command (lr 3e-5, batch 12, 2 epochs, 384 tokens, stride
