@@ -1,6 +1,8 @@
 """RoBERTa's and BERT's fine-tuning recipes (`recipe=roberta|bert`): each task's schedule against a hand computation,
 the refusal of a task a paper gives no figures for, and the optimiser built from a recipe's config against a
-hand-computed AdamW."""
+hand-computed AdamW, and a tiny run on RoBERTa's recipe recording those settings."""
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ import pytest
 from albert_jax import optim
 from albert_jax.errors import InputError
 from experiments import glue, race, squad_v1, squad_v2
+from tests.helpers import TINY_RUN, finetune_cli, glue_data, spm
 
 # RoBERTa's GLUE: steps = ceil(10 epochs x train rows / batch), warmup = 6% of them rounded down, dev every tenth
 # (rounded up). By hand: MNLI 10 x 392,702 / 32 = 122,719.4 -> 122,720, 6% = 7,363.2 -> 7,363; RTE 10 x 2,490 / 16 =
@@ -132,3 +135,16 @@ def test_a_recipes_optimiser_settings_reach_the_optimiser(arg):
 
 def flat(tree):
   return {"/".join(k.key for k in path): np.asarray(x) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@pytest.mark.slow
+def test_a_run_on_robertas_recipe_trains_and_records_its_optimiser(shared_data, tmp_path):
+  """TINY_RUN's schedule and batch; the recipe's Adam (bias-corrected, β2 0.98, no clipping), weight decay and
+  rate go into the run's config.json, which eval, predict and a resume read."""
+  root = glue_data(shared_data, "rte", tmp_path / "glue")
+  config = f"experiments/glue.py:task=rte,size=tiny,data={root},spm={spm(shared_data)},recipe=roberta"
+  result = finetune_cli(config, tmp_path / "run", *TINY_RUN, fast_compile=True)
+  assert result.returncode == 0, result.stdout + result.stderr
+  train = json.load(open(tmp_path / "run" / "config.json"))["train"]
+  assert (train["b2"], train["weight_decay"], train["adam_bias_correction"], train["clip_grad_norm"],
+          train["learning_rate"], train["num_train_steps"]) == (0.98, 0.1, True, 0.0, 2e-5, 4)
