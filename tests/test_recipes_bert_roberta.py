@@ -86,7 +86,8 @@ def test_a_task_without_published_figures_is_refused(module, arg, covering):
 def hand_adamw_updates(train, params, grads, decayed):
   """The updates of `train`'s AdamW step by step in float64: gradients clipped to global norm clip_grad_norm (0: not
   clipped), moments m, v (bias-corrected by 1 - β^t when asked), u = m / (√v + ε) + wd · p where decayed,
-  -lr_t · u with lr_t = lr · t / warmup from t = 0."""
+  -lr_t · u with lr_t = lr · t / warmup from t = 0 (steps within the warmup)."""
+  assert len(grads) <= train.warmup_steps
   m = {k: 0.0 for k in params}
   v = {k: 0.0 for k in params}
   for t, g in enumerate(grads):
