@@ -25,8 +25,10 @@ from albert_jax.model_config import model_config_from
 from albert_jax.run import Run, config as run_config, provenance
 from albert_jax.weights import loading, record
 from albert_jax.weights.resolve import resolve_init_checkpoint
+from data_pipeline import records
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.masking import num_prediction_slots
+from data_pipeline.wordpiece import load_tokenizer
 
 
 def pretraining_totals(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -286,6 +288,18 @@ def check_data(config: ml_collections.ConfigDict) -> None:
                      "held-out evaluation.")
 
 
+def check_data_tokenizer(config: ml_collections.ConfigDict, weights) -> None:
+  """Prepared data that the tokenizer of the weights continued from (`weights.tokenizer`) did not write is refused:
+  their ids would mean other pieces to the model."""
+  if config.data.kind != "prepared" or weights.tokenizer is None:
+    return
+  model_file, manifest = weights.tokenizer[0], records.read_manifest(config.data.path)
+  if load_tokenizer(model_file).sha256 != manifest["tokenizer"]["sha256"]:
+    raise InputError(f"{weights.origin} was trained with the tokenizer {model_file}, but the data at "
+                     f"{config.data.path} was prepared with another (its copy: {manifest['tokenizer']['model']}); prepare the "
+                     f"corpus with the model's own: python -m data_pipeline.prepare --spm_model={model_file} ...")
+
+
 def warm_start_from(config: ml_collections.ConfigDict, weights, job: engine.Job) -> Callable:
   """The warm start of `job` from `weights` (`loading.warm_start`: the backbone required, heads the model has taken
   where the weights hold them)."""
@@ -298,12 +312,15 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
   A warm start's weights are loaded and checked first: refused, they leave the run's folder as it was. `job_for`:
   (config, run) -> the objective's job (a family's own objective passes its `make_job`); `warm_start_for`:
   (config, the resolved init_checkpoint, the job) -> its warm start (ELECTRA's takes its generator too)."""
+  weights = resolve_init_checkpoint(config, args and args.overrides)
+  if weights:  # the model and tokenizer the weights fix, kept on a resume as the run recorded them
+    config = weights.config  # init_checkpoint names the conversion of another format's weights
+    check_data_tokenizer(config, weights)
   check_data(config)
   job = job_for(config, run)
   if run_config.latest_step(run) is not None:
     provenance.check_resume(run, job.inputs, config)
-  elif weights := resolve_init_checkpoint(config):  # a warm start; a resume goes on from its own weights
-    config = weights.config  # init_checkpoint names the conversion of another format's weights
+  elif weights:  # a warm start; a resume goes on from its own weights
     provenance.check_reader(weights.path, weights.flag, config)
     job = dataclasses.replace(job, warm_start=warm_start_for(config, weights, job))
   last = loop.fit(config, run, job)

@@ -1,0 +1,184 @@
+"""Continued pretraining of a released RoBERTa or BERT (`pretrain.train` with init_checkpoint): a transformers
+RobertaForMaskedLM / BertForPreTraining folder with its own tokenizer (a byte-level BPE, a WordPiece vocab.txt,
+trained here) warm-starts `pretrain_roberta.py` / `bert_base.py` on a corpus prepared with that tokenizer, the model
+taken from the weights and every head of theirs loaded. The first step's losses are transformers' on the same batch,
+training lowers the MLM loss, the run resumes exactly, data of another tokenizer is refused in one line, and
+transformers' fill-mask pipeline on the exported run gives our model's probabilities."""
+import json
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from albert_jax import convert, pretrain
+from albert_jax.cli import experiment_config
+from albert_jax.errors import InputError
+from albert_jax.job_kinds import RunArgs
+from albert_jax.model import AlbertForPreTraining
+from albert_jax.model_config import ModelConfig
+from albert_jax.run import Run
+from data_pipeline import train_spm
+from data_pipeline.loader import make_pretraining_iterator
+from data_pipeline.prepare import PrepareConfig, prepare
+from data_pipeline.sources import Source
+from data_pipeline.wordpiece import load_tokenizer
+from tests.helpers import assert_trees_equal, final_params, logged, quietly
+from tests.test_data_tokenizer_kinds import _text_corpus
+
+pytestmark = pytest.mark.hf
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40)
+# family: (transformers class, tokenizer kind, its file, experiment, the released config's fields, flags of the run)
+FAMILIES = {
+    "roberta": ("RobertaForMaskedLM", "bpe", "tokenizer.json", "pretrain_roberta.py:size=base",
+                dict(max_position_embeddings=34, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1), []),
+    "bert": ("BertForPreTraining", "wordpiece", "vocab.txt", "bert_base.py", dict(max_position_embeddings=32),
+             ["--config.data.sentence_task=nsp"]),
+}
+FLAGS = ["--config.data.max_seq_length=32", "--config.train.global_batch_size=8", "--config.train.num_train_steps=4",
+         "--config.train.warmup_steps=1", "--config.train.learning_rate=0.01", "--config.train.eval_every=0",
+         "--config.checkpoint.every=2", "--config.checkpoint.keep=4", "--config.checkpoint.async_save=False",
+         "--config.log.every=1", "--config.model.dtype=float32", "--config.model.hidden_dropout_prob=0",
+         "--config.model.attention_probs_dropout_prob=0"]
+
+
+def train(folder, family, run, data):
+  """`main --config=experiments/<family's> --config.init_checkpoint=folder ...` in this process: what it printed."""
+  flags = [f"--config.init_checkpoint={folder}", f"--config.data.path={data}", *FLAGS, *FAMILIES[family][5]]
+  config = experiment_config(["main", f"--config=experiments/{FAMILIES[family][3]}", *flags])
+  overrides = tuple(flag.split("=")[0].removeprefix("--config.") for flag in flags)  # as main passes them
+  return quietly(pretrain.train, config, Run(str(run)), RunArgs(overrides=overrides))
+
+
+def trained_tokenizer(corpus, folder, vocab_size, kind):
+  quietly(lambda: train_spm.train(Source(str(corpus)), str(folder), vocab_size=vocab_size, model_type=kind))
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def released(request, tmp_path_factory):
+  """A released-style folder of the family (random weights, its tokenizer beside them), a corpus prepared with
+  that tokenizer and a 4-step run continuing it: (family, folder, prepared data, run, the run's output)."""
+  from tests.hf_models import hf_model, transformers
+  family = request.param
+  cls, kind, tokenizer_file, _, fields, _ = FAMILIES[family]
+  tmp = tmp_path_factory.mktemp(family)
+  corpus, _ = _text_corpus(tmp)
+  trained_tokenizer(corpus, tmp / "tokenizer", 300, kind)
+  folder = tmp / "released"
+  vocab_size = load_tokenizer(str(tmp / "tokenizer" / tokenizer_file)).vocab_size
+  hf_model(getattr(transformers, cls), sizes={**SIZES, **fields, "vocab_size": vocab_size}).save_pretrained(folder)
+  for path in (tmp / "tokenizer").iterdir():
+    shutil.copy(path, folder / path.name)
+  quietly(prepare, PrepareConfig(str(corpus), str(folder / tokenizer_file), str(tmp / "prepared"), num_shards=1,
+                                 eval_fraction=0.0))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("XDG_CACHE_HOME", str(tmp / "cache"))  # where the transformers folder is converted
+    said = train(folder, family, tmp / "run", tmp / "prepared")
+    yield family, folder, tmp / "prepared", tmp / "run", said
+
+
+def first_batch(run):
+  """The run's first batch, read again with the data settings its config.json records."""
+  config = json.loads((run / "config.json").read_text())
+  return next(make_pretraining_iterator(config["data"], "train", config["train"]["global_batch_size"],
+                                        config["seed"], 0, 1, config["model"]["vocab_size"]))
+
+
+def our_outputs(run, params, batch):
+  model = AlbertForPreTraining(ModelConfig.from_mapping(json.loads((run / "config.json").read_text())["model"]))
+  return model.apply({"params": params}, *(jnp.asarray(batch[k]) for k in (
+      "input_ids", "attention_mask", "token_type_ids", "masked_lm_positions")), deterministic=True)
+
+
+def test_the_first_steps_losses_are_transformers_on_the_same_batch_with_every_head_loaded(released):
+  """The model comes from the weights, the tokenizer from their folder; the MLM head (and BERT's NSP head) is
+  theirs: step 1's MLM (and NSP) loss is what transformers computes for the batch with the released model."""
+  from tests.hf_models import torch, transformers
+  family, folder, _, run, said = released
+  assert "model and tokenizer from " in said and "vocab_size=" in said and "hidden_size=32" in said
+  # RoBERTa has no sentence head; our model's, unused without a sentence task, is the one left fresh.
+  assert ("freshly initialised: ['sop_classifier/bias', 'sop_classifier/kernel']" if family == "roberta" else
+          "freshly initialised: none") in said
+  batch = first_batch(run)
+  labels = np.full(batch["input_ids"].shape, -100)
+  rows, slots = np.nonzero(batch["masked_lm_weights"])
+  labels[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
+  model = getattr(transformers, FAMILIES[family][0]).from_pretrained(folder).eval()
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"]),
+                token_type_ids=torch.tensor(batch["token_type_ids"]))
+  logits = out.logits if family == "roberta" else out.prediction_logits
+  mlm = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(labels).reshape(-1))
+  assert logged(run, "mlm_loss")[1] == pytest.approx(float(mlm), rel=1e-5)
+  if family == "bert":
+    nsp = torch.nn.functional.cross_entropy(out.seq_relationship_logits, torch.tensor(batch["sentence_order_label"].astype(np.int64)))
+    assert logged(run, "nsp_loss")[1] == pytest.approx(float(nsp), rel=1e-5)
+
+
+@pytest.mark.slow  # two more runs of 2 and 4 steps: about a minute on 2 busy cores
+def test_training_lowers_the_loss_and_a_stopped_run_resumes_exactly(released, tmp_path):
+  family, _, data, run, _ = released
+  batch = first_batch(run)
+  sums = pretrain.mlm_sums(our_outputs(run, final_params(run)[1], batch)["mlm_logits"], batch)
+  assert float(sums["mlm_loss_sum"] / sums["mlm_weight"]) < logged(run, "mlm_loss")[1] - 0.1
+
+  stopped = tmp_path / "stopped"
+  shutil.copytree(run, stopped)  # the run as a stop after step 2's checkpoint leaves it
+  shutil.rmtree(stopped / "checkpoints" / "4")
+  config = json.loads((run / "config.json").read_text())
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("XDG_CACHE_HOME", str(run.parent / "cache"))
+    assert "Resumed from step 2" in train(config["init_checkpoint"], family, stopped, data)
+  (step_a, params_a), (step_b, params_b) = final_params(run), final_params(stopped)
+  assert step_a == step_b == 4
+  assert_trees_equal(params_a, params_b)
+  assert logged(run, "mlm_loss")[4] == logged(stopped, "mlm_loss")[4]
+
+
+def test_a_corpus_prepared_with_another_tokenizer_is_refused_before_the_run_starts(released, tmp_path):
+  """The other family's kind of tokenizer, trained on the same corpus."""
+  family, folder, _, _, _ = released
+  tokenizer_file = FAMILIES[family][2]
+  _, other_kind, other_file, *_ = next(fields for name, fields in FAMILIES.items() if name != family)
+  corpus, _ = _text_corpus(tmp_path)
+  trained_tokenizer(corpus, tmp_path / "other", 300, other_kind)
+  quietly(prepare, PrepareConfig(str(corpus), str(tmp_path / "other" / other_file), str(tmp_path / "prepared"),
+                                 num_shards=1, eval_fraction=0.0))
+  with pytest.MonkeyPatch.context() as patch, pytest.raises(InputError) as refused:
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    train(folder, family, tmp_path / "run", tmp_path / "prepared")
+  converted = next((tmp_path / "cache" / "albert_jax" / "hf" / "folders").iterdir())
+  assert str(refused.value) == (
+      f"init_checkpoint {converted} was trained with the tokenizer {converted / tokenizer_file}, but the data at "
+      f"{tmp_path / 'prepared'} was prepared with another (its copy: {other_file}); prepare the corpus with the "
+      f"model's own: python -m data_pipeline.prepare --spm_model={converted / tokenizer_file} ...")
+  assert not (tmp_path / "run").exists()
+
+
+def test_the_fill_mask_pipeline_on_the_exported_run_gives_our_probabilities(released, tmp_path):
+  """`convert --to=hf` of the run, then transformers' `pipeline("fill-mask")`: its input ids are our tokenizer's,
+  its top scores a softmax over our logits at the mask, its tokens decode to the pieces they name."""
+  from tests.hf_models import transformers
+  family, _, _, run, _ = released
+  quietly(convert.convert, None, "hf", str(run), str(tmp_path / "hf"))
+  fill = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"))
+  mask = fill.tokenizer.mask_token
+  text = f"The cat sat on a {mask}."
+  ids = fill.tokenizer(text)["input_ids"]
+  ours = load_tokenizer(json.loads((run / "config.json").read_text())["data"]["spm_model"])
+  before, after = text.split(f" {mask}")
+  expected = [ours.cls_id, *ours.encode(before), ours.mask_id, *ours.encode(after), ours.sep_id]
+  assert ids == expected
+  position = ids.index(ours.mask_id)
+  batch = {"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), np.int32),
+           "token_type_ids": np.zeros((1, len(ids)), np.int32), "masked_lm_positions": np.array([[position]])}
+  logits = np.asarray(our_outputs(run, final_params(run)[1], batch)["mlm_logits"])[0, 0]
+  probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+  top = np.argsort(-probabilities)[:5]
+  results = fill(text, top_k=5)
+  assert [r["token"] for r in results] == top.tolist()
+  np.testing.assert_allclose([r["score"] for r in results], probabilities[top], atol=1e-5, rtol=0)
+  for r in results:
+    assert r["token_str"] == fill.tokenizer.decode([r["token"]]) and r["token_str"].strip()
+    filled = [r["token"] if t == ours.mask_id else t for t in ids]
+    assert r["sequence"] == fill.tokenizer.decode(filled, skip_special_tokens=True)
