@@ -309,19 +309,24 @@ def warm_start_from(config: ml_collections.ConfigDict, weights, job: engine.Job)
 def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job,
           warm_start_for=warm_start_from) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the run's latest checkpoint. Returns the last logged metrics.
+  init_checkpoint's weights give the model and tokenizer the command line leaves unset (`args.overrides`; a
+  released RoBERTa or BERT folder is continued on data prepared with its own tokenizer, `check_data_tokenizer`).
   A warm start's weights are loaded and checked first: refused, they leave the run's folder as it was. `job_for`:
   (config, run) -> the objective's job (a family's own objective passes its `make_job`); `warm_start_for`:
   (config, the resolved init_checkpoint, the job) -> its warm start (ELECTRA's takes its generator too)."""
   weights = resolve_init_checkpoint(config, args and args.overrides)
-  if weights:  # the model and tokenizer the weights fix, kept on a resume as the run recorded them
-    config = weights.config  # init_checkpoint names the conversion of another format's weights
+  # The model and tokenizer the weights fix (on a resume too, as the run recorded them); init_checkpoint names the
+  # conversion of another format's weights.
+  config = weights.config if weights else config
+  resuming = run_config.latest_step(run) is not None
+  if weights and not resuming:  # a warm start; a resume goes on from its own weights
+    provenance.check_reader(weights.path, weights.flag, config)
     check_data_tokenizer(config, weights)
   check_data(config)
   job = job_for(config, run)
-  if run_config.latest_step(run) is not None:
+  if resuming:
     provenance.check_resume(run, job.inputs, config)
-  elif weights:  # a warm start; a resume goes on from its own weights
-    provenance.check_reader(weights.path, weights.flag, config)
+  elif weights:
     job = dataclasses.replace(job, warm_start=warm_start_for(config, weights, job))
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)
