@@ -295,9 +295,10 @@ def check_data_tokenizer(config: ml_collections.ConfigDict, weights) -> None:
     return
   model_file, manifest = weights.tokenizer[0], records.read_manifest(config.data.path)
   if load_tokenizer(model_file).sha256 != manifest["tokenizer"]["sha256"]:
-    raise InputError(f"{weights.origin} was trained with the tokenizer {model_file}, but the data at "
-                     f"{config.data.path} was prepared with another (its copy: {manifest['tokenizer']['model']}); prepare the "
-                     f"corpus with the model's own: python -m data_pipeline.prepare --spm_model={model_file} ...")
+    prepared_with = manifest["tokenizer"]["model"]
+    raise InputError(f"{weights.flag}={weights.path} was trained with the tokenizer {model_file}, but the data at "
+                     f"{config.data.path} was prepared with another (its copy: {prepared_with}); prepare the corpus "
+                     f"with the model's own: python -m data_pipeline.prepare --spm_model={model_file} ...")
 
 
 def warm_start_from(config: ml_collections.ConfigDict, weights, job: engine.Job) -> Callable:

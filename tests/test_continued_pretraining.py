@@ -6,6 +6,7 @@ training lowers the MLM loss, the run resumes exactly, data of another tokenizer
 transformers' fill-mask pipeline on the exported run gives our model's probabilities."""
 import json
 import shutil
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -28,12 +29,22 @@ from tests.test_data_tokenizer_kinds import _text_corpus
 
 pytestmark = pytest.mark.hf
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40)
-# family: (transformers class, tokenizer kind, its file, experiment, the released config's fields, flags of the run)
+
+
+class Family(NamedTuple):
+  hf_class: str         # the released folder's transformers class
+  tokenizer_kind: str   # train_spm's --model_type of its tokenizer
+  tokenizer_file: str   # the file of it that the corpus is prepared with
+  experiment: str
+  released: dict        # the released config's fields beyond SIZES
+  flags: tuple = ()     # the run's own flags
+
+
 FAMILIES = {
-    "roberta": ("RobertaForMaskedLM", "bpe", "tokenizer.json", "pretrain_roberta.py:size=base",
-                dict(max_position_embeddings=34, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1), []),
-    "bert": ("BertForPreTraining", "wordpiece", "vocab.txt", "bert_base.py", dict(max_position_embeddings=32),
-             ["--config.data.sentence_task=nsp"]),
+    "roberta": Family("RobertaForMaskedLM", "bpe", "tokenizer.json", "pretrain_roberta.py:size=base",
+                      dict(max_position_embeddings=34, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1)),
+    "bert": Family("BertForPreTraining", "wordpiece", "vocab.txt", "bert_base.py", dict(max_position_embeddings=32),
+                   ("--config.data.sentence_task=nsp",)),
 }
 FLAGS = ["--config.data.max_seq_length=32", "--config.train.global_batch_size=8", "--config.train.num_train_steps=4",
          "--config.train.warmup_steps=1", "--config.train.learning_rate=0.01", "--config.train.eval_every=0",
@@ -44,8 +55,8 @@ FLAGS = ["--config.data.max_seq_length=32", "--config.train.global_batch_size=8"
 
 def train(folder, family, run, data):
   """`main --config=experiments/<family's> --config.init_checkpoint=folder ...` in this process: what it printed."""
-  flags = [f"--config.init_checkpoint={folder}", f"--config.data.path={data}", *FLAGS, *FAMILIES[family][5]]
-  config = experiment_config(["main", f"--config=experiments/{FAMILIES[family][3]}", *flags])
+  flags = [f"--config.init_checkpoint={folder}", f"--config.data.path={data}", *FLAGS, *FAMILIES[family].flags]
+  config = experiment_config(["main", f"--config=experiments/{FAMILIES[family].experiment}", *flags])
   overrides = tuple(flag.split("=")[0].removeprefix("--config.") for flag in flags)  # as main passes them
   return quietly(pretrain.train, config, Run(str(run)), RunArgs(overrides=overrides))
 
@@ -60,13 +71,13 @@ def released(request, tmp_path_factory):
   that tokenizer and a 4-step run continuing it: (family, folder, prepared data, run, the run's output)."""
   from tests.hf_models import hf_model, transformers
   family = request.param
-  cls, kind, tokenizer_file, _, fields, _ = FAMILIES[family]
-  tmp = tmp_path_factory.mktemp(family)
+  spec, tmp = FAMILIES[family], tmp_path_factory.mktemp(family)
   corpus, _ = _text_corpus(tmp)
-  trained_tokenizer(corpus, tmp / "tokenizer", 300, kind)
-  folder = tmp / "released"
+  trained_tokenizer(corpus, tmp / "tokenizer", 300, spec.tokenizer_kind)
+  folder, tokenizer_file = tmp / "released", spec.tokenizer_file
   vocab_size = load_tokenizer(str(tmp / "tokenizer" / tokenizer_file)).vocab_size
-  hf_model(getattr(transformers, cls), sizes={**SIZES, **fields, "vocab_size": vocab_size}).save_pretrained(folder)
+  hf_model(getattr(transformers, spec.hf_class), sizes={**SIZES, **spec.released, "vocab_size": vocab_size}
+           ).save_pretrained(folder)
   for path in (tmp / "tokenizer").iterdir():
     shutil.copy(path, folder / path.name)
   quietly(prepare, PrepareConfig(str(corpus), str(folder / tokenizer_file), str(tmp / "prepared"), num_shards=1,
@@ -103,7 +114,7 @@ def test_the_first_steps_losses_are_transformers_on_the_same_batch_with_every_he
   labels = np.full(batch["input_ids"].shape, -100)
   rows, slots = np.nonzero(batch["masked_lm_weights"])
   labels[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
-  model = getattr(transformers, FAMILIES[family][0]).from_pretrained(folder).eval()
+  model = getattr(transformers, FAMILIES[family].hf_class).from_pretrained(folder).eval()
   with torch.no_grad():
     out = model(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"]),
                 token_type_ids=torch.tensor(batch["token_type_ids"]))
@@ -111,7 +122,8 @@ def test_the_first_steps_losses_are_transformers_on_the_same_batch_with_every_he
   mlm = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(labels).reshape(-1))
   assert logged(run, "mlm_loss")[1] == pytest.approx(float(mlm), rel=1e-5)
   if family == "bert":
-    nsp = torch.nn.functional.cross_entropy(out.seq_relationship_logits, torch.tensor(batch["sentence_order_label"].astype(np.int64)))
+    labels = torch.tensor(batch["sentence_order_label"].astype(np.int64))
+    nsp = torch.nn.functional.cross_entropy(out.seq_relationship_logits, labels)
     assert logged(run, "nsp_loss")[1] == pytest.approx(float(nsp), rel=1e-5)
 
 
@@ -138,10 +150,11 @@ def test_training_lowers_the_loss_and_a_stopped_run_resumes_exactly(released, tm
 def test_a_corpus_prepared_with_another_tokenizer_is_refused_before_the_run_starts(released, tmp_path):
   """The other family's kind of tokenizer, trained on the same corpus."""
   family, folder, _, _, _ = released
-  tokenizer_file = FAMILIES[family][2]
-  _, other_kind, other_file, *_ = next(fields for name, fields in FAMILIES.items() if name != family)
+  tokenizer_file = FAMILIES[family].tokenizer_file
+  other = next(spec for name, spec in FAMILIES.items() if name != family)
+  other_file = other.tokenizer_file
   corpus, _ = _text_corpus(tmp_path)
-  trained_tokenizer(corpus, tmp_path / "other", 300, other_kind)
+  trained_tokenizer(corpus, tmp_path / "other", 300, other.tokenizer_kind)
   quietly(prepare, PrepareConfig(str(corpus), str(tmp_path / "other" / other_file), str(tmp_path / "prepared"),
                                  num_shards=1, eval_fraction=0.0))
   with pytest.MonkeyPatch.context() as patch, pytest.raises(InputError) as refused:
@@ -149,7 +162,7 @@ def test_a_corpus_prepared_with_another_tokenizer_is_refused_before_the_run_star
     train(folder, family, tmp_path / "run", tmp_path / "prepared")
   converted = next((tmp_path / "cache" / "albert_jax" / "hf" / "folders").iterdir())
   assert str(refused.value) == (
-      f"init_checkpoint {converted} was trained with the tokenizer {converted / tokenizer_file}, but the data at "
+      f"init_checkpoint={converted} was trained with the tokenizer {converted / tokenizer_file}, but the data at "
       f"{tmp_path / 'prepared'} was prepared with another (its copy: {other_file}); prepare the corpus with the "
       f"model's own: python -m data_pipeline.prepare --spm_model={converted / tokenizer_file} ...")
   assert not (tmp_path / "run").exists()
