@@ -3,11 +3,14 @@ RobertaForMaskedLM / BertForPreTraining folder with its own tokenizer (a byte-le
 trained here) warm-starts `pretrain_roberta.py` / `bert_base.py` on a corpus prepared with that tokenizer, the model
 taken from the weights and every head of theirs loaded. The first step's losses are transformers' on the same batch,
 training lowers the MLM loss, the run resumes exactly, data of another tokenizer is refused in one line, and
-transformers' fill-mask pipeline on the exported run gives our model's probabilities."""
+transformers' fill-mask pipeline on the exported run gives our model's probabilities. A BertForMaskedLM folder gives
+its MLM head the same way."""
 import json
 import shutil
 from typing import NamedTuple
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -19,6 +22,8 @@ from albert_jax.job_kinds import RunArgs
 from albert_jax.model import AlbertForPreTraining
 from albert_jax.model_config import ModelConfig
 from albert_jax.run import Run
+from albert_jax.weights import loading
+from albert_jax.weights.resolve import resolve_init_checkpoint
 from data_pipeline import train_spm
 from data_pipeline.loader import make_pretraining_iterator
 from data_pipeline.prepare import PrepareConfig, prepare
@@ -195,3 +200,21 @@ def test_the_fill_mask_pipeline_on_the_exported_run_gives_our_probabilities(rele
     assert r["token_str"] == fill.tokenizer.decode([r["token"]]) and r["token_str"].strip()
     filled = [r["token"] if t == ours.mask_id else t for t in ids]
     assert r["sequence"] == fill.tokenizer.decode(filled, skip_special_tokens=True)
+
+
+def test_a_bert_masked_lm_folder_gives_its_mlm_head_leaving_only_the_sentence_head_fresh(tmp_path, monkeypatch):
+  """BertForMaskedLM, which has no NSP head: the warm start takes its MLM head as it was released."""
+  from tests.hf_models import hf_model, transformers
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  released = hf_model(transformers.BertForMaskedLM, sizes={**SIZES, "vocab_size": 61, "max_position_embeddings": 32})
+  released.save_pretrained(tmp_path / "released")
+  config = experiment_config(["main", "--config=experiments/bert_base.py",
+                              f"--config.init_checkpoint={tmp_path / 'released'}"])
+  weights = resolve_init_checkpoint(config, overrides=("init_checkpoint",))
+  target = jax.device_get(nn.unbox(pretrain.make_job(weights.config).init_params(jax.random.key(0))))
+  params, fresh = loading.merge_init_params(target, weights.params)
+  assert fresh == ["sop_classifier/bias", "sop_classifier/kernel"]
+  head = released.cls.predictions
+  np.testing.assert_array_equal(params["predictions"]["bias"], head.bias.detach().numpy())
+  np.testing.assert_array_equal(params["predictions"]["dense"]["kernel"],
+                                head.transform.dense.weight.detach().numpy().T)
