@@ -25,8 +25,10 @@ from albert_jax.model_config import model_config_from
 from albert_jax.run import Run, config as run_config, provenance
 from albert_jax.weights import loading, record
 from albert_jax.weights.resolve import resolve_init_checkpoint
+from data_pipeline import records
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.masking import num_prediction_slots
+from data_pipeline.wordpiece import load_tokenizer
 
 
 def pretraining_totals(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -287,6 +289,19 @@ def check_data(config: ml_collections.ConfigDict) -> None:
                      "held-out evaluation.")
 
 
+def check_data_tokenizer(config: ml_collections.ConfigDict, weights) -> None:
+  """Prepared data that the tokenizer of the weights continued from (`weights.tokenizer`) did not write is refused:
+  their ids would mean other pieces to the model."""
+  if config.data.kind != "prepared" or weights.tokenizer is None:
+    return
+  model_file, manifest = weights.tokenizer[0], records.read_manifest(config.data.path)
+  if load_tokenizer(model_file).sha256 != manifest["tokenizer"]["sha256"]:
+    prepared_with = manifest["tokenizer"]["model"]
+    raise InputError(f"{weights.flag}={weights.path} was trained with the tokenizer {model_file}, but the data at "
+                     f"{config.data.path} was prepared with another (its copy: {prepared_with}); prepare the corpus "
+                     f"with the model's own: python -m data_pipeline.prepare --spm_model={model_file} ...")
+
+
 def warm_start_from(config: ml_collections.ConfigDict, weights, job: engine.Job) -> Callable:
   """The warm start of `job` from `weights` (`loading.warm_start`: the backbone required, heads the model has taken
   where the weights hold them)."""
@@ -296,16 +311,24 @@ def warm_start_from(config: ml_collections.ConfigDict, weights, job: engine.Job)
 def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_job,
           warm_start_for=warm_start_from) -> dict[str, float]:
   """Pretrains from scratch, a warm start, or the run's latest checkpoint. Returns the last logged metrics.
+  init_checkpoint's weights give the model and tokenizer the command line leaves unset (`args.overrides`; a
+  released RoBERTa or BERT folder is continued on data prepared with its own tokenizer, `check_data_tokenizer`).
   A warm start's weights are loaded and checked first: refused, they leave the run's folder as it was. `job_for`:
   (config, run) -> the objective's job (a family's own objective passes its `make_job`); `warm_start_for`:
   (config, the resolved init_checkpoint, the job) -> its warm start (ELECTRA's takes its generator too)."""
+  weights = resolve_init_checkpoint(config, args and args.overrides)
+  # The model and tokenizer the weights fix (on a resume too, as the run recorded them); init_checkpoint names the
+  # conversion of another format's weights.
+  config = weights.config if weights else config
+  resuming = run_config.latest_step(run) is not None
+  if weights and not resuming:  # a warm start; a resume goes on from its own weights
+    provenance.check_reader(weights.path, weights.flag, config)
+    check_data_tokenizer(config, weights)
   check_data(config)
   job = job_for(config, run)
-  if run_config.latest_step(run) is not None:
+  if resuming:
     provenance.check_resume(run, job.inputs, config)
-  elif weights := resolve_init_checkpoint(config):  # a warm start; a resume goes on from its own weights
-    config = weights.config  # init_checkpoint names the conversion of another format's weights
-    provenance.check_reader(weights.path, weights.flag, config)
+  elif weights:
     job = dataclasses.replace(job, warm_start=warm_start_for(config, weights, job))
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)

@@ -49,7 +49,9 @@ def byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]]) -> toke
   hf = tokenizers.Tokenizer(models.BPE(vocab, merges))
   hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   hf.decoder = decoders.ByteLevel()
-  hf.add_special_tokens([tokenizers.AddedToken(token, special=True) for token in ROBERTA_SPECIALS if token in vocab])
+  # <mask> takes the space before it, as RoBERTa's does: "a <mask>" stands for a word "Ġx", not a lone space.
+  hf.add_special_tokens([tokenizers.AddedToken(token, special=True, lstrip=token == "<mask>")
+                         for token in ROBERTA_SPECIALS if token in vocab])
   if "<s>" in vocab and "</s>" in vocab:
     hf.post_processor = processors.RobertaProcessing(("</s>", vocab["</s>"]), ("<s>", vocab["<s>"]),
                                                      add_prefix_space=False)
