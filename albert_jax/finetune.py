@@ -55,7 +55,7 @@ def _warm_start(config, task, model, weights: Weights | None):
     raise InputError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
-  provenance.check_reader(weights.path, weights.flag, config)
+  provenance.check_reader(weights.run, f"{weights.flag}={weights.path}", config)
   loaded = weights.params
   if set(loaded) - {"albert"} and not head_trained_for(task, weights.head):
     if jax.process_index() == 0:
@@ -190,7 +190,7 @@ def _trained_params(config, run: Run, weights: Weights, task, model):
   trained for `task` as it is now (a pretraining run has none) and their model is config.model's."""
   workdir, best = run.workdir, weights.best
   check_identity(task, weights.head, f"--workdir={workdir}")
-  provenance.check_reader(workdir, "--workdir", config)
+  provenance.check_reader(run, f"--workdir={workdir}", config)
   task.use_tuning(weights.folder)
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
   params = weights.params

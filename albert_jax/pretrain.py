@@ -304,7 +304,7 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
     provenance.check_resume(run, job.inputs, config)
   elif weights := resolve_init_checkpoint(config):  # a warm start; a resume goes on from its own weights
     config = weights.config  # init_checkpoint names the conversion of another format's weights
-    provenance.check_reader(weights.path, weights.flag, config)
+    provenance.check_reader(weights.run, f"{weights.flag}={weights.path}", config)
     job = dataclasses.replace(job, warm_start=warm_start_for(config, weights, job))
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)
@@ -341,7 +341,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None, 
                         ) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the run's latest checkpoint, also printed as one JSON line."""
   record.check_same_function(run.workdir, config.model, "--workdir")
-  provenance.check_reader(run.workdir, "--workdir", config, provenance.pretraining_inputs(run_data(config, run)))
+  provenance.check_reader(run, f"--workdir={run.workdir}", config, provenance.pretraining_inputs(run_data(config, run)))
   if run_config.latest_step(run) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(run.checkpoints)}; train first (--mode=train).")
   s = engine.setup(config, job_for(config, run), run)

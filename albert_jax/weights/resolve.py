@@ -16,7 +16,7 @@ from albert_jax import families, head_identity, storage
 from albert_jax.errors import InputError
 from albert_jax.formats import registry, weight_files
 from albert_jax.model_config import ModelConfig
-from albert_jax.run import as_run, config as run_config, run_of_best
+from albert_jax.run import Run, as_run, config as run_config, run_of_best, run_of_weights
 from albert_jax.run.best import read_best, recorded_identity
 from albert_jax.tasks import get_task
 from albert_jax.weights import loading, record, store
@@ -31,7 +31,8 @@ class Weights:
   it) taken from their record (`resolve`), or the config they record (`resolve_ours`). `head`: the identity of the
   head they were fine-tuned with (`run.best.recorded_identity`), None for a backbone. `tokenizer`: (model file,
   do_lower_case or None) they were trained with, None where none is recorded. `best`: the best record of the
-  fine-tuning run whose folder `path` is (its params are that record's best/step_N), else None."""
+  fine-tuning run whose folder `path` is (its params are that record's best/step_N), else None. `run`: the training
+  run they come from (`path` itself or WORKDIR of WORKDIR/best/step_N), None for converted weights."""
   path: str
   flag: str
   config: ml_collections.ConfigDict
@@ -39,6 +40,7 @@ class Weights:
   head: dict | None
   tokenizer: tuple[str, bool | None] | None
   best: dict | None = None
+  run: Run | None = None
 
   @property
   def origin(self) -> str:
@@ -134,4 +136,5 @@ def resolve_ours(source: str, flag: str = "--src") -> Weights:
 def _weights(recorded: record.Recorded, flag: str, config: ml_collections.ConfigDict) -> Weights:
   own = as_run(recorded.path)
   best = read_best(own)
-  return Weights(recorded.path, flag, config, recorded.family, recorded_identity(own, best), recorded.tokenizer, best)
+  return Weights(recorded.path, flag, config, recorded.family, recorded_identity(own, best), recorded.tokenizer, best,
+                 run_of_weights(recorded.path))
