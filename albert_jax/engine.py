@@ -270,6 +270,7 @@ class Setup:
   train_step: Callable          # jitted, state donated
   eval_step: Callable           # jitted
   checkpointer: checkpointing.Checkpointer | None
+  compiled_steps: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # `step_for`'s, by shape
 
   @contextlib.contextmanager
   def context(self) -> Iterator[None]:
@@ -296,8 +297,11 @@ class Setup:
   def lower_train_step(self, example: dict[str, Any] | None = None):
     """The train step lowered from shapes only (a batch shaped like `example`, see `abstract_batch`): nothing is
     allocated, any device kind (TPU topologies too)."""
+    return self._lower(self.abstract_batch(example))
+
+  def _lower(self, batch: dict[str, jax.ShapeDtypeStruct]):
     with self.context():
-      return self.train_step.lower(self.abstract_state, self.abstract_batch(example), self.abstract_rng())
+      return self.train_step.lower(self.abstract_state, batch, self.abstract_rng())
 
   def compile_train_step(self, example: dict[str, Any] | None = None) -> Callable:
     """The train step compiled ahead of time for batches shaped like `example` (default: the job's longest),
@@ -306,17 +310,30 @@ class Setup:
     hits_before = compilation_cache.hits()
     log = print if jax.process_index() == 0 else lambda *a, **k: None
     devices = f"{self.mesh.size} device{'s' if self.mesh.size > 1 else ''}"
-    shapes = {k: v.shape for k, v in self.abstract_batch(example).items()}
+    batch = self.abstract_batch(example)
+    shapes = {k: v.shape for k, v in batch.items()}
     longest = {k: v.shape for k, v in self.abstract_batch().items()}
     shape = "" if shapes == longest else f"; inputs {'x'.join(map(str, max(shapes.values(), key=len)))}"
     log(f"Compiling the train step for {devices} (micro batch {self.split.micro_batch} x "
         f"{self.split.accumulation_steps} accumulation step(s){shape})...", flush=True)
     start = time.perf_counter()
-    compiled = self.lower_train_step(example).compile()
+    compiled = self._lower(batch).compile()
     log(f"Compiled the train step in {time.perf_counter() - start:.1f} s"
         f"{' (from the compilation cache)' if compilation_cache.hits() > hits_before else ''}.", flush=True)
-    host_memory.check_compiled(compiled, self.split, self.abstract_state, self.abstract_batch(example), self.mesh)
+    host_memory.check_compiled(compiled, self.split, self.abstract_state, batch, self.mesh)
     return compiled
+
+  def step_for(self, host_batch: dict[str, np.ndarray]) -> Callable:
+    """The train step for batches shaped like `host_batch` (any number of rows), compiled on first use: once for
+    each batch shape the data yields (one per length bucket of fine-tuning; one in all for pretraining)."""
+    shape = tuple((name, array.shape[1:], array.dtype) for name, array in sorted(host_batch.items()))
+    if shape not in self.compiled_steps:
+      self.compiled_steps[shape] = self.compile_train_step(host_batch)
+    return self.compiled_steps[shape]
+
+  def run_train_step(self, state: TrainState, host_batch: dict[str, np.ndarray], rng: jax.Array):
+    """One step on this host's rows `host_batch`, by the step compiled for their shape (`step_for`)."""
+    return self.step_for(host_batch)(state, self.global_batch(host_batch), rng)
 
   def create_state(self, rng: jax.Array) -> TrainState:
     """Initialises the state already sharded (never materialised whole on one device)."""
@@ -339,6 +356,7 @@ def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
   process count of that slice instead."""
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.logical_rules(config.mesh)
+  batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   split = batch_split(config.train, mesh, process_count, process_index)
   tx, schedule = optim.create_optimizer(config.train, config.model, job.update_factors)
   key = jax.random.key(0)  # outside the mesh context: keys cannot be made on a compile-only topology's devices
@@ -353,7 +371,6 @@ def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
   abstract_state = _abstract(strip_boxes(boxed), state_shardings)
   if devices is None:  # this host runs it (not a compile for a TPU slice)
     host_memory.check_run(config, split, job.example_batch(1), job.tokens_per_example, abstract_state, mesh)
-  batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   train_step = jax.jit(make_train_step(job.loss_fn, job.totals_fn, tx, schedule, split.accumulation_steps, mesh),
                        in_shardings=(state_shardings, batch_sharding, replicated),
                        out_shardings=(state_shardings, replicated), donate_argnums=0)
