@@ -124,9 +124,9 @@ def batch_split(train_config, mesh, process_count: int | None = None, process_in
   return BatchSplit(global_batch, micro, dp, global_batch // (micro * dp), process_count, process_index)
 
 
-def check_training_config(config: ml_collections.ConfigDict, warn: bool = True) -> None:
+def check_training_config(config: ml_collections.ConfigDict) -> None:
   """Refuses, by field name, values that would crash later, train silently wrong or lose checkpoints; warns of a
-  warmup longer than the run unless `warn` is off (a check ahead of the one the training loop makes)."""
+  warmup longer than the run. Every mode that trains asks it before it writes anything (`loop.fit` does not)."""
   t, c, log = config.train, config.checkpoint, config.log
   checks = [
       *_batch_size_checks(t),
@@ -147,7 +147,7 @@ def check_training_config(config: ml_collections.ConfigDict, warn: bool = True) 
   ]
   _refuse(checks)
   trackers.check_trackers(log)
-  if warn and t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
+  if t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
     print(f"WARNING: train.warmup_steps={t.warmup_steps} > train.num_train_steps={t.num_train_steps}: the learning "
           f"rate never reaches train.learning_rate={t.learning_rate}.", flush=True)
 

@@ -117,34 +117,46 @@ def predict_split_file(config, run: Run, task, model, params, split: Split, outp
 
 
 def train(config, run: Run, args=None) -> None:
-  """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
+  """`--mode=train`: fine-tunes from init_checkpoint's weights (`_fine_tune`), or with train.num_train_steps=0 (a
+  prediction-only task: GLUE AX uses the MNLI model as it is) predicts the test split with them (`_predict_test`)."""
   weights = resolve_init_checkpoint(config, args and args.overrides)
   config = weights.config if weights else config
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
     raise InputError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
                      "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
                      "train.eval_every.")
-  predict_only = config.train.num_train_steps == 0  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
-  if not predict_only:
-    engine.check_training_config(config, warn=False)  # before head.json or anything is written; the loop warns
-  task, tokenizer, model_config, model = _task_and_model(config, weights, warm_start=not predict_only)
-  if predict_only:
-    if weights is None:
-      raise InputError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
-                       "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
-    check_head_trained_for(task, weights.head, f"{weights.flag}={weights.path}")  # refused, naming both and the fix
-    params = loading.merge_init_params(
-        jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))), weights.params, required_prefix="",
-        head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
-                 "to that run's workdir (for AX, the MNLI run's).")[0]
-    path = predict_split_file(config, run, task, model, params, task.load_split("test", tokenizer))
-    print(f"Wrote {path}", flush=True)
-    return
+  trains = config.train.num_train_steps > 0
+  if trains:
+    engine.check_training_config(config)  # before head.json or anything is written
+  task, tokenizer, model_config, model = _task_and_model(config, weights, warm_start=trains)
+  if trains:
+    _fine_tune(config, run, weights, task, tokenizer, model_config, model)
+  else:
+    _predict_test(config, run, weights, task, tokenizer, model)
+
+
+def _predict_test(config, run: Run, weights: Weights | None, task, tokenizer, model) -> None:
+  """The test split predicted with `weights` as they are, refused unless their head was trained for the task."""
+  if weights is None:
+    raise InputError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
+                     "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
+  check_head_trained_for(task, weights.head, f"{weights.flag}={weights.path}")  # refused, naming both and the fix
+  params = loading.merge_init_params(
+      jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))), weights.params, required_prefix="",
+      head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
+               "to that run's workdir (for AX, the MNLI run's).")[0]
+  path = predict_split_file(config, run, task, model, params, task.load_split("test", tokenizer))
+  print(f"Wrote {path}", flush=True)
+
+
+def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model_config, model) -> None:
+  """Fine-tunes, keeps the best dev checkpoint, then predicts the test splits with it."""
   train_split = task.load_split("train", tokenizer)
   dev_splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
   # Read now, so that a bad test file stops the run before training rather than after it.
   test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
                  if storage.path(task.split_path(name)).exists()]
+  lengths = length_buckets(config, task)
   warm_start = _warm_start(config, task, model, weights)  # weights refused before the workdir is written
   with WorkdirLock(run, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
     start = run_config.latest_step(run) or 0  # the checkpoint step this run continues from; 0: a fresh start
@@ -156,7 +168,7 @@ def train(config, run: Run, args=None) -> None:
       storage.write_atomic(run.head, json.dumps(task.identity(), indent=2))
 
   def score_dev(step, params, s, writer):
-    metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, length_buckets(config, task))
+    metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, lengths)
     writer.write(step, metrics, "dev/")
     keeper.update(step, metrics, params, predictions)
     if jax.process_index() == 0:

@@ -135,8 +135,8 @@ def _processes(count: int) -> str:
 
 def fit(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[str, float]:
   """Trains `job` to `train.num_train_steps` or a `job.evaluate` that returns True (early stopping), resuming from
-  the run's folder, which it owns meanwhile (process 0 holds its lock). Returns the last logged metrics."""
-  engine.check_training_config(config)
+  the run's folder, which it owns meanwhile (process 0 holds its lock). Returns the last logged metrics. `config`
+  has passed `engine.check_training_config`."""
   with WorkdirLock(run, owner=jax.process_index() == 0):
     return _train(config, run, job)
 

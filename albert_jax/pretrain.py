@@ -306,6 +306,7 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
     config = weights.config  # init_checkpoint names the conversion of another format's weights
     provenance.check_reader(weights.run, f"{weights.flag}={weights.path}", config)
     job = dataclasses.replace(job, warm_start=warm_start_for(config, weights, job))
+  engine.check_training_config(config)
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)
   console.say_done(f"checkpoint {os.path.join(run.checkpoints, str(latest))}", _fine_tuning_command(run.workdir))
