@@ -66,9 +66,11 @@ def _warm_start(config, task, model, weights: Weights | None):
 
 
 def make_job(config, task, model, train_split: Callable[[], Split] | None = None,
-             evaluate: Callable | None = None, warm_start: Callable | None = None) -> engine.Job:
+             evaluate: Callable | None = None, warm_start: Callable | None = None,
+             inputs: dict[str, str] | None = None) -> engine.Job:
   """Fine-tuning of `task` as an engine job. Task losses are micro-batch means, so a micro batch's share of the
-  global loss is its mean times its fraction of the rows (static shapes: a Python float)."""
+  global loss is its mean times its fraction of the rows (static shapes: a Python float). `inputs`: the files a
+  training run is made from (`provenance.fine_tuning_inputs`), which the loop records."""
 
   def loss_fn(params, batch, rng, totals, deterministic=False):
     loss, metrics = task.loss_and_metrics(model, params, batch, rng, deterministic)
@@ -89,7 +91,7 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
                     summarize=lambda sums, steps: {k: v / steps for k, v in sums.items()}, batches=batches,
                     example_batch=task.dummy_batch, tokens_per_example=math.prod(example["input_ids"].shape[1:]),
                     tokens_per_row=lambda batch: math.prod(batch["input_ids"].shape[1:]),
-                    evaluate=evaluate, warm_start=warm_start, inputs=provenance.fine_tuning_inputs(config, task))
+                    evaluate=evaluate, warm_start=warm_start, inputs=inputs or {})
 
 
 def _task_and_model(config, weights: Weights | None = None, warm_start: bool = False):
@@ -157,12 +159,13 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
   test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
                  if storage.path(task.split_path(name)).exists()]
   lengths = length_buckets(config, task)
+  inputs = provenance.fine_tuning_inputs(config, task)  # checked by a resume, recorded with the run's config
   warm_start = _warm_start(config, task, model, weights)  # weights refused before the workdir is written
   with WorkdirLock(run, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
     start = run_config.latest_step(run) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
       check_identity(task, recorded_identity(run), f"Workdir {run.workdir} (checkpoint step {start})")
-      provenance.check_resume(run, provenance.fine_tuning_inputs(config, task), config)
+      provenance.check_resume(run, inputs, config)
     keeper = BestKeeper(run, task, model_config, start)
     if jax.process_index() == 0:
       storage.write_atomic(run.head, json.dumps(task.identity(), indent=2))
@@ -178,7 +181,7 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
     return keeper.stops_early(step, config)
 
   if not keeper.stops_early(start, config):  # a rerun of a run that stopped early trains no further
-    loop.fit(config, run, make_job(config, task, model, lambda: train_split, score_dev, warm_start))
+    loop.fit(config, run, make_job(config, task, model, lambda: train_split, score_dev, warm_start, inputs))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
