@@ -24,7 +24,7 @@ from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
 from albert_jax.run import Run, config as run_config, provenance
 from albert_jax.weights import loading, record
-from albert_jax.weights.resolve import resolve_init_checkpoint
+from albert_jax.weights.resolve import init_checkpoint_as_recorded, resolve_init_checkpoint
 from data_pipeline.examples import ExampleConfig
 from data_pipeline.masking import num_prediction_slots
 
@@ -301,6 +301,7 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
   check_data(config)
   job = job_for(config, run)
   if run_config.latest_step(run) is not None:
+    config = init_checkpoint_as_recorded(config)
     provenance.check_resume(run, job.inputs, config)
   elif weights := resolve_init_checkpoint(config):  # a warm start; a resume goes on from its own weights
     config = weights.config  # init_checkpoint names the conversion of another format's weights

@@ -89,13 +89,7 @@ def resolve(source: str, config: ml_collections.ConfigDict, overrides: Collectio
   checkpoint) are read through their conversion (`formats.registry.converted`), which init_checkpoint then names
   in the config, as the run's config.json records it. A missing source is refused in one line, as is a damaged
   record."""
-  revision = config.get(REVISION, "") if flag == INIT_CHECKPOINT else ""
-  path = registry.converted(source, revision, flag) or source
-  if path != source and flag == INIT_CHECKPOINT:
-    config = config.copy_and_resolve_references()
-    config.init_checkpoint = path
-    if REVISION in config:
-      config[REVISION] = ""  # part of the conversion's path now
+  path, config = _through_conversion(source, config, flag)
   if not storage.path(path).exists():
     raise loading.not_weights(path, flag)
   recorded = record.read(path)
@@ -105,6 +99,27 @@ def resolve(source: str, config: ml_collections.ConfigDict, overrides: Collectio
     if said:
       record.say(said)
   return _weights(recorded, flag, config)
+
+
+def _through_conversion(source: str, config: ml_collections.ConfigDict, flag: str
+                        ) -> tuple[str, ml_collections.ConfigDict]:
+  """(where the weights `source` names are read: the conversion of another format's weights, else `source`;
+  `config` with init_checkpoint naming that conversion when `flag` is init_checkpoint)."""
+  revision = config.get(REVISION, "") if flag == INIT_CHECKPOINT else ""
+  path = registry.converted(source, revision, flag) or source
+  if path != source and flag == INIT_CHECKPOINT:
+    config = config.copy_and_resolve_references()
+    config.init_checkpoint = path
+    if REVISION in config:
+      config[REVISION] = ""  # part of the conversion's path now
+  return path, config
+
+
+def init_checkpoint_as_recorded(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` with init_checkpoint as a run that read it records it: the conversion of another format's weights. A
+  resume reads the run's own weights, not these, but its config is compared with the one the run recorded."""
+  value = config.get(INIT_CHECKPOINT, "")
+  return _through_conversion(value, config, INIT_CHECKPOINT)[1] if value else config
 
 
 def resolve_init_checkpoint(config: ml_collections.ConfigDict, overrides: Collection[str] | None = None
