@@ -181,7 +181,8 @@ def test_a_resume_of_a_run_warm_started_from_a_hugging_face_folder_sees_no_chang
   config = experiment_config(["main", "--config=experiments/pretrain_tiny.py:synthetic",
                               "--config.data.max_seq_length=16",
                               "--config.data.max_predictions_per_seq=2", "--config.train.global_batch_size=8",
-                              "--config.train.num_train_steps=1", "--config.train.warmup_steps=0", "--config.train.eval_every=0",
+                              "--config.train.num_train_steps=1", "--config.train.warmup_steps=0",
+                              "--config.train.eval_every=0",
                               "--config.checkpoint.async_save=false", f"--config.init_checkpoint={folder}"])
   config = resolve_init_checkpoint(config, overrides=()).config  # the folder's model, as its own command would
   config.init_checkpoint = folder
