@@ -105,13 +105,14 @@ def _task_and_model(config, weights: Weights | None = None, warm_start: bool = F
   return task, tokenizer, model_config, task.build_model(model_config)
 
 
-def predict_split_file(config, run: Run, task, model, params, split: Split, output: str | None = None) -> str:
-  """Predictions for a whole split (e.g. the unlabelled test set) written to `output`, by default into the run's
-  folder under the benchmark's file name."""
+def predict_split_file(config, run: Run, task, model, params, split: Split, output: str | None = None,
+                       label: str | None = None) -> str:
+  """Predictions for a whole split (the unlabelled test set, the user's own file) written to `output`, by default
+  into the run's folder under the benchmark's file name; `label`: the progress line's (default: the split's name)."""
   s = engine.setup(config, make_job(config, task, model))
   with s.context():
     outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
-                               f"predicting split {split.name}", length_buckets(config, task))
+                               label or f"predicting split {split.name}", length_buckets(config, task))
     path = output or run.predictions(task.submission_name(split.name))
     if jax.process_index() == 0:
       prediction_rows.write(task, split, outputs, path)
@@ -254,11 +255,7 @@ def predict(config, run: Run, args) -> None:
                               output_path)
     print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)
     return
-  s = engine.setup(config, make_job(config, task, model))
-  with s.context():
-    split = task.read_user_file(input_path, tokenizer)
-    outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
-                               f"predicting {input_path}", length_buckets(config, task))
-    if jax.process_index() == 0:
-      prediction_rows.write(task, split, outputs, output_path)
-      print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)
+  split = task.read_user_file(input_path, tokenizer)
+  predict_split_file(config, run, task, model, params, split, output_path, f"predicting {input_path}")
+  if jax.process_index() == 0:
+    print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)
