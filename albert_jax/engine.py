@@ -23,9 +23,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from albert_jax import checkpointing, compilation_cache, host_memory, model_config, optim, sharding, trackers
+from albert_jax import compilation_cache, host_memory, model_config, optim, sharding, trackers
 from albert_jax.errors import InputError
-from albert_jax.run import Run
 
 
 @flax.struct.dataclass
@@ -269,7 +268,6 @@ class Setup:
   replicated: jax.sharding.NamedSharding
   train_step: Callable          # jitted, state donated
   eval_step: Callable           # jitted
-  checkpointer: checkpointing.Checkpointer | None
   compiled_steps: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # `step_for`'s, by shape
 
   @contextlib.contextmanager
@@ -347,10 +345,9 @@ class Setup:
     return sharding.make_global_batch(host_batch, self.batch_sharding)
 
 
-def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
-          devices: Sequence[jax.Device] | None = None, process_count: int | None = None,
-          process_index: int | None = None) -> Setup:
-  """Mesh, rules, batch split, optimizer, shardings, jitted steps and (with a run) the checkpointer of its folder.
+def setup(config: ml_collections.ConfigDict, job: Job, devices: Sequence[jax.Device] | None = None,
+          process_count: int | None = None, process_index: int | None = None) -> Setup:
+  """Mesh, rules, batch split, optimizer, shardings and jitted steps.
 
   `devices` defaults to every device of every process; `--mode=compile` passes a TPU topology's devices and the
   process count of that slice instead."""
@@ -374,11 +371,7 @@ def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
   train_step = jax.jit(make_train_step(job.loss_fn, job.totals_fn, tx, schedule, split.accumulation_steps, mesh),
                        in_shardings=(state_shardings, batch_sharding, replicated),
                        out_shardings=(state_shardings, replicated), donate_argnums=0)
-  checkpointer = None
-  if run is not None:
-    c = config.checkpoint
-    checkpointer = checkpointing.Checkpointer(run.checkpoints, c.every, c.keep, c.async_save)
   return Setup(job=job, mesh=mesh, rules=rules, split=split, tx=tx, schedule=schedule,
                abstract_state=abstract_state, state_shardings=state_shardings,
                batch_sharding=batch_sharding, replicated=replicated, train_step=train_step,
-               eval_step=jax.jit(make_eval_step(job.loss_fn, job.totals_fn)), checkpointer=checkpointer)
+               eval_step=jax.jit(make_eval_step(job.loss_fn, job.totals_fn)))

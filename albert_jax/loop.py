@@ -79,9 +79,9 @@ def _checked(step: int, device_metrics: Any, ckpt: checkpointing.Checkpointer) -
   return values
 
 
-def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.TrainState:
-  """The workdir's latest checkpoint (with the loader's position), else a fresh or warm-started state."""
-  ckpt = s.checkpointer
+def _initial_state(s: engine.Setup, ckpt: checkpointing.Checkpointer, config, train_iter, init_rng
+                   ) -> engine.TrainState:
+  """The workdir's latest checkpoint in `ckpt` (with the loader's position), else a fresh or warm-started state."""
   if ckpt.latest_step() is not None:
     print(f"Restoring the newest checkpoint in {ckpt.directory}...", flush=True)
     latest, (state, data) = ckpt.restore_newest_intact(lambda step: ckpt.restore(step, s.abstract_state),
@@ -143,14 +143,16 @@ def fit(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[st
 
 def _train(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[str, float]:
   replaced = run_config.check_resume(run, config)
-  s = engine.setup(config, job, run)  # opening the checkpoints: every process has passed the check
-  ckpt = s.checkpointer
+  s = engine.setup(config, job)
+  c = config.checkpoint
+  # Opened once every process has passed the check above.
+  ckpt = checkpointing.Checkpointer(run.checkpoints, c.every, c.keep, c.async_save)
   total_steps = config.train.num_train_steps
   with s.context():
     train_iter = job.batches("train", s.split)
     init_rng, rng = jax.random.split(jax.random.key(config.seed))
     rng = jax.device_put(rng, s.replicated)
-    state = _initial_state(s, config, train_iter, init_rng)
+    state = _initial_state(s, ckpt, config, train_iter, init_rng)
     first_step = int(state.step)
     if first_step >= total_steps:
       ckpt.close()

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import console, engine, flops, loop, storage
+from albert_jax import checkpointing, console, engine, flops, loop, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
@@ -343,11 +343,13 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None, 
                         ) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the run's latest checkpoint, also printed as one JSON line."""
   record.check_same_function(run.workdir, config.model, "--workdir")
-  provenance.check_reader(run, f"--workdir={run.workdir}", config, provenance.pretraining_inputs(run_data(config, run)))
+  provenance.check_reader(run, f"--workdir={run.workdir}", config,
+                          provenance.pretraining_inputs(run_data(config, run)))
   if run_config.latest_step(run) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(run.checkpoints)}; train first (--mode=train).")
-  s = engine.setup(config, job_for(config, run), run)
-  step, params = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
+  s = engine.setup(config, job_for(config, run))
+  ckpt = checkpointing.Checkpointer(run.checkpoints, 1, 1)
+  step, params = ckpt.restore_newest_intact(ckpt.restore_params)
   with s.context():
     params = s.replicate(params)
     result = {"step": step, **evaluate(config, s, params)}
