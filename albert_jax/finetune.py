@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 
-from albert_jax import buckets, console, engine, loop, prediction_rows, storage
+from albert_jax import console, engine, loop, prediction_rows, storage
 from albert_jax.errors import InputError
-from albert_jax.feature_batches import FeatureBatches, length_buckets, predict_features
+from albert_jax.feature_batches import length_buckets, predict_features, training_batches
 from albert_jax.head_identity import (check_head_trained_for, check_identity, describe, head_trained_for,
                                       task_for_weights)
 from albert_jax.model_config import model_config_from
@@ -65,12 +65,13 @@ def _warm_start(config, task, model, weights: Weights | None):
   return loading.warm_start(loaded, lambda rng: task.init_params(model, rng))
 
 
-def make_job(config, task, model, train_split: Callable[[], Split] | None = None,
+def make_job(task, model, train_batches: Callable[[engine.BatchSplit], Any] | None = None,
              evaluate: Callable | None = None, warm_start: Callable | None = None,
              inputs: dict[str, str] | None = None) -> engine.Job:
   """Fine-tuning of `task` as an engine job. Task losses are micro-batch means, so a micro batch's share of the
-  global loss is its mean times its fraction of the rows (static shapes: a Python float). `inputs`: the files a
-  training run is made from (`provenance.fine_tuning_inputs`), which the loop records."""
+  global loss is its mean times its fraction of the rows (static shapes: a Python float). `train_batches`: the
+  training data's batches for a BatchSplit (`feature_batches.training_batches`); `inputs`: the files a training run
+  is made from (`provenance.fine_tuning_inputs`), which the loop records."""
 
   def loss_fn(params, batch, rng, totals, deterministic=False):
     loss, metrics = task.loss_and_metrics(model, params, batch, rng, deterministic)
@@ -78,12 +79,9 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
     return loss * share, {**{k: v * share for k, v in metrics.items()}, "loss": loss * share}
 
   def batches(split_name, split):
-    if train_split is None:
+    if train_batches is None:
       raise InputError(f"No {split_name} data: this fine-tuning job was built for evaluation or prediction only.")
-    lengths = length_buckets(config, task)
-    if len(lengths) == 1:
-      return FeatureBatches(train_split().features, split, config.seed)
-    return buckets.BucketedBatches(train_split().features, lengths, split, config.seed)
+    return train_batches(split)
 
   example = task.dummy_batch(1)
   return engine.Job(init_params=lambda rng: task.init_params(model, rng), loss_fn=loss_fn,
@@ -109,7 +107,7 @@ def predict_split_file(config, run: Run, task, model, params, split: Split, outp
                        label: str | None = None) -> str:
   """Predictions for a whole split (the unlabelled test set, the user's own file) written to `output`, by default
   into the run's folder under the benchmark's file name; `label`: the progress line's (default: the split's name)."""
-  s = engine.setup(config, make_job(config, task, model))
+  s = engine.setup(config, make_job(task, model))
   with s.context():
     outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
                                label or f"predicting split {split.name}", length_buckets(config, task))
@@ -171,6 +169,9 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
     if jax.process_index() == 0:
       storage.write_atomic(run.head, json.dumps(task.identity(), indent=2))
 
+  def train_batches(split):
+    return training_batches(train_split.features, lengths, split, config.seed)
+
   def score_dev(step, params, s, writer):
     metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, lengths)
     writer.write(step, metrics, "dev/")
@@ -182,7 +183,7 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
     return keeper.stops_early(step, config)
 
   if not keeper.stops_early(start, config):  # a rerun of a run that stopped early trains no further
-    loop.fit(config, run, make_job(config, task, model, lambda: train_split, score_dev, warm_start, inputs))
+    loop.fit(config, run, make_job(task, model, train_batches, score_dev, warm_start, inputs))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
@@ -224,7 +225,7 @@ def evaluate(config, run: Run, args=None) -> None:
   config = weights.config
   task, tokenizer, _, model = _task_and_model(config, weights)
   params, which = _trained_params(config, run, weights, task, model)
-  s = engine.setup(config, make_job(config, task, model))
+  s = engine.setup(config, make_job(task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
     metrics, predictions = evaluate_splits(task, model, s.replicate(params), splits, s,
