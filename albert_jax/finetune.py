@@ -165,7 +165,8 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
     if start:
       check_identity(task, recorded_identity(run), f"Workdir {run.workdir} (checkpoint step {start})")
       provenance.check_resume(run, inputs, config)
-    keeper = BestKeeper(run, task, model_config, start)
+    keeper = BestKeeper(run, task, model_config, start, config.train.get("early_stopping_patience", 0),
+                        config.train.eval_every)
     if jax.process_index() == 0:
       storage.write_atomic(run.head, json.dumps(task.identity(), indent=2))
 
@@ -180,9 +181,9 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
       print(f"dev at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
             f" (best: step {keeper.record['step']}, {keeper.record['metric']} {keeper.record['value']:.4f})",
             flush=True)
-    return keeper.stops_early(step, config)
+    return keeper.stops_early(step)
 
-  if not keeper.stops_early(start, config):  # a rerun of a run that stopped early trains no further
+  if not keeper.stops_early(start):  # a rerun of a run that stopped early trains no further
     loop.fit(config, run, make_job(task, model, train_batches, score_dev, warm_start, inputs))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
