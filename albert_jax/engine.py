@@ -23,9 +23,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from albert_jax import checkpointing, compilation_cache, host_memory, model_config, optim, sharding, trackers
+from albert_jax import compilation_cache, host_memory, model_config, optim, sharding, trackers
 from albert_jax.errors import InputError
-from albert_jax.run import Run
 
 
 @flax.struct.dataclass
@@ -124,9 +123,9 @@ def batch_split(train_config, mesh, process_count: int | None = None, process_in
   return BatchSplit(global_batch, micro, dp, global_batch // (micro * dp), process_count, process_index)
 
 
-def check_training_config(config: ml_collections.ConfigDict, warn: bool = True) -> None:
+def check_training_config(config: ml_collections.ConfigDict) -> None:
   """Refuses, by field name, values that would crash later, train silently wrong or lose checkpoints; warns of a
-  warmup longer than the run unless `warn` is off (a check ahead of the one the training loop makes)."""
+  warmup longer than the run. Every mode that trains asks it before it writes anything (`loop.fit` does not)."""
   t, c, log = config.train, config.checkpoint, config.log
   checks = [
       *_batch_size_checks(t),
@@ -147,7 +146,7 @@ def check_training_config(config: ml_collections.ConfigDict, warn: bool = True) 
   ]
   _refuse(checks)
   trackers.check_trackers(log)
-  if warn and t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
+  if t.warmup_steps > t.num_train_steps and jax.process_index() == 0:  # legitimate in smoke tests, so a warning
     print(f"WARNING: train.warmup_steps={t.warmup_steps} > train.num_train_steps={t.num_train_steps}: the learning "
           f"rate never reaches train.learning_rate={t.learning_rate}.", flush=True)
 
@@ -269,7 +268,7 @@ class Setup:
   replicated: jax.sharding.NamedSharding
   train_step: Callable          # jitted, state donated
   eval_step: Callable           # jitted
-  checkpointer: checkpointing.Checkpointer | None
+  compiled_steps: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # `step_for`'s, by shape
 
   @contextlib.contextmanager
   def context(self) -> Iterator[None]:
@@ -296,8 +295,11 @@ class Setup:
   def lower_train_step(self, example: dict[str, Any] | None = None):
     """The train step lowered from shapes only (a batch shaped like `example`, see `abstract_batch`): nothing is
     allocated, any device kind (TPU topologies too)."""
+    return self._lower(self.abstract_batch(example))
+
+  def _lower(self, batch: dict[str, jax.ShapeDtypeStruct]):
     with self.context():
-      return self.train_step.lower(self.abstract_state, self.abstract_batch(example), self.abstract_rng())
+      return self.train_step.lower(self.abstract_state, batch, self.abstract_rng())
 
   def compile_train_step(self, example: dict[str, Any] | None = None) -> Callable:
     """The train step compiled ahead of time for batches shaped like `example` (default: the job's longest),
@@ -306,17 +308,30 @@ class Setup:
     hits_before = compilation_cache.hits()
     log = print if jax.process_index() == 0 else lambda *a, **k: None
     devices = f"{self.mesh.size} device{'s' if self.mesh.size > 1 else ''}"
-    shapes = {k: v.shape for k, v in self.abstract_batch(example).items()}
+    batch = self.abstract_batch(example)
+    shapes = {k: v.shape for k, v in batch.items()}
     longest = {k: v.shape for k, v in self.abstract_batch().items()}
     shape = "" if shapes == longest else f"; inputs {'x'.join(map(str, max(shapes.values(), key=len)))}"
     log(f"Compiling the train step for {devices} (micro batch {self.split.micro_batch} x "
         f"{self.split.accumulation_steps} accumulation step(s){shape})...", flush=True)
     start = time.perf_counter()
-    compiled = self.lower_train_step(example).compile()
+    compiled = self._lower(batch).compile()
     log(f"Compiled the train step in {time.perf_counter() - start:.1f} s"
         f"{' (from the compilation cache)' if compilation_cache.hits() > hits_before else ''}.", flush=True)
-    host_memory.check_compiled(compiled, self.split, self.abstract_state, self.abstract_batch(example), self.mesh)
+    host_memory.check_compiled(compiled, self.split, self.abstract_state, batch, self.mesh)
     return compiled
+
+  def step_for(self, host_batch: dict[str, np.ndarray]) -> Callable:
+    """The train step for batches shaped like `host_batch` (any number of rows), compiled on first use: once for
+    each batch shape the data yields (one per length bucket of fine-tuning; one in all for pretraining)."""
+    shape = tuple((name, array.shape[1:], array.dtype) for name, array in sorted(host_batch.items()))
+    if shape not in self.compiled_steps:
+      self.compiled_steps[shape] = self.compile_train_step(host_batch)
+    return self.compiled_steps[shape]
+
+  def run_train_step(self, state: TrainState, host_batch: dict[str, np.ndarray], rng: jax.Array):
+    """One step on this host's rows `host_batch`, by the step compiled for their shape (`step_for`)."""
+    return self.step_for(host_batch)(state, self.global_batch(host_batch), rng)
 
   def create_state(self, rng: jax.Array) -> TrainState:
     """Initialises the state already sharded (never materialised whole on one device)."""
@@ -330,15 +345,15 @@ class Setup:
     return sharding.make_global_batch(host_batch, self.batch_sharding)
 
 
-def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
-          devices: Sequence[jax.Device] | None = None, process_count: int | None = None,
-          process_index: int | None = None) -> Setup:
-  """Mesh, rules, batch split, optimizer, shardings, jitted steps and (with a run) the checkpointer of its folder.
+def setup(config: ml_collections.ConfigDict, job: Job, devices: Sequence[jax.Device] | None = None,
+          process_count: int | None = None, process_index: int | None = None) -> Setup:
+  """Mesh, rules, batch split, optimizer, shardings and jitted steps.
 
   `devices` defaults to every device of every process; `--mode=compile` passes a TPU topology's devices and the
   process count of that slice instead."""
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.logical_rules(config.mesh)
+  batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   split = batch_split(config.train, mesh, process_count, process_index)
   tx, schedule = optim.create_optimizer(config.train, config.model, job.update_factors)
   key = jax.random.key(0)  # outside the mesh context: keys cannot be made on a compile-only topology's devices
@@ -353,15 +368,10 @@ def setup(config: ml_collections.ConfigDict, job: Job, run: Run | None = None,
   abstract_state = _abstract(strip_boxes(boxed), state_shardings)
   if devices is None:  # this host runs it (not a compile for a TPU slice)
     host_memory.check_run(config, split, job.example_batch(1), job.tokens_per_example, abstract_state, mesh)
-  batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   train_step = jax.jit(make_train_step(job.loss_fn, job.totals_fn, tx, schedule, split.accumulation_steps, mesh),
                        in_shardings=(state_shardings, batch_sharding, replicated),
                        out_shardings=(state_shardings, replicated), donate_argnums=0)
-  checkpointer = None
-  if run is not None:
-    c = config.checkpoint
-    checkpointer = checkpointing.Checkpointer(run.checkpoints, c.every, c.keep, c.async_save)
   return Setup(job=job, mesh=mesh, rules=rules, split=split, tx=tx, schedule=schedule,
                abstract_state=abstract_state, state_shardings=state_shardings,
                batch_sharding=batch_sharding, replicated=replicated, train_step=train_step,
-               eval_step=jax.jit(make_eval_step(job.loss_fn, job.totals_fn)), checkpointer=checkpointer)
+               eval_step=jax.jit(make_eval_step(job.loss_fn, job.totals_fn)))

@@ -1,4 +1,4 @@
-"""A task's fixed-shape features in batches: shuffled training epochs (`FeatureBatches`), and prediction over every
+"""A task's fixed-shape features in batches: shuffled training epochs (`training_batches`), and prediction over every
 row (`predict_features`) in micro batches (`prediction_split`), cut to the length buckets (`length_buckets`)."""
 from __future__ import annotations
 
@@ -41,6 +41,15 @@ class FeatureBatches:
 
   def set_state(self, state: dict[str, int]) -> None:
     self.step = int(state["step"])
+
+
+def training_batches(features: dict[str, np.ndarray], lengths: tuple[int, ...], split: engine.BatchSplit,
+                     seed: int):
+  """Shuffled epochs of `features` for training: cut to `lengths` (`buckets.BucketedBatches`), or at their one
+  length (`FeatureBatches`)."""
+  if len(lengths) == 1:
+    return FeatureBatches(features, split, seed)
+  return buckets.BucketedBatches(features, lengths, split, seed)
 
 
 def prediction_split(split: engine.BatchSplit) -> engine.BatchSplit:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 
-from albert_jax import buckets, console, engine, loop, prediction_rows, storage
+from albert_jax import console, engine, loop, prediction_rows, storage
 from albert_jax.errors import InputError
-from albert_jax.feature_batches import FeatureBatches, length_buckets, predict_features
+from albert_jax.feature_batches import length_buckets, predict_features, training_batches
 from albert_jax.head_identity import (check_head_trained_for, check_identity, describe, head_trained_for,
                                       task_for_weights)
 from albert_jax.model_config import model_config_from
@@ -55,7 +55,7 @@ def _warm_start(config, task, model, weights: Weights | None):
     raise InputError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
-  provenance.check_reader(weights.path, weights.flag, config)
+  provenance.check_reader(weights.run, f"{weights.flag}={weights.path}", config)
   loaded = weights.params
   if set(loaded) - {"albert"} and not head_trained_for(task, weights.head):
     if jax.process_index() == 0:
@@ -65,10 +65,13 @@ def _warm_start(config, task, model, weights: Weights | None):
   return loading.warm_start(loaded, lambda rng: task.init_params(model, rng))
 
 
-def make_job(config, task, model, train_split: Callable[[], Split] | None = None,
-             evaluate: Callable | None = None, warm_start: Callable | None = None) -> engine.Job:
+def make_job(task, model, train_batches: Callable[[engine.BatchSplit], Any] | None = None,
+             evaluate: Callable | None = None, warm_start: Callable | None = None,
+             inputs: dict[str, str] | None = None) -> engine.Job:
   """Fine-tuning of `task` as an engine job. Task losses are micro-batch means, so a micro batch's share of the
-  global loss is its mean times its fraction of the rows (static shapes: a Python float)."""
+  global loss is its mean times its fraction of the rows (static shapes: a Python float). `train_batches`: the
+  training data's batches for a BatchSplit (`feature_batches.training_batches`); `inputs`: the files a training run
+  is made from (`provenance.fine_tuning_inputs`), which the loop records."""
 
   def loss_fn(params, batch, rng, totals, deterministic=False):
     loss, metrics = task.loss_and_metrics(model, params, batch, rng, deterministic)
@@ -76,12 +79,9 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
     return loss * share, {**{k: v * share for k, v in metrics.items()}, "loss": loss * share}
 
   def batches(split_name, split):
-    if train_split is None:
+    if train_batches is None:
       raise InputError(f"No {split_name} data: this fine-tuning job was built for evaluation or prediction only.")
-    lengths = length_buckets(config, task)
-    if len(lengths) == 1:
-      return FeatureBatches(train_split().features, split, config.seed)
-    return buckets.BucketedBatches(train_split().features, lengths, split, config.seed)
+    return train_batches(split)
 
   example = task.dummy_batch(1)
   return engine.Job(init_params=lambda rng: task.init_params(model, rng), loss_fn=loss_fn,
@@ -89,7 +89,7 @@ def make_job(config, task, model, train_split: Callable[[], Split] | None = None
                     summarize=lambda sums, steps: {k: v / steps for k, v in sums.items()}, batches=batches,
                     example_batch=task.dummy_batch, tokens_per_example=math.prod(example["input_ids"].shape[1:]),
                     tokens_per_row=lambda batch: math.prod(batch["input_ids"].shape[1:]),
-                    evaluate=evaluate, warm_start=warm_start, inputs=provenance.fine_tuning_inputs(config, task))
+                    evaluate=evaluate, warm_start=warm_start, inputs=inputs or {})
 
 
 def _task_and_model(config, weights: Weights | None = None, warm_start: bool = False):
@@ -103,13 +103,14 @@ def _task_and_model(config, weights: Weights | None = None, warm_start: bool = F
   return task, tokenizer, model_config, task.build_model(model_config, tokenizer.pair_layout)
 
 
-def predict_split_file(config, run: Run, task, model, params, split: Split, output: str | None = None) -> str:
-  """Predictions for a whole split (e.g. the unlabelled test set) written to `output`, by default into the run's
-  folder under the benchmark's file name."""
-  s = engine.setup(config, make_job(config, task, model))
+def predict_split_file(config, run: Run, task, model, params, split: Split, output: str | None = None,
+                       label: str | None = None) -> str:
+  """Predictions for a whole split (the unlabelled test set, the user's own file) written to `output`, by default
+  into the run's folder under the benchmark's file name; `label`: the progress line's (default: the split's name)."""
+  s = engine.setup(config, make_job(task, model))
   with s.context():
     outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
-                               f"predicting split {split.name}", length_buckets(config, task))
+                               label or f"predicting split {split.name}", length_buckets(config, task))
     path = output or run.predictions(task.submission_name(split.name))
     if jax.process_index() == 0:
       prediction_rows.write(task, split, outputs, path)
@@ -117,56 +118,73 @@ def predict_split_file(config, run: Run, task, model, params, split: Split, outp
 
 
 def train(config, run: Run, args=None) -> None:
-  """`--mode=train`: fine-tunes, keeps the best dev checkpoint, then predicts the test split with it."""
+  """`--mode=train`: fine-tunes from init_checkpoint's weights (`_fine_tune`), or with train.num_train_steps=0 (a
+  prediction-only task: GLUE AX uses the MNLI model as it is) predicts the test split with them (`_predict_test`)."""
   weights = resolve_init_checkpoint(config, args and args.overrides)
   config = weights.config if weights else config
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
     raise InputError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
                      "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
                      "train.eval_every.")
-  predict_only = config.train.num_train_steps == 0  # prediction-only tasks (GLUE AX uses the MNLI model as it is)
-  if not predict_only:
-    engine.check_training_config(config, warn=False)  # before head.json or anything is written; the loop warns
-  task, tokenizer, model_config, model = _task_and_model(config, weights, warm_start=not predict_only)
-  if predict_only:
-    if weights is None:
-      raise InputError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
-                       "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
-    check_head_trained_for(task, weights.head, f"{weights.flag}={weights.path}")  # refused, naming both and the fix
-    params = loading.merge_init_params(
-        jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))), weights.params, required_prefix="",
-        head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
-                 "to that run's workdir (for AX, the MNLI run's).")[0]
-    path = predict_split_file(config, run, task, model, params, task.load_split("test", tokenizer))
-    print(f"Wrote {path}", flush=True)
-    return
+  trains = config.train.num_train_steps > 0
+  if trains:
+    engine.check_training_config(config)  # before head.json or anything is written
+  task, tokenizer, model_config, model = _task_and_model(config, weights, warm_start=trains)
+  if trains:
+    _fine_tune(config, run, weights, task, tokenizer, model_config, model)
+  else:
+    _predict_test(config, run, weights, task, tokenizer, model)
+
+
+def _predict_test(config, run: Run, weights: Weights | None, task, tokenizer, model) -> None:
+  """The test split predicted with `weights` as they are, refused unless their head was trained for the task."""
+  if weights is None:
+    raise InputError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
+                     "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
+  check_head_trained_for(task, weights.head, f"{weights.flag}={weights.path}")  # refused, naming both and the fix
+  params = loading.merge_init_params(
+      jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))), weights.params, required_prefix="",
+      head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
+               "to that run's workdir (for AX, the MNLI run's).")[0]
+  path = predict_split_file(config, run, task, model, params, task.load_split("test", tokenizer))
+  print(f"Wrote {path}", flush=True)
+
+
+def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model_config, model) -> None:
+  """Fine-tunes, keeps the best dev checkpoint, then predicts the test splits with it."""
   train_split = task.load_split("train", tokenizer)
   dev_splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
   # Read now, so that a bad test file stops the run before training rather than after it.
   test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
                  if storage.path(task.split_path(name)).exists()]
+  lengths = length_buckets(config, task)
+  inputs = provenance.fine_tuning_inputs(config, task)  # checked by a resume, recorded with the run's config
   warm_start = _warm_start(config, task, model, weights)  # weights refused before the workdir is written
   with WorkdirLock(run, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
     start = run_config.latest_step(run) or 0  # the checkpoint step this run continues from; 0: a fresh start
     if start:
       check_identity(task, recorded_identity(run), f"Workdir {run.workdir} (checkpoint step {start})")
-      provenance.check_resume(run, provenance.fine_tuning_inputs(config, task), config)
-    keeper = BestKeeper(run, task, model_config, start)
+      provenance.check_resume(run, inputs, config)
+    keeper = BestKeeper(run, task, model_config, start, config.train.get("early_stopping_patience", 0),
+                        config.train.eval_every)
     if jax.process_index() == 0:
       storage.write_atomic(run.head, json.dumps(task.identity(), indent=2))
 
+  def train_batches(split):
+    return training_batches(train_split.features, lengths, split, config.seed)
+
   def score_dev(step, params, s, writer):
-    metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, length_buckets(config, task))
+    metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, lengths)
     writer.write(step, metrics, "dev/")
     keeper.update(step, metrics, params, predictions)
     if jax.process_index() == 0:
       print(f"dev at step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) +
             f" (best: step {keeper.record['step']}, {keeper.record['metric']} {keeper.record['value']:.4f})",
             flush=True)
-    return keeper.stops_early(step, config)
+    return keeper.stops_early(step)
 
-  if not keeper.stops_early(start, config):  # a rerun of a run that stopped early trains no further
-    loop.fit(config, run, make_job(config, task, model, lambda: train_split, score_dev, warm_start))
+  if not keeper.stops_early(start):  # a rerun of a run that stopped early trains no further
+    loop.fit(config, run, make_job(task, model, train_batches, score_dev, warm_start, inputs))
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
@@ -190,7 +208,7 @@ def _trained_params(config, run: Run, weights: Weights, task, model):
   trained for `task` as it is now (a pretraining run has none) and their model is config.model's."""
   workdir, best = run.workdir, weights.best
   check_identity(task, weights.head, f"--workdir={workdir}")
-  provenance.check_reader(workdir, "--workdir", config)
+  provenance.check_reader(run, f"--workdir={workdir}", config)
   task.use_tuning(weights.folder)
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
   params = weights.params
@@ -208,7 +226,7 @@ def evaluate(config, run: Run, args=None) -> None:
   config = weights.config
   task, tokenizer, _, model = _task_and_model(config, weights)
   params, which = _trained_params(config, run, weights, task, model)
-  s = engine.setup(config, make_job(config, task, model))
+  s = engine.setup(config, make_job(task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
     metrics, predictions = evaluate_splits(task, model, s.replicate(params), splits, s,
@@ -239,11 +257,7 @@ def predict(config, run: Run, args) -> None:
                               output_path)
     print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)
     return
-  s = engine.setup(config, make_job(config, task, model))
-  with s.context():
-    split = task.read_user_file(input_path, tokenizer)
-    outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
-                               f"predicting {input_path}", length_buckets(config, task))
-    if jax.process_index() == 0:
-      prediction_rows.write(task, split, outputs, output_path)
-      print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)
+  split = task.read_user_file(input_path, tokenizer)
+  predict_split_file(config, run, task, model, params, split, output_path, f"predicting {input_path}")
+  if jax.process_index() == 0:
+    print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

@@ -219,7 +219,7 @@ class FineTuning(EncoderJob):
     from albert_jax import finetune
     from albert_jax.tasks import get_task
     task = get_task(config)
-    return finetune.make_job(config, task, task.build_model(self.model_config(config)))
+    return finetune.make_job(task, task.build_model(self.model_config(config)))
 
   def embedding_job(self, config: ml_collections.ConfigDict, backbone):
     """The task's job around the backbone alone: its head plays no part in embedding, and building it could need
@@ -227,7 +227,7 @@ class FineTuning(EncoderJob):
     from albert_jax import finetune
     from albert_jax.model import init_params
     from albert_jax.tasks import get_task
-    job = finetune.make_job(config, get_task(config), backbone)
+    job = finetune.make_job(get_task(config), backbone)
     return dataclasses.replace(job, init_params=lambda rng: init_params(backbone, rng))
 
   def bucket_lengths(self, config: ml_collections.ConfigDict) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ import errno
 import signal
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -79,9 +79,9 @@ def _checked(step: int, device_metrics: Any, ckpt: checkpointing.Checkpointer) -
   return values
 
 
-def _initial_state(s: engine.Setup, config, train_iter, init_rng) -> engine.TrainState:
-  """The workdir's latest checkpoint (with the loader's position), else a fresh or warm-started state."""
-  ckpt = s.checkpointer
+def _initial_state(s: engine.Setup, ckpt: checkpointing.Checkpointer, config, train_iter, init_rng
+                   ) -> engine.TrainState:
+  """The workdir's latest checkpoint in `ckpt` (with the loader's position), else a fresh or warm-started state."""
   if ckpt.latest_step() is not None:
     print(f"Restoring the newest checkpoint in {ckpt.directory}...", flush=True)
     latest, (state, data) = ckpt.restore_newest_intact(lambda step: ckpt.restore(step, s.abstract_state),
@@ -135,22 +135,24 @@ def _processes(count: int) -> str:
 
 def fit(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[str, float]:
   """Trains `job` to `train.num_train_steps` or a `job.evaluate` that returns True (early stopping), resuming from
-  the run's folder, which it owns meanwhile (process 0 holds its lock). Returns the last logged metrics."""
-  engine.check_training_config(config)
+  the run's folder, which it owns meanwhile (process 0 holds its lock). Returns the last logged metrics. `config`
+  has passed `engine.check_training_config`."""
   with WorkdirLock(run, owner=jax.process_index() == 0):
     return _train(config, run, job)
 
 
 def _train(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict[str, float]:
   replaced = run_config.check_resume(run, config)
-  s = engine.setup(config, job, run)  # opening the checkpoints: every process has passed the check
-  ckpt = s.checkpointer
+  s = engine.setup(config, job)
+  c = config.checkpoint
+  # Opened once every process has passed the check above.
+  ckpt = checkpointing.Checkpointer(run.checkpoints, c.every, c.keep, c.async_save)
   total_steps = config.train.num_train_steps
   with s.context():
     train_iter = job.batches("train", s.split)
     init_rng, rng = jax.random.split(jax.random.key(config.seed))
     rng = jax.device_put(rng, s.replicated)
-    state = _initial_state(s, config, train_iter, init_rng)
+    state = _initial_state(s, ckpt, config, train_iter, init_rng)
     first_step = int(state.step)
     if first_step >= total_steps:
       ckpt.close()
@@ -159,9 +161,8 @@ def _train(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict
         print(f"Nothing to train: {run.workdir} holds step {first_step} and train.num_train_steps={total_steps}; "
               "raise --config.train.num_train_steps to train further.", flush=True)
       return {}
-    train_step = _StepPerShape(s)
     if host_memory.on_host(s.mesh):  # the step's memory is the host's: checked for the longest batch before writing
-      train_step.compile(job.example_batch(1))
+      s.step_for(job.example_batch(1))
     run_config.write(run, config, provenance.fingerprint(job.inputs), replaced)
     writer = metrics_lib.MetricWriter(run, total_steps, config)
     signals = StopSignals()
@@ -172,7 +173,7 @@ def _train(config: ml_collections.ConfigDict, run: Run, job: engine.Job) -> dict
           profile = storage.Mirror(run.profile)  # the profiler writes local files only
           jax.profiler.start_trace(profile.local)
         batch = next(train_iter)
-        state, step_metrics = train_step(state, batch, rng)
+        state, step_metrics = s.run_train_step(state, batch, rng)
         done = step + 1
         window.push(done, step_metrics, s.split.global_batch * (
             job.tokens_per_row(batch) if job.tokens_per_row else job.tokens_per_example))
@@ -234,24 +235,6 @@ def _say_first_step(window: _Window, job: engine.Job, step: int, config) -> None
     shown = ", ".join(f"{k} {v:.4g}" for k, v in job.summarize(window.total["sums"], window.steps).items())
     print(f"step {step}/{config.train.num_train_steps} done in {time.time() - window.start:.1f} s (compiling "
           f"included): {shown}; progress every {config.log.every} steps", file=sys.stderr, flush=True)
-
-
-class _StepPerShape:
-  """The train step, compiled ahead of time once for each batch shape the data yields (one per length bucket of
-  fine-tuning; one in all for pretraining)."""
-
-  def __init__(self, s: engine.Setup):
-    self.s, self.compiled = s, {}
-
-  def compile(self, host_batch: dict[str, np.ndarray]) -> Callable:
-    """The step for batches shaped like `host_batch` (any number of rows), compiled on first use."""
-    shape = tuple((name, array.shape[1:], array.dtype) for name, array in sorted(host_batch.items()))
-    if shape not in self.compiled:
-      self.compiled[shape] = self.s.compile_train_step(host_batch)
-    return self.compiled[shape]
-
-  def __call__(self, state: engine.TrainState, host_batch: dict[str, np.ndarray], rng: jax.Array):
-    return self.compile(host_batch)(state, self.s.global_batch(host_batch), rng)
 
 
 def _close_quietly(ckpt: checkpointing.Checkpointer, writer, signals: StopSignals) -> None:

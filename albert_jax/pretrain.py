@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import console, engine, families, flops, loop, storage
+from albert_jax import checkpointing, console, engine, families, flops, loop, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
@@ -322,7 +322,7 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
   config = weights.config if weights else config
   resuming = run_config.latest_step(run) is not None
   if weights and not resuming:  # a warm start; a resume goes on from its own weights
-    provenance.check_reader(weights.path, weights.flag, config)
+    provenance.check_reader(weights.run, f"{weights.flag}={weights.path}", config)
     check_data_tokenizer(config, weights)
   check_data(config)
   job = job_for(config, run)
@@ -330,6 +330,7 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
     provenance.check_resume(run, job.inputs, config)
   elif weights:
     job = dataclasses.replace(job, warm_start=warm_start_for(config, weights, job))
+  engine.check_training_config(config)
   last = loop.fit(config, run, job)
   latest = run_config.latest_step(run)
   console.say_done(f"checkpoint {os.path.join(run.checkpoints, str(latest))}", _fine_tuning_command(run.workdir))
@@ -365,11 +366,13 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, run: Run, args=None, 
                         ) -> dict[str, float]:
   """`--mode=eval`: the held-out metrics of the run's latest checkpoint, also printed as one JSON line."""
   record.check_same_function(run.workdir, config.model, "--workdir")
-  provenance.check_reader(run.workdir, "--workdir", config, provenance.pretraining_inputs(run_data(config, run)))
+  provenance.check_reader(run, f"--workdir={run.workdir}", config,
+                          provenance.pretraining_inputs(run_data(config, run)))
   if run_config.latest_step(run) is None:  # asked before `setup` opens checkpoints/, which would create it
     raise MissingFileError(f"No checkpoint in {storage.absolute(run.checkpoints)}; train first (--mode=train).")
-  s = engine.setup(config, job_for(config, run), run)
-  step, params = s.checkpointer.restore_newest_intact(s.checkpointer.restore_params)
+  s = engine.setup(config, job_for(config, run))
+  ckpt = checkpointing.Checkpointer(run.checkpoints, 1, 1)
+  step, params = ckpt.restore_newest_intact(ckpt.restore_params)
   with s.context():
     params = s.replicate(params)
     result = {"step": step, **evaluate(config, s, params)}

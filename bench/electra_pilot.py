@@ -75,20 +75,22 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
 def score(study: ps.Study, run: PilotRun, steps: tuple[int, ...]) -> list[dict[str, float]]:
   """The held-out scores of each of `steps` that the run has a checkpoint for."""
   import jax
-  from albert_jax import engine, loop
+  from albert_jax import checkpointing, engine, loop
   from albert_jax.families import electra_pretraining as electra
   from albert_jax.run import Run
   from data_pipeline.tokenization import Tokenizer
   config = ps.experiment_config(study, run)
   tokenizer = Tokenizer(study.spm_model)
   weight, model = config.electra.discriminator_weight, electra.make_model(config)
-  s = engine.setup(config, electra.make_job(config, Run(study.workdir(run.name))), Run(study.workdir(run.name)))
+  workdir = Run(study.workdir(run.name))
+  s = engine.setup(config, electra.make_job(config, workdir))
+  ckpt = checkpointing.Checkpointer(workdir.checkpoints, 1, 1)
   batches = list(itertools.islice(s.job.batches("eval", s.split), config.train.eval_batches))
   forward = jax.jit(lambda params, batch, rng: electra.electra_forward(model, params, batch, rng, deterministic=True))
   rows = []
-  for step in (step for step in steps if step in s.checkpointer.all_steps()):
+  for step in (step for step in steps if step in ckpt.all_steps()):
     with s.context():
-      params = s.replicate(s.checkpointer.restore_params(step))
+      params = s.replicate(ckpt.restore_params(step))
       sums, scores, labels = {}, [], []
       for i, host_batch in enumerate(batches):
         batch = s.global_batch(host_batch)

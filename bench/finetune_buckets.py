@@ -52,7 +52,7 @@ def step_speeds(task: str, split_name: str, args: argparse.Namespace) -> dict:
   examples = task_obj.read_examples(task_obj.split_path(split_name), labeled=True)[:args.max_rows or None]
   features, _ = task_obj.featurize(examples, make_tokenizer(config))
   model = task_obj.build_model(model_config_from(config))
-  job = finetune.make_job(config, task_obj, model, lambda: None)
+  job = finetune.make_job(task_obj, model)
   s = engine.setup(config, job)
   lengths = feature_batches.length_buckets(config, task_obj)
   epoch = buckets.BucketedBatches(features, lengths, s.split, config.seed)
@@ -121,7 +121,7 @@ def prediction_check(weights: str, args: argparse.Namespace) -> dict:
   task = get_task(config)
   split = task.load_split("dev", make_tokenizer(config))
   model = task.build_model(model_config_from(config))
-  s = engine.setup(config, finetune.make_job(config, task, model))
+  s = engine.setup(config, finetune.make_job(task, model))
   params = store.load_pretrained(weights)[1]
   probabilities = {}
   with s.context():

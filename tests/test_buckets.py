@@ -172,7 +172,7 @@ def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predict
   # The dev split predicted in buckets and padded to 128: the same labels, probabilities within 1e-5.
   model = task.build_model(model_config_from(config))
   dev = task.load_split("dev", make_tokenizer(config))
-  s = engine.setup(config, finetune.make_job(config, task, model))
+  s = engine.setup(config, finetune.make_job(task, model))
   weights = json.load(open(tmp_path / "straight" / "best" / "best.json"))["weights"]
   with s.context():
     params = s.replicate(store.load_pretrained(weights)[1])

@@ -13,7 +13,7 @@ from experiments import glue
 
 
 def _setup(config, task, model):
-  return engine.setup(config, finetune.make_job(config, task, model), devices=jax.devices()[:4])
+  return engine.setup(config, finetune.make_job(task, model), devices=jax.devices()[:4])
 
 
 def test_prediction_runs_micro_batches_with_identical_outputs():

@@ -187,4 +187,4 @@ def test_the_bundled_tiny_run_records_its_tokenizer_for_warm_starts_and_exports(
   assert not (tmp_path / "tuned_after").exists() and not (tmp_path / "hf").exists()
   touch(tokenizer, original)
   for src in (run, tmp_path / "tuned"):
-    provenance.check_export(str(src), str(tokenizer))
+    provenance.check_export(Run(str(src)), f"--src={src}", str(tokenizer))

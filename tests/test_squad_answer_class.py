@@ -197,7 +197,7 @@ def test_prediction_is_the_same_at_every_micro_batch():
   reference = jax.device_get(jax.jit(task.predictor(model))(params, features))
   for micro in (0, 1):
     config.train.micro_batch_size = micro
-    s = engine.setup(config, finetune.make_job(config, task, model), devices=jax.devices()[:4])
+    s = engine.setup(config, finetune.make_job(task, model), devices=jax.devices()[:4])
     with s.context():
       outputs = feature_batches.predict_features(task.predictor(model), s.replicate(params), features, s)
     for name, value in reference.items():

@@ -165,3 +165,33 @@ def test_a_tf1_checkpoint_is_read_through_its_conversion(tmp_path, monkeypatch, 
   assert capsys.readouterr().out == f"init_checkpoint={release}: reading its conversion in {weights.path}\n"
   prefix = tf1.find_checkpoint(release)
   assert resolve(prefix, glue.get_config("task=rte")).path != weights.path  # a prefix is its own source
+
+
+@pytest.mark.hf
+def test_a_resume_of_a_run_warm_started_from_a_hugging_face_folder_sees_no_changed_setting(tmp_path, monkeypatch,
+                                                                                          capsys):
+  """The run records init_checkpoint as the folder's conversion; the same command again, naming the Hugging Face
+  folder, resumes with the same config: nothing is said changed."""
+  from albert_jax import pretrain
+  from albert_jax.cli import experiment_config
+  from albert_jax.run import Run
+  hf = importlib.import_module("tests.hf_models")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  folder = hf.saved(hf.hf_model(), tmp_path / "albert_hf")
+  config = experiment_config(["main", "--config=experiments/pretrain_tiny.py:synthetic",
+                              "--config.data.max_seq_length=16",
+                              "--config.data.max_predictions_per_seq=2", "--config.train.global_batch_size=8",
+                              "--config.train.num_train_steps=1", "--config.train.warmup_steps=0",
+                              "--config.train.eval_every=0",
+                              "--config.checkpoint.async_save=false", f"--config.init_checkpoint={folder}"])
+  config = resolve_init_checkpoint(config, overrides=()).config  # the folder's model, as its own command would
+  config.init_checkpoint = folder
+  run = Run(str(tmp_path / "run"))
+  pretrain.train(config, run)
+  recorded = json.loads((tmp_path / "run" / "config.json").read_text())["init_checkpoint"]
+  assert recorded.startswith(str(tmp_path / "cache" / "albert_jax" / "hf" / "folders" / "albert_hf-"))
+  capsys.readouterr()
+  pretrain.train(config, run)
+  said = capsys.readouterr().out
+  assert "Nothing to train" in said and "changed settings" not in said, said
+  assert json.loads((tmp_path / "run" / "config.json").read_text())["init_checkpoint"] == recorded

@@ -143,7 +143,7 @@ def to_hf(weights, dst: str, encoder_only: bool = False, spm_model: str | None =
   trained with once its export is checked to give the run's ids; then the folder, loaded as transformers loads
   it, is checked again (`hf_tokenizer.check_loaded`)."""
   model_config, params = weights.model, weights.stored_params
-  tokenizer = None if spm_model == NO_TOKENIZER else hf_tokenizer.run_tokenizer(weights.path, spm_model)
+  tokenizer = None if spm_model == NO_TOKENIZER else hf_tokenizer.run_tokenizer(weights.path, weights.tokenizer, spm_model)
   if encoder_only:
     params, head = {"albert": params["albert"]}, None
   else:
@@ -151,7 +151,7 @@ def to_hf(weights, dst: str, encoder_only: bool = False, spm_model: str | None =
   column = COLUMNS[weights_family(weights, params, head).name]
   max_length = model_config.positions
   if tokenizer:
-    provenance.check_export(weights.path, tokenizer.model_path)
+    provenance.check_export(weights.run, f"{weights.flag}={weights.path}", tokenizer.model_path)
     hf_tokenizer.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
   fix = f"remove what else --dst={dst} holds and convert again"

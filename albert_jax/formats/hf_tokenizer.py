@@ -23,7 +23,7 @@ from tokenizers import Regex, normalizers, pre_tokenizers
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from albert_jax.weights import record, store
+from albert_jax.weights import store
 from data_pipeline import records, wordpiece
 from data_pipeline.tokenization import SPIECE_UNDERLINE, Tokenizer
 from data_pipeline.tokenizer_json import JsonTokenizer
@@ -173,10 +173,10 @@ def check_loaded(tokenizer: AnyTokenizer | None, folder: str, fix: str, with_mod
   return type(loaded).__name__
 
 
-def run_tokenizer(src: str, spm_model: str | None = None) -> AnyTokenizer:
-  """The tokenizer `src` was trained with: --spm_model, else the one its run recorded, with the lower-casing it
-  recorded (`record.recorded_tokenizer`: its config.json's data.spm_model, its prepared data's copy)."""
-  recorded = record.recorded_tokenizer(storage.absolute(src).rstrip("/"))
+def run_tokenizer(src: str, recorded: tuple[str, bool | None] | None, spm_model: str | None = None) -> AnyTokenizer:
+  """The tokenizer the weights at `src` were trained with: --spm_model, else `recorded` (`Weights.tokenizer`: the
+  SentencePiece model their run recorded, its config.json's data.spm_model or its prepared data's copy, with the
+  lower-casing it recorded)."""
   if not (spm_model or recorded):
     raise InputError(f"--src={src} names no SentencePiece model (no run config.json with data.spm_model, nor "
                      "prepared data): pass the one it was trained with, --spm_model=PATH (ALBERT's is "

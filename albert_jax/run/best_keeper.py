@@ -23,10 +23,11 @@ class BestKeeper:
 
   A run that continues from checkpoint step `resume_step` (0: a fresh start) scores every later step again, so
   a record of a later step is dropped: those weights belong to a run that died before its checkpoint (perhaps
-  with another seed or learning rate), and keeping them would report and predict with them."""
+  with another seed or learning rate), and keeping them would report and predict with them. `patience`: the
+  evaluations, `eval_every` steps apart, after the best without a better one that stop the run (0: never)."""
 
-  def __init__(self, run: Run, task, model_config, resume_step: int):
-    self.run = run
+  def __init__(self, run: Run, task, model_config, resume_step: int, patience: int = 0, eval_every: int = 0):
+    self.run, self.patience, self.eval_every = run, patience, eval_every
     self.directory = run.best
     self.task, self.model_config = task, model_config
     self.record = read_best(run)
@@ -63,10 +64,10 @@ class BestKeeper:
       storage.write_atomic(self.run.best_record, json.dumps(self.record, indent=2))
       self._remove_steps_except(os.path.basename(step_dir))
 
-  def stops_early(self, step: int, config) -> bool:
-    """train.early_stopping_patience evaluations since the best found none better (said); a rerun stops as it did."""
-    patience = config.train.get("early_stopping_patience", 0)
-    stop = bool(patience and self.record and step - self.record["step"] >= patience * config.train.eval_every)
+  def stops_early(self, step: int) -> bool:
+    """`patience` evaluations since the best found none better (said); a rerun stops as it did."""
+    patience = self.patience
+    stop = bool(patience and self.record and step - self.record["step"] >= patience * self.eval_every)
     if stop and jax.process_index() == 0:
       print(f"Early stopping at step {step}: no better dev {self.record['metric']} than step {self.record['step']}'s "
             f"{self.record['value']:.4f} in train.early_stopping_patience={patience} evaluations.", flush=True)

@@ -15,7 +15,7 @@ import os
 
 from albert_jax import storage
 from albert_jax.errors import InputError
-from albert_jax.run.layout import PROVENANCE_FILE, Run, run_of_weights
+from albert_jax.run.layout import Run
 from data_pipeline import fingerprints, records, tiny
 
 TOKENIZER, PREPARED_DATA = "tokenizer", "prepared data"
@@ -111,20 +111,20 @@ def check_resume(run: Run, inputs: dict[str, str], config) -> None:
   check(f"Workdir {run.workdir}", recorded(run), fingerprint(inputs), config, "resume_with_changes")
 
 
-def check_reader(path: str, name: str, config, inputs: dict[str, str] | None = None) -> None:
-  """The weights at `path` read with the tokenizer `config` uses now (and the other `inputs` given): refused when
-  their run recorded other bytes for them, `accept_changed_inputs` accepting the change."""
-  run = run_of_weights(path, PROVENANCE_FILE)
-  if run is not None:  # else converted weights, or a run that recorded nothing
-    now = fingerprint(inputs or {TOKENIZER: tokenizer_of(config)})
-    check(f"{name}={path}", recorded(run), now, config, "accept_changed_inputs")
+def check_reader(run: Run | None, who: str, config, inputs: dict[str, str] | None = None) -> None:
+  """Weights of `run` (None: converted weights), named as `who`, read with the tokenizer `config` uses now (and the
+  other `inputs` given): refused when the run recorded other bytes for them, `accept_changed_inputs` accepting the
+  change."""
+  if run is not None:
+    check(who, recorded(run), fingerprint(inputs or {TOKENIZER: tokenizer_of(config)}), config,
+          "accept_changed_inputs")
 
 
-def check_export(path: str, tokenizer: str) -> None:
-  """An export of the weights at `path` writes the tokenizer they were trained with: refused when the file
-  `tokenizer` holds other bytes than their run recorded (a copy with the same bytes is that tokenizer)."""
-  run = run_of_weights(path, PROVENANCE_FILE)
+def check_export(run: Run | None, who: str, tokenizer: str) -> None:
+  """An export of weights of `run` (None: converted weights), named as `who`, writes the tokenizer they were trained
+  with: refused when the file `tokenizer` holds other bytes than the run recorded (a copy with the same bytes is
+  that tokenizer)."""
   changed = changes(recorded(run), fingerprint({TOKENIZER: tokenizer})) if run is not None else []
   if changed:
-    raise InputError(f"--src={path} was trained with another tokenizer: {changed[0]}. Restore it, or pass "
+    raise InputError(f"{who} was trained with another tokenizer: {changed[0]}. Restore it, or pass "
                      "--spm_model= a copy of the one the run recorded, so that the export gives the model's ids.")

@@ -16,7 +16,7 @@ from albert_jax import families, head_identity, storage
 from albert_jax.errors import InputError
 from albert_jax.formats import registry, weight_files
 from albert_jax.model_config import ModelConfig
-from albert_jax.run import as_run, config as run_config, run_of_best
+from albert_jax.run import Run, as_run, config as run_config, run_of_best, run_of_weights
 from albert_jax.run.best import read_best, recorded_identity
 from albert_jax.tasks import get_task
 from albert_jax.weights import loading, record, store
@@ -31,7 +31,8 @@ class Weights:
   it) taken from their record (`resolve`), or the config they record (`resolve_ours`). `head`: the identity of the
   head they were fine-tuned with (`run.best.recorded_identity`), None for a backbone. `tokenizer`: (model file,
   do_lower_case or None) they were trained with, None where none is recorded. `best`: the best record of the
-  fine-tuning run whose folder `path` is (its params are that record's best/step_N), else None."""
+  fine-tuning run whose folder `path` is (its params are that record's best/step_N), else None. `run`: the training
+  run they come from (`path` itself or WORKDIR of WORKDIR/best/step_N), None for converted weights."""
   path: str
   flag: str
   config: ml_collections.ConfigDict
@@ -39,6 +40,7 @@ class Weights:
   head: dict | None
   tokenizer: tuple[str, bool | None] | None
   best: dict | None = None
+  run: Run | None = None
 
   @property
   def origin(self) -> str:
@@ -87,13 +89,7 @@ def resolve(source: str, config: ml_collections.ConfigDict, overrides: Collectio
   checkpoint) are read through their conversion (`formats.registry.converted`), which init_checkpoint then names
   in the config, as the run's config.json records it. A missing source is refused in one line, as is a damaged
   record."""
-  revision = config.get(REVISION, "") if flag == INIT_CHECKPOINT else ""
-  path = registry.converted(source, revision, flag) or source
-  if path != source and flag == INIT_CHECKPOINT:
-    config = config.copy_and_resolve_references()
-    config.init_checkpoint = path
-    if REVISION in config:
-      config[REVISION] = ""  # part of the conversion's path now
+  path, config = _through_conversion(source, config, flag)
   if not storage.path(path).exists():
     raise loading.not_weights(path, flag)
   recorded = record.read(path)
@@ -103,6 +99,20 @@ def resolve(source: str, config: ml_collections.ConfigDict, overrides: Collectio
     if said:
       record.say(said)
   return _weights(recorded, flag, config)
+
+
+def _through_conversion(source: str, config: ml_collections.ConfigDict, flag: str
+                        ) -> tuple[str, ml_collections.ConfigDict]:
+  """(where the weights `source` names are read: the conversion of another format's weights, else `source`;
+  `config` with init_checkpoint naming that conversion when `flag` is init_checkpoint)."""
+  revision = config.get(REVISION, "") if flag == INIT_CHECKPOINT else ""
+  path = registry.converted(source, revision, flag) or source
+  if path != source and flag == INIT_CHECKPOINT:
+    config = config.copy_and_resolve_references()
+    config.init_checkpoint = path
+    if REVISION in config:
+      config[REVISION] = ""  # part of the conversion's path now
+  return path, config
 
 
 def resolve_init_checkpoint(config: ml_collections.ConfigDict, overrides: Collection[str] | None = None
@@ -134,4 +144,5 @@ def resolve_ours(source: str, flag: str = "--src") -> Weights:
 def _weights(recorded: record.Recorded, flag: str, config: ml_collections.ConfigDict) -> Weights:
   own = as_run(recorded.path)
   best = read_best(own)
-  return Weights(recorded.path, flag, config, recorded.family, recorded_identity(own, best), recorded.tokenizer, best)
+  return Weights(recorded.path, flag, config, recorded.family, recorded_identity(own, best), recorded.tokenizer, best,
+                 run_of_weights(recorded.path))
