@@ -203,12 +203,13 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
                    f"--dst={prefix}_hf")
 
 
-def _trained_params(config, run: Run, weights: Weights, task, model):
+def _trained_params(config, run: Run, weights: Weights, task, model, splits: tuple[str, ...] = ()):
   """The run's best (else latest) weights (`weights`, resolved from its workdir), refused unless their head was
-  trained for `task` as it is now (a pretraining run has none) and their model is config.model's."""
+  trained for `task` as it is now (a pretraining run has none), their model is config.model's, and the tokenizer
+  and the files of `splits` are those the run recorded."""
   workdir, best = run.workdir, weights.best
   check_identity(task, weights.head, f"--workdir={workdir}")
-  provenance.check_reader(run, f"--workdir={workdir}", config)
+  provenance.check_reader(run, f"--workdir={workdir}", config, provenance.fine_tuning_inputs(config, task, splits))
   task.use_tuning(weights.folder)
   which = f"best checkpoint (step {best['step']})" if best else "latest checkpoint"
   params = weights.params
@@ -225,7 +226,7 @@ def evaluate(config, run: Run, args=None) -> None:
   weights = resolve(run.workdir, config, args and args.overrides, flag="--workdir")
   config = weights.config
   task, tokenizer, _, model = _task_and_model(config, weights)
-  params, which = _trained_params(config, run, weights, task, model)
+  params, which = _trained_params(config, run, weights, task, model, task.eval_splits)
   s = engine.setup(config, make_job(task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}

@@ -5,9 +5,11 @@ config.json from either maps one to one (see `formats/hf_albert.py`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import os
+import resource
 import typing
 from typing import Any, Mapping
 
@@ -221,9 +223,23 @@ def _sizes(c: ModelConfig, sizes: Mapping[str, int]) -> dict[str, int]:
   return {**{name: getattr(c, name) for name in SIZE_FIELDS}, **sizes}
 
 
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
+
+
 def host_memory() -> int:
-  """This host's physical memory in bytes."""
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  """The memory this process may use, in bytes: the host's physical memory, or less where a limit caps it, the
+  address space `ulimit -v` allows or a container's cgroup limit (a batch between them and the physical memory
+  would pass the memory checks and then fail to allocate)."""
+  limits = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
+  address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
+  if address_space != resource.RLIM_INFINITY:
+    limits.append(address_space)
+  for path in CGROUP_MEMORY_LIMITS:
+    with contextlib.suppress(OSError), open(path) as file:
+      limit = file.read().strip()
+      if limit.isdigit():  # else "max": none
+        limits.append(int(limit))
+  return min(limits)
 
 
 def _memory_needed(c: ModelConfig, **sizes: int) -> int:

@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 
 from albert_jax import engine, seeds
+from albert_jax.errors import InputError
 from albert_jax.model_config import ModelConfig
+from albert_jax.tasks.base import AT_LEAST_ONE, TaskSettings
+from albert_jax.tasks.race import RaceTask
+from albert_jax.tasks.squad import SquadTask
 from data_pipeline.pair_layout import BERT, ROBERTA
 from experiments.common import pretraining_config
 from tests.cli_forks import run_each
@@ -162,6 +166,27 @@ def test_fine_tuning_lengths_and_rates_that_train_nothing_are_refused_before_any
   for name, (_, message) in cases.items():
     assert last_line(results[name]).startswith(f"error: {message}"), name
     assert not workdirs[name].exists(), name
+
+
+@pytest.mark.parametrize("field", list(AT_LEAST_ONE))
+@pytest.mark.parametrize("value", [0, -5])
+def test_a_task_count_of_0_or_less_is_refused_naming_what_it_would_do(field, value):
+  """Each count of the task settings (SQuAD's stride and lengths, the beam, RACE's question length, the options):
+  0 or less trained or predicted nothing, and a doc_stride of 0 never finished windowing a context."""
+  with pytest.raises(InputError) as refusal:
+    TaskSettings(task="squad_v1", **{field: value})
+  assert str(refusal.value) == (f"data.{field}={value} {AT_LEAST_ONE[field]}; give --config.data.{field}=1 or "
+                                "more.")
+  assert getattr(TaskSettings(task="squad_v1", **{field: 1}), field) == 1
+
+
+@pytest.mark.parametrize("name, task, field", [("squad_v1", SquadTask, "max_query_length"),
+                                               ("race", RaceTask, "max_qa_length")])
+def test_a_question_that_leaves_no_room_for_the_text_names_the_longest_that_fits(name, task, field):
+  with pytest.raises(InputError) as refusal:
+    task(TaskSettings(task=name, max_seq_length=128, **{field: 125}))
+  assert str(refusal.value).endswith(f"in data.max_seq_length=128; give --config.data.{field}=124 or less.")
+  assert getattr(task(TaskSettings(task=name, max_seq_length=128, **{field: 124})).settings, field) == 124
 
 
 MALFORMED_MESHES = [

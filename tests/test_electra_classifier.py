@@ -188,6 +188,30 @@ def test_a_wordpiece_vocab_gives_berts_ids(hf, tmp_path):
     WordPieceTokenizer(str(tmp_path / "bad.txt"))
 
 
+def fine_tuned_from_a_wordpiece_folder(tmp_path, model_fields: dict, save, **model) -> tuple[str, object, str, str]:
+  """A folder as the released ones are (`save(folder)` writes the transformers model, VOCAB its lower-cased
+  WordPiece vocab.txt) converted into tmp_path/ours, fine-tuned from there 2 steps on a two-class task into
+  tmp_path/run (`model_fields` and `model` the --config.model values), the run exported into tmp_path/export:
+  (what convert said, the fine-tuning config, what fine-tuning said, the best weights' folder)."""
+  source = tmp_path / "hf"
+  save(source)
+  (source / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+  (source / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 24}))
+  converted = quietly(convert.convert, "hf", None, str(source), str(tmp_path / "ours"))
+  data = tmp_path / "data"
+  data.mkdir()
+  write_split(data / "train.tsv", 8)
+  write_split(data / "dev.tsv", 4)
+  config = config_for(data, str(tmp_path / "ours" / "vocab.txt"))
+  config.init_checkpoint, config.allow_random_init = str(tmp_path / "ours"), False
+  config.model.update({k: v for k, v in model_fields.items() if not k.endswith("dropout_prob")}, sharing="none",
+                      **model)
+  config.train.num_train_steps = 2
+  said = quietly(finetune.train, config, Run(str(tmp_path / "run")))
+  quietly(convert.convert, None, "hf", str(tmp_path / "run"), str(tmp_path / "export"))
+  return converted, config, said, json.loads((tmp_path / "run" / "best" / "best.json").read_text())["weights"]
+
+
 @pytest.mark.hf
 @pytest.mark.slow  # a fine-tuning run and two conversions checked through transformers: about 30 s on 2 busy cores
 def test_fine_tuning_a_released_style_electra_folder_takes_its_head_and_vocab_and_exports_both(hf, shared_data,
@@ -198,30 +222,17 @@ def test_fine_tuning_a_released_style_electra_folder_takes_its_head_and_vocab_an
   that AutoTokenizer loads with the original folder's ids."""
   source = tmp_path / "hf"
   model_fields = {**HF, "vocab_size": len(VOCAB), "max_position_embeddings": 24}
-  hf.saved(hf.transformers.ElectraForPreTraining(hf.transformers.ElectraConfig(**model_fields)), source)
-  (source / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-  (source / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 24}))
-  said = quietly(convert.convert, "hf", None, str(source), str(tmp_path / "ours"))
-  assert "its tokenizer vocab.txt, do_lower_case=True" in said
+  converted, config, said, best = fine_tuned_from_a_wordpiece_folder(
+      tmp_path, model_fields,
+      lambda folder: hf.saved(hf.transformers.ElectraForPreTraining(hf.transformers.ElectraConfig(**model_fields)),
+                              folder))
+  assert "its tokenizer vocab.txt, do_lower_case=True" in converted
   assert record.recorded_tokenizer(str(tmp_path / "ours")) == (str(tmp_path / "ours" / "vocab.txt"), True)
-
-  data = tmp_path / "data"
-  data.mkdir()
-  write_split(data / "train.tsv", 8)
-  write_split(data / "dev.tsv", 4)
-  config = config_for(data, str(tmp_path / "ours" / "vocab.txt"))
-  config.init_checkpoint, config.allow_random_init = str(tmp_path / "ours"), False
-  config.model.update({k: v for k, v in model_fields.items() if not k.endswith("dropout_prob")}, sharing="none")
-  config.train.num_train_steps = 2
-  said = quietly(finetune.train, config, Run(str(tmp_path / "run")))
   assert "classifier_head=electra: " in said
   assert json.loads((tmp_path / "run" / "config.json").read_text())["classifier_head"] == "electra"
   assert json.loads((tmp_path / "run" / "head.json").read_text())["classifier_head"] == "electra"
-
-  quietly(convert.convert, None, "hf", str(tmp_path / "run"), str(tmp_path / "export"))
   exported = hf.transformers.ElectraForSequenceClassification.from_pretrained(tmp_path / "export").eval()
   assert exported.config.id2label == {0: "neg", 1: "pos"}
-  best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())["weights"]
   ids = np.minimum(IDS, len(VOCAB) - 1)
   np.testing.assert_allclose(hf_logits(hf, exported, ids), our_logits(model_config_from(config),
                                                                       store.load_pretrained(best)[1], ids),

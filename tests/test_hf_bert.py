@@ -10,20 +10,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers import config_for, final_params, pretrain_cli, quietly, write_split
+from tests.helpers import final_params, pretrain_cli
 from tests.hf_models import assert_same_tensors, hf_model, read, torch, transformers
 
-from albert_jax import convert, families, finetune  # noqa: E402
+from albert_jax import convert, families  # noqa: E402
 from albert_jax.errors import InputError  # noqa: E402
 from albert_jax.formats import hf, hf_bert  # noqa: E402
 from albert_jax.model import AlbertForPreTraining, AlbertModel  # noqa: E402
 from albert_jax.model_config import ModelConfig, model_config_from  # noqa: E402
-from albert_jax.run import Run  # noqa: E402
 from albert_jax.tasks.heads import PooledClassifier, SpanExtractor, TokenClassifier  # noqa: E402
 from albert_jax.weights import store  # noqa: E402
 from albert_jax.weights.resolve import resolve_init_checkpoint  # noqa: E402
 from experiments import glue  # noqa: E402
-from tests.test_electra_classifier import VOCAB  # noqa: E402
+from tests.test_electra_classifier import VOCAB, fine_tuned_from_a_wordpiece_folder  # noqa: E402
 
 pytestmark = pytest.mark.hf
 BERT_SIZES = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -239,28 +238,14 @@ def test_fine_tuning_from_a_bert_folder_takes_its_head_and_vocab_and_exports_as_
   """A BertForPreTraining folder with a WordPiece vocab.txt, as released: fine-tuning from it picks BERT's head
   (the pooled classifier) and tokenizes with its vocabulary; --to=hf of the run is a BertForSequenceClassification
   with the run's classes and logits."""
-  source = tmp_path / "hf"
   sizes = {**BERT_SIZES, "vocab_size": len(VOCAB), "max_position_embeddings": 24}
-  hf_model(transformers.BertForPreTraining, sizes=sizes).save_pretrained(source)
-  (source / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-  (source / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "model_max_length": 24}))
-  quietly(convert.convert, "hf", None, str(source), str(tmp_path / "ours"))
-  data = tmp_path / "data"
-  data.mkdir()
-  write_split(data / "train.tsv", 8)
-  write_split(data / "dev.tsv", 4)
-  config = config_for(data, str(tmp_path / "ours" / "vocab.txt"))
-  config.init_checkpoint, config.allow_random_init = str(tmp_path / "ours"), False
-  config.model.update({k: v for k, v in sizes.items() if not k.endswith("dropout_prob")}, embedding_size=32,
-                      sharing="none", hidden_act="gelu")
-  config.train.num_train_steps = 2
-  said = quietly(finetune.train, config, Run(str(tmp_path / "run")))
+  _, config, said, best = fine_tuned_from_a_wordpiece_folder(
+      tmp_path, sizes, hf_model(transformers.BertForPreTraining, sizes=sizes).save_pretrained, embedding_size=32,
+      hidden_act="gelu")
   assert "classifier_head=bert: " in said
   assert json.loads((tmp_path / "run" / "config.json").read_text())["classifier_head"] == "bert"
-  quietly(convert.convert, None, "hf", str(tmp_path / "run"), str(tmp_path / "export"))
   exported = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "export").eval()
   assert exported.config.id2label == {0: "neg", 1: "pos"}
-  best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())["weights"]
   batch = inputs(hf_bert.BERT_LAYOUT)
   batch = (np.minimum(batch[0], len(VOCAB) - 1), *batch[1:])
   ours = PooledClassifier(model_config_from(config), 2).apply({"params": store.load_pretrained(best)[1]},

@@ -1,7 +1,13 @@
 """The memory check counts what the train step allocates (issue #57, class 8): after the shapes' lower bound, the
 compiled step's own figure (XLA's memory analysis) on a CPU backend. A batch whose attention scores, kept for the
 backward pass, are far beyond the layer inputs the lower bound counts passed it, then died allocating hundreds of
-GB; it is refused in one line when the step is compiled, before the run writes anything."""
+GB; it is refused in one line when the step is compiled, before the run writes anything. The memory both checks
+compare with is what the process may use: `ulimit -v` or a cgroup limit below the physical memory counts."""
+import os
+import resource
+import subprocess
+import sys
+
 import pytest
 
 from albert_jax import compile_stats, engine, pretrain
@@ -9,7 +15,7 @@ from albert_jax import model_config as model_config_lib
 from albert_jax.cli import experiment_config
 from albert_jax.errors import InputError
 from albert_jax.run import Run, refusal
-from tests.helpers import pretrain_cli
+from tests.helpers import REPO, cpu_env, pretrain_cli
 
 GIB = 2**30
 # 512-token rows of the tiny model: their layer inputs (4 x 512 x 64 float32, 512 KiB) are the lower bound's, their
@@ -75,4 +81,39 @@ def test_the_command_line_refuses_it_in_one_line_and_leaves_no_workdir(tmp_path)
   assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
   assert result.stderr.startswith(f"error: train.global_batch_size={rows} needs ") and \
       "the compiled train step's own count on 1 CPU device(s)" in result.stderr, result.stderr
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cgroup_v2, cgroup_v1, address_space, expected", [
+    ("max", None, None, "physical"), (str(3 * GIB), None, None, 3 * GIB), (None, str(2**63 - 4096), None, "physical"),
+    (None, str(5 * GIB), None, 5 * GIB), ("max", None, 2 * GIB, 2 * GIB), (str(3 * GIB), None, 4 * GIB, 3 * GIB)])
+def test_the_memory_is_the_least_of_the_host_s_ulimit_v_and_a_container_s_cgroup_limit(
+    tmp_path, monkeypatch, cgroup_v2, cgroup_v1, address_space, expected):
+  """What the memory checks compare with: the physical memory, unless `ulimit -v` or the cgroup (v2 memory.max, v1
+  memory.limit_in_bytes, whose "no limit" is a number beyond any host) allows less."""
+  physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  files = []
+  for name, limit in (("memory.max", cgroup_v2), ("memory.limit_in_bytes", cgroup_v1)):
+    files.append(tmp_path / name)
+    if limit is not None:
+      files[-1].write_text(limit + "\n")
+  monkeypatch.setattr(model_config_lib, "CGROUP_MEMORY_LIMITS", tuple(str(f) for f in files))
+  real = resource.getrlimit
+  monkeypatch.setattr(resource, "getrlimit", lambda which: (address_space or resource.RLIM_INFINITY, -1)
+                      if which == resource.RLIMIT_AS else real(which))
+  assert model_config_lib.host_memory() == min(physical, physical if expected == "physical" else expected)
+
+
+def test_a_batch_beyond_ulimit_v_is_refused_naming_the_limit_and_leaves_no_workdir(tmp_path):
+  """Under `ulimit -v 8000000` (7.6 GiB), 100,000 rows of the tiny model (the shapes' count alone about 12.5 GiB)
+  are refused in one line naming the limit, where the host's physical memory (or a larger limit) let them pass."""
+  limit = 8_000_000 * 1024
+  cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+  result = subprocess.run([sys.executable, "-m", "albert_jax.main", "--config=experiments/pretrain_tiny.py:synthetic",
+                           f"--workdir={tmp_path / 'run'}", "--config.train.global_batch_size=100000"],
+                          cwd=REPO, env=cpu_env(1, True), capture_output=True, text=True, timeout=600, preexec_fn=cap)
+  memory = min(limit, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+  assert result.stderr.startswith("error: train.global_batch_size=100000 needs ") and (
+      f"of this host's {memory / GIB:,.1f} GiB of memory" in result.stderr), result.stderr
   assert not (tmp_path / "run").exists()

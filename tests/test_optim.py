@@ -90,6 +90,17 @@ def test_a_step_is_the_undecayed_step_times_each_factor(optimizer):
       np.testing.assert_allclose(update, flat(b)[name] * factors[name], rtol=1e-6, atol=1e-12, err_msg=name)
 
 
+def one_step_change(config, job, batch) -> tuple[dict, dict]:
+  """({name: change} of every parameter over one compiled train step of `job` on `batch`, the parameters before),
+  from the state of key 0 and the step key 5, so that two configs' steps compare from one state and batch."""
+  s = engine.setup(config, job, devices=jax.devices()[:1])
+  state = s.create_state(jax.random.key(0))
+  before = jax.tree.map(np.array, state.params)  # copies: the step donates `state`
+  with s.context():
+    after, _ = s.train_step(state, s.global_batch(batch), jax.random.key(5))
+  return flat(jax.tree.map(lambda a, b: np.asarray(a) - b, after.params, before)), before
+
+
 @pytest.mark.slow
 def test_the_engines_step_changes_each_parameter_by_its_factor_of_the_undecayed_change():
   """One compiled train step (clipping, AdamW, weight decay, the schedule) of an unshared 3-layer pretraining model
@@ -103,12 +114,7 @@ def test_the_engines_step_changes_each_parameter_by_its_factor_of_the_undecayed_
   changes = {}
   for decay in (DECAY, 1.0):
     config.train.layerwise_lr_decay = decay
-    s = engine.setup(config, pretrain.make_job(config), devices=jax.devices()[:1])
-    state = s.create_state(jax.random.key(0))
-    before = jax.tree.map(np.array, state.params)  # copies: the step donates `state`
-    with s.context():
-      after, _ = s.train_step(state, s.global_batch(batch), jax.random.key(5))
-    changes[decay] = flat(jax.tree.map(lambda a, b: np.asarray(a) - b, after.params, before))
+    changes[decay], before = one_step_change(config, pretrain.make_job(config), batch)
   factors = flat(optim.layerwise_factors(before, DECAY, 3))
   assert factors["sop_classifier/kernel"] == 1.0 and factors["albert/encoder/group_0/inner_0/ffn/output/kernel"] == (
       pytest.approx(0.4096))
@@ -263,12 +269,7 @@ def test_the_engines_electra_step_moves_the_generator_by_its_multiplier():
   for multiplier in (0.5, 1.0):
     config = electra_config(multiplier)
     batch = pretrain.synthetic_batch(config.data, 4, 300, (3, 0))
-    s = engine.setup(config, electra_pretraining.make_job(config), devices=jax.devices()[:1])
-    state = s.create_state(jax.random.key(0))
-    before = jax.tree.map(np.array, state.params)  # copies: the step donates `state`
-    with s.context():
-      after, _ = s.train_step(state, s.global_batch(batch), jax.random.key(5))
-    changes[multiplier] = flat(jax.tree.map(lambda a, b: np.asarray(a) - b, after.params, before))
+    changes[multiplier], _ = one_step_change(config, electra_pretraining.make_job(config), batch)
   assert np.abs(changes[1.0]["generator_predictions/dense/kernel"]).max() > 1e-4
   for name, change in changes[0.5].items():  # atol: float32 rounding of the LayerNorm scales near 1
     factor = 0.5 if name.startswith("generator") else 1.0

@@ -126,8 +126,15 @@ def test_a_swapped_tokenizer_or_a_corpus_prepared_again_is_refused_on_resume_war
     pretrain.evaluate_checkpoint(experiment_config(argv), Run(run))
 
 
+def swap_labels(split: bytes) -> bytes:
+  return split.replace(b"\tpos\n", b"\tPOS\n").replace(b"\tneg\n", b"\tpos\n").replace(b"\tPOS\n", b"\tneg\n")
+
+
 @pytest.mark.slow
-def test_a_fine_tuning_train_file_changed_is_refused_on_resume(shared_data, tmp_path):
+def test_a_changed_train_file_stops_a_resume_and_a_changed_dev_file_an_eval(shared_data, tmp_path):
+  """A resume reads the train file the run recorded; `--mode=eval` the dev file, whose labels give its score: a
+  dev file of other bytes is refused unless accept_changed_inputs, which scores against it and says so. Eval reads
+  no train file, so a changed one does not stop it."""
   write_split(tmp_path / "train.tsv", 16)
   write_split(tmp_path / "dev.tsv", 8)
   argv = ["main", f"--config=experiments/classification.py:size=tiny,data={tmp_path},spm={spm(shared_data)},"
@@ -138,12 +145,30 @@ def test_a_fine_tuning_train_file_changed_is_refused_on_resume(shared_data, tmp_
   assert set(provenance.recorded(Run(str(tmp_path / "run")))) == {"tokenizer", "train file", "dev file"}
   train = tmp_path / "train.tsv"
   original = train.read_bytes()
-  touch(train, original.replace(b"\tpos\n", b"\tPOS\n").replace(b"\tneg\n", b"\tpos\n").replace(b"\tPOS\n", b"\tneg\n"))
+  touch(train, swap_labels(original))
   with pytest.raises(InputError, match=rf"^Workdir {tmp_path / 'run'} was made from other inputs: the train file "
                                        rf"\({train}: sha256 \w+ then, \w+ now\) changed\. Restore them, or pass "
                                        r"--config.resume_with_changes=True"):
     finetune.train(experiment_config(argv), Run(str(tmp_path / "run")))
+
+  score = lambda *flags: json.loads(quietly(finetune.evaluate, experiment_config([*argv, *flags]),
+                                            Run(str(tmp_path / "run"))).splitlines()[-1])["accuracy"]
+  recorded_score = score()  # the train file changed, the dev file not
+  dev = tmp_path / "dev.tsv"
+  before, dev_bytes = provenance.fingerprints.sha256(str(dev))[:12], dev.read_bytes()
+  touch(dev, swap_labels(dev_bytes))
+  written = {path: path.stat().st_mtime_ns for path in (tmp_path / "run").rglob("*")}
+  with pytest.raises(InputError) as refused:
+    finetune.evaluate(experiment_config(argv), Run(str(tmp_path / "run")))
+  assert one_line(refused) == (
+      f"--workdir={tmp_path / 'run'} was made from other inputs: the dev file ({dev}: sha256 {before} then, "
+      f"{provenance.fingerprints.sha256(str(dev))[:12]} now) changed. Restore them, or pass "
+      "--config.accept_changed_inputs=True to go on with these.")
+  assert {path: path.stat().st_mtime_ns for path in (tmp_path / "run").rglob("*")} == written
+  assert score("--config.accept_changed_inputs=True") == pytest.approx(1 - recorded_score)
+
   touch(train, original)
+  touch(dev, dev_bytes)
   assert "Nothing to train" in quietly(finetune.train, experiment_config(argv), Run(str(tmp_path / "run")))
 
 

@@ -26,6 +26,7 @@ import flax.linen as nn
 from albert_jax.errors import InputError
 from albert_jax.model import AlbertModel, Encoder, MaskedLMHead, activation, dense, gather_positions
 from albert_jax.model_config import ModelConfig
+from albert_jax.tasks.heads import folded_scores
 
 Array = jax.Array
 
@@ -155,10 +156,7 @@ class ElectraMultipleChoice(nn.Module):
   @nn.compact
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array,
                deterministic: bool = True) -> jax.Array:
-    lead, length = input_ids.shape[:-1], input_ids.shape[-1]
-    flat = lambda x: x.reshape(-1, length)
-    sequence, _ = AlbertModel(self.config, name="albert")(flat(input_ids), flat(attention_mask),
-                                                          flat(token_type_ids), deterministic)
-    summary = _SequenceSummary(self.config, self.dropout_rate, name="sequence_summary")(sequence[:, 0], deterministic)
-    logits = dense(self.config, self.num_outputs, ("embed", "classes"), "classifier")(summary)
-    return logits.astype(jnp.float32).reshape(*lead, self.num_outputs)
+    summary = lambda sequence, _: _SequenceSummary(self.config, self.dropout_rate, name="sequence_summary")(
+        sequence[:, 0], deterministic)
+    return folded_scores(self.config, self.num_outputs, (input_ids, attention_mask, token_type_ids), deterministic,
+                         summary)

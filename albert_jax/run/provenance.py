@@ -4,8 +4,9 @@ The inputs that define a run, each by the sha256 of its whole file: the tokenize
 data (its manifest.json, which names every shard and the preparation's settings; the bundled tiny corpus's too) and
 a fine-tuning task's data files (train and dev). A copy with the same bytes and a new mtime is the same input. A
 resume compares what it reads now with what the run recorded (`resume_with_changes` accepts a change); a reader of
-the run's weights (a warm start from it, eval, predict, embed) compares the tokenizer it would use, and
-pretraining's eval also the prepared data (`accept_changed_inputs` accepts a change); an export (`convert --to=hf`)
+the run's weights (a warm start from it, eval, predict, embed) compares the tokenizer it would use, and eval also
+what it scores against, pretraining's the prepared data and fine-tuning's the dev files, whose labels give the
+score (`accept_changed_inputs` accepts a change); an export (`convert --to=hf`)
 compares the tokenizer it writes. A run recorded before fingerprints were kept is read as it is.
 """
 from __future__ import annotations
@@ -58,11 +59,11 @@ def pretraining_inputs(config) -> dict[str, str]:
   return {TOKENIZER: tokenizer_of(config), PREPARED_DATA: _manifest(config.data)}
 
 
-def fine_tuning_inputs(config, task) -> dict[str, str]:
-  """{what: path} of the files a fine-tuning run reads: its tokenizer, the task's train and dev files (those it
-  has: a prediction-only task, GLUE AX, has no train split)."""
+def fine_tuning_inputs(config, task, splits: tuple[str, ...] | None = None) -> dict[str, str]:
+  """{what: path} of the files a fine-tuning run reads: its tokenizer and the task's `splits` (default: the train
+  and dev files; those it has: a prediction-only task, GLUE AX, has no train split)."""
   inputs = {TOKENIZER: tokenizer_of(config)}
-  for name in ("train", *task.eval_splits):
+  for name in splits if splits is not None else ("train", *task.eval_splits):
     try:
       inputs[f"{name} file"] = task.split_path(name)
     except InputError:

@@ -106,6 +106,14 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
 CLASSIFIER_HEADS = families.classifier_heads()
 
 
+# Counts of the settings below that 0 (or less) makes degenerate, and what it would do (SQuAD v2's beam widths,
+# bounded by the sequence too, are SquadTask's).
+AT_LEAST_ONE = {"doc_stride": "never moves the window along the context, so windowing a context would not end",
+                "max_query_length": "keeps no token of the question", "max_answer_length": "allows no answer span",
+                "n_best_size": "keeps no candidate answer", "max_qa_length": "keeps no token of the question and option",
+                "num_choices": "leaves no option to choose"}
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskSettings:
   """What a task reads of an experiment config, typed. Defaults are the original's recipes (run_squad_v1/v2,
@@ -135,11 +143,15 @@ class TaskSettings:
   num_choices: int = 4                    # multiple_choice: options per question (fewer are padded and masked)
 
   def __post_init__(self):
-    """Refuses class names that would be misread: a name given twice (in either Unicode form) makes a phantom class
-    (the labels map to the first, the other output never trains), a control character breaks the prediction files'
-    rows and an invisible one makes a name unlike the one it looks like. Names are kept in NFC (see as_read)."""
+    """Refuses counts that would train or predict nothing (`AT_LEAST_ONE`) and class names that would be misread: a
+    name given twice (in either Unicode form) makes a phantom class (the labels map to the first, the other output
+    never trains), a control character breaks the prediction files' rows and an invisible one makes a name unlike
+    the one it looks like. Names are kept in NFC (see as_read)."""
     if self.classifier_head not in CLASSIFIER_HEADS:
       raise InputError(f"classifier_head={self.classifier_head!r}; choose one of {', '.join(CLASSIFIER_HEADS)}.")
+    for field, effect in AT_LEAST_ONE.items():
+      if getattr(self, field) < 1:
+        raise InputError(f"data.{field}={getattr(self, field)} {effect}; give --config.data.{field}=1 or more.")
     for name in self.labels:
       if problem := control_character(name, "data.labels name"):
         raise InputError(problem)

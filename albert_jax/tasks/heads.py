@@ -23,13 +23,20 @@ class PooledClassifier(nn.Module):
   @nn.compact
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array,
                deterministic: bool = True) -> jax.Array:
-    lead, length = input_ids.shape[:-1], input_ids.shape[-1]
-    flat = lambda x: x.reshape(-1, length)
-    _, pooled = AlbertModel(self.config, name="albert")(flat(input_ids), flat(attention_mask),
-                                                         flat(token_type_ids), deterministic)
-    pooled = nn.Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
-    logits = dense(self.config, self.num_outputs, ("embed", "classes"), "classifier")(pooled)
-    return logits.astype(jnp.float32).reshape(*lead, self.num_outputs)
+    return folded_scores(self.config, self.num_outputs, (input_ids, attention_mask, token_type_ids), deterministic,
+                         lambda _, pooled: nn.Dropout(self.dropout_rate)(pooled, deterministic=deterministic))
+
+
+def folded_scores(config: ModelConfig, num_outputs: int, inputs: tuple[jax.Array, jax.Array, jax.Array],
+                  deterministic: bool, features) -> jax.Array:
+  """Scores of a multiple-choice-shaped scorer, called inside its `nn.compact` method: the leading dimensions of
+  `inputs` (ids, mask, token types; RACE's [B, options, S]) fold into the batch of the backbone ("albert"),
+  `features(sequence, pooled)` picks what `classifier` (dense(num_outputs)) scores, and the float32 scores come back
+  as [..., num_outputs], so the options of one question are scored by one backbone call."""
+  lead, length = inputs[0].shape[:-1], inputs[0].shape[-1]
+  sequence, pooled = AlbertModel(config, name="albert")(*(x.reshape(-1, length) for x in inputs), deterministic)
+  logits = dense(config, num_outputs, ("embed", "classes"), "classifier")(features(sequence, pooled))
+  return logits.astype(jnp.float32).reshape(*lead, num_outputs)
 
 
 class SpanExtractor(nn.Module):

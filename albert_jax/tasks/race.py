@@ -55,7 +55,8 @@ class RaceTask(Task):
     d = settings
     if d.max_qa_length + 3 >= d.max_seq_length:
       raise InputError(f"data.max_qa_length={d.max_qa_length} leaves no room for the article in "
-                       f"data.max_seq_length={d.max_seq_length}.")
+                       f"data.max_seq_length={d.max_seq_length}; give --config.data.max_qa_length="
+                       f"{max(d.max_seq_length - 4, 1)} or less.")
 
   # --- data -----------------------------------------------------------------------------------------------
   def split_path(self, split: str) -> str:

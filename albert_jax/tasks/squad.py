@@ -87,7 +87,8 @@ class SquadTask(Task):
     d = settings
     if d.max_query_length + 3 >= d.max_seq_length:
       raise InputError(f"data.max_query_length={d.max_query_length} leaves no room for the context in "
-                       f"data.max_seq_length={d.max_seq_length}.")
+                       f"data.max_seq_length={d.max_seq_length}; give --config.data.max_query_length="
+                       f"{max(d.max_seq_length - 4, 1)} or less.")
     if d.v2_head not in V2_HEADS:
       raise InputError(f"data.v2_head={d.v2_head!r}; choose one of {', '.join(map(repr, V2_HEADS))}.")
     self.answer_class = d.v2_head == "answer_class"
