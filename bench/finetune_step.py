@@ -1,5 +1,5 @@
 """`python -m bench.finetune_step`: the fine-tuning train step of a GLUE classification job (RTE: two classes) against
-transformers' BertForSequenceClassification / RobertaForSequenceClassification, per family, in one process.
+transformers' BertForSequenceClassification / RobertaForSequenceClassification, both families in one process.
 
 Ours is the step the engine compiles for `experiments/glue.py` (`finetune.make_job`, `engine.setup`: forward with
 dropout, backward, the recipe's AdamW with clipping, the state donated), with the family's own head
@@ -9,8 +9,9 @@ learning rate, betas, epsilon, clipping and weight decay off biases and LayerNor
 as many threads as XLA uses. Both start from the same weights: ours initialised, written as the family's
 transformers class (`formats.hf`) and read back by transformers. The sanity rows are both losses on the first batch
 without dropout, with their logits and the encoder's last hidden states on the real tokens (they agree
-within 1e-4 when both compute the same model); the timed steps run with dropout. Ours and the
-peer are timed in alternating blocks (`bench.common.interleave`); the ratio is the peer's median step time over ours.
+within 1e-4 when both compute the same model); the timed steps run with dropout. Every family's
+ours and peer, and one n×n matmul in JAX and in torch (the rate MFU is measured against), are timed in alternating
+blocks in one process (`bench.common.interleave`); the ratio is the peer's median step time over ours.
 
   python -m bench.finetune_step --model bert,roberta --batch 8 --seq-len 128 --steps 20 --block 5
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import tempfile
 
 import jax
@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--steps", type=int, default=20, help="timed steps per runner")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps per runner after the first")
   p.add_argument("--block", type=int, default=5, help="steps per interleaved block")
+  p.add_argument("--matmul-size", type=int, default=2048, help="n of the n×n matmul timed in the same interleaving "
+                 "in JAX and torch, the rate MFU is measured against (0: skip it)")
   p.add_argument("--results-dir", default=common.RESULTS_DIR)
   p.add_argument("--name", default="", help="JSON file name (default: finetune_step)")
   args = p.parse_args(argv)
@@ -141,8 +143,9 @@ class ClassifierPeer(common.Peer):
     return float(out.loss), out.logits.numpy(), out.hidden_states[-1].numpy()
 
 
-def measure_family(args: argparse.Namespace, family: str) -> tuple[list[dict], dict, str]:
-  """Ours and the peer of one family, interleaved: (their rows, the sanity row, the config described)."""
+def family_runners(args: argparse.Namespace, family: str) -> tuple[common.Ours, ClassifierPeer, dict, str]:
+  """Ours and the peer of one family from the same weights, (ours, the peer, the sanity row, the config
+  described)."""
   config = fine_tuning_config(args, family)
   c = model_config_from(config)
   task = get_task(config)
@@ -160,7 +163,6 @@ def measure_family(args: argparse.Namespace, family: str) -> tuple[list[dict], d
     hf.COLUMNS[family].save(c, params, folder, task.hf_head, {})
     peer = ClassifierPeer(config, folder, task.hf_architecture, batches[0], f"peer_{family}",
                           args.threads or common.cpu_threads())
-  del params
   peer_loss, peer_logits, peer_hidden = peer.outputs_without_dropout()
   real = batches[0]["attention_mask"] > 0   # the padding rows' states differ (RoBERTa's positions) and are unused
   sanity = {"model": family, "ours_loss": our_loss, "peer_loss": peer_loss, "loss_diff": abs(our_loss - peer_loss),
@@ -169,39 +171,44 @@ def measure_family(args: argparse.Namespace, family: str) -> tuple[list[dict], d
   sanity["agree"] = max(sanity["loss_diff"], sanity["logits_diff"], sanity["hidden_diff"]) <= SANITY_TOLERANCE
   peer.examples_per_step = ours.examples_per_step
   peer.tokens_per_step, peer.flops_per_token = ours.tokens_per_step, ours.flops_per_token
-  rows, _, _ = common.measure([ours, peer], args)
   described = (f"{family}: {task.hf_architecture} shape L={c.num_hidden_layers} H={c.hidden_size} "
                f"heads={c.num_attention_heads} I={c.intermediate_size} V={c.vocab_size} seq={args.seq_len} "
                f"batch={args.batch} dropout={c.hidden_dropout_prob}/{config.classifier_dropout_prob} "
                f"unroll={scan_unroll(c)} flat_matmuls={flat_matmuls(c)} "
                f"optimizer={config.train.optimizer} lr={config.train.learning_rate}")
-  return rows, sanity, described
+  print(described, flush=True)
+  return ours, peer, sanity, described
 
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
   threads = args.threads or common.cpu_threads()
-  rows, sanity, described = [], [], {}
+  runners, sanity, described = [], [], {}
   for family in args.model:
-    family_rows, family_sanity, described[family] = measure_family(args, family)
-    print(described[family], flush=True)
-    rows += family_rows
+    ours, peer, family_sanity, described[family] = family_runners(args, family)
+    runners += [ours, peer]
     sanity.append(family_sanity)
-    gc.collect()
+  if args.matmul_size:
+    runners += [common.Matmul(args.matmul_size, "jax"), common.Matmul(args.matmul_size, "torch")]
+  rows, peak, source = common.measure(runners, args)
   by_name = {row["name"]: row for row in rows}
   ratios = {family: by_name[f"peer_{family}"]["median_s"] / by_name[f"ours_{family}"]["median_s"]
             for family in args.model}
   common.print_table(common.table_rows(rows), common.STEP_COLUMNS,
                      f"fine-tuning step ({TASK}), {args.steps} timed steps per runner, interleaved in blocks of "
-                     f"{args.block}; {threads} threads each")
+                     f"{args.block}; {threads} threads each; MFU vs {source}")
   for family, ratio in ratios.items():
     print(f"{family}: ours {ratio:.2f}x the peer's examples/s", flush=True)
+  for row in rows:
+    if row.get("fraction_of_matmul") is not None:
+      print(f"{row['name']}: {row['fraction_of_matmul']:.1%} of the measured jnp.dot rate", flush=True)
   common.print_table(sanity, (("sanity, no dropout", "model", ""), ("ours' loss", "ours_loss", ".6f"),
                               ("peer's loss", "peer_loss", ".6f"), ("loss |diff|", "loss_diff", ".1e"),
                               ("logits max |diff|", "logits_diff", ".1e"),
                               ("hidden states max |diff|", "hidden_diff", ".1e"), ("agree", "agree", "")))
   payload = {"task": TASK, "batch": args.batch, "seq_len": args.seq_len, "threads": threads, "models": described,
-             "rows": rows, "ratios": ratios, "sanity": sanity, "sanity_tolerance": SANITY_TOLERANCE,
+             "peak_flops": peak, "peak_source": source, "rows": rows, "ratios": ratios, "sanity": sanity,
+             "sanity_tolerance": SANITY_TOLERANCE,
              "notes": ["ratio: the peer's median step time over ours (ours' examples/s over the peer's)",
                        "FLOPs: the encoder's (flops.encoder_train_flops_per_token) for both; the heads are not "
                        "credited", "the peer is eager PyTorch (no torch.compile) in float32"]}

@@ -9,7 +9,7 @@ from bench import finetune_step
 from tests.test_bench import ROW_FIELDS, bench
 
 TINY = ["--layers", "2", "--hidden-size", "64", "--seq-len", "32", "--batch", "4", "--steps", "2", "--warmup", "1",
-        "--block", "1"]
+        "--block", "1", "--matmul-size", "256"]
 
 
 @pytest.mark.parametrize("family, head, released", [
@@ -54,11 +54,15 @@ def test_an_unknown_model_is_refused_naming_the_families(capsys):
 def test_both_families_run_against_transformers_from_the_same_weights(tmp_path):
   out, record = bench("finetune_step", *TINY, results=tmp_path)
   rows = {row["name"]: row for row in record["rows"]}
-  assert list(rows) == ["ours_bert", "peer_bert", "ours_roberta", "peer_roberta"]
-  for name, row in rows.items():
-    assert ROW_FIELDS - {"compiled_memory_bytes", "mfu"} <= set(row), row
+  assert list(rows) == ["ours_bert", "peer_bert", "ours_roberta", "peer_roberta", "matmul_jax", "matmul_torch"]
+  for name in ("ours_bert", "peer_bert", "ours_roberta", "peer_roberta"):
+    row = rows[name]
+    assert ROW_FIELDS - {"compiled_memory_bytes"} <= set(row), row
     assert row["steps"] == 2 and row["examples_per_s"] == pytest.approx(4 / row["median_s"])
     assert row["tokens_per_s"] == pytest.approx(4 * 32 / row["median_s"])
+    assert row["mfu"] == pytest.approx(row["fraction_of_matmul"]) and row["mfu"] > 0
+  assert record["peak_source"].startswith("measured")
+  assert record["peak_flops"] == pytest.approx(rows["matmul_jax"]["tflops_per_s"] * 1e12)
   assert rows["ours_bert"]["compiled_memory_bytes"] > 0
   assert record["ratios"] == {family: pytest.approx(rows[f"peer_{family}"]["median_s"] / rows[f"ours_{family}"]
                                                     ["median_s"]) for family in ("bert", "roberta")}
@@ -70,4 +74,5 @@ def test_both_families_run_against_transformers_from_the_same_weights(tmp_path):
     assert sanity["agree"] and sanity["ours_loss"] > 0, sanity
     assert max(sanity["loss_diff"], sanity["logits_diff"], sanity["hidden_diff"]) <= 1e-4, sanity
     assert sanity["ours_loss"] == pytest.approx(sanity["peer_loss"], abs=1e-4)
+  assert "ours_bert: " in out and "of the measured jnp.dot rate" in out
   assert "bert: ours" in out and "x the peer's examples/s" in out and "hidden states max |diff|" in out
