@@ -213,13 +213,16 @@ def step_memory_bytes(config: ml_collections.ConfigDict) -> int | None:
 class Ours:
   """The real train step, built as `loop.fit` builds it (`engine.setup`): the configured optimizer (LAMB by
   default), the state sharded by the logical rules and donated to one jitted step that accumulates micro batches. Fed device-resident
-  synthetic batches unless `step(batch)` gets one. Compile time is measured apart (lower + compile)."""
+  synthetic batches unless `step(batch)` gets one. Compile time is measured apart (lower + compile).
+  `job` and `host_batches` (two or more) step another job than pretraining's, on its own batches."""
 
-  def __init__(self, config: ml_collections.ConfigDict, name: str = "ours"):
+  def __init__(self, config: ml_collections.ConfigDict, name: str = "ours", job: engine.Job | None = None,
+               host_batches: Sequence[dict[str, np.ndarray]] = ()):
     self.name, self.config = name, config
-    self.setup = s = build_step(config)
+    self.setup = s = engine.setup(config, job) if job else build_step(config)
     self.batch_sharding = s.batch_sharding
-    synthetic = pretrain.SyntheticBatches(config.data, s.split, config.model.vocab_size, config.seed)
+    synthetic = iter(host_batches) if job else pretrain.SyntheticBatches(config.data, s.split,
+                                                                         config.model.vocab_size, config.seed)
     self.host_example = next(synthetic)
     self.examples_per_step = s.split.global_batch
     self.tokens_per_step = s.split.global_batch * s.job.tokens_per_example
