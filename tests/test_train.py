@@ -1,5 +1,6 @@
 """Training engine: optimizer vs the reference formula, accumulation, resume after kill -9, SIGTERM, 1 vs 8 devices,
 2 processes vs 1, and clear errors for bad configs."""
+import functools
 import json
 import logging
 import os
@@ -25,9 +26,13 @@ from albert_jax import checkpointing, compilation_cache, compile_stats, engine, 
 from albert_jax.model import AlbertForPreTraining
 from albert_jax.model_config import model_config_for, model_config_from
 from experiments import common
-from tests.helpers import (REPO, SMALL_RUN, assert_trees_equal, final_params, logged, prepared_run,
-                           pretrain_cli as cli, small_tmpfs)
+from tests.helpers import (REPO, SMALL_RUN, assert_trees_equal, final_params, logged, prepared_run, pretrain_cli,
+                           small_tmpfs)
 from tests.processes import Launch, communicate_all, free_port, records
+
+# XLA at -O0 (tests.helpers.cpu_env): the runs here are compared only with one another, or with values that do not
+# depend on how a step is compiled.
+cli = functools.partial(pretrain_cli, fast_compile=True)
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
