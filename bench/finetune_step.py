@@ -149,7 +149,7 @@ def family_runners(args: argparse.Namespace, family: str) -> tuple[common.Ours, 
   config = fine_tuning_config(args, family)
   c = model_config_from(config)
   task = get_task(config)
-  job = finetune.make_job(config, task, task.build_model(c))
+  job = finetune.make_job(task, task.build_model(c))
   job = dataclasses.replace(job, flops_per_token=flops.encoder_train_flops_per_token(c, args.seq_len))
   batches = host_batches(config)
   ours = common.Ours(config, f"ours_{family}", job, batches)
