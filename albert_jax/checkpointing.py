@@ -12,11 +12,9 @@ save at the next step boundary. The loader states are read back whatever process
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
-import re
 import threading
 import traceback
 import time
@@ -30,7 +28,8 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from albert_jax import storage
-from albert_jax.errors import EnvironmentUserError, InputError, MissingFileError, UserError
+from albert_jax.data_states import DataStates, read_data_states
+from albert_jax.errors import EnvironmentUserError, MissingFileError, UserError
 
 
 class SaveError(UserError, RuntimeError):
@@ -125,39 +124,6 @@ def without_reports_said_in_one_line(hook: Callable) -> Callable:
       hook(unraisable)
   return unraisablehook
 
-
-
-@dataclasses.dataclass
-class DataStates:
-  """The loader states of a checkpoint's `data` item: `states[i]` is process i's, of the `process_count` processes
-  that wrote it (only this process's is read when the count is unchanged)."""
-  process_count: int
-  states: dict[int, Any]
-
-
-_DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
-
-
-def read_data_states(directory: str) -> DataStates:
-  """The states in a step's `data` item, written by grain's handler as `process_<i>-of-<n>.json`. A missing or
-  garbled file raises (damage); files written by another process count are read, not refused: whether they fit
-  this run is the loop's decision."""
-  data = storage.path(directory)
-  index, count = jax.process_index(), jax.process_count()
-  own = data / f"process_{index}-of-{count}.json"
-  if own.exists():
-    return DataStates(count, {index: json.loads(own.read_text())})
-  found = [tuple(map(int, m.groups())) for m in (_DATA_FILE.fullmatch(p.name) for p in data.iterdir()) if m]
-  counts = {n for _, n in found}
-  if len(counts) != 1:
-    raise InputError(f"{data} holds no loader state of process {index} of {count}"
-                     f"{' and states of several process counts' if counts else ''}.")
-  (written,) = counts
-  missing = sorted(set(range(written)) - {i for i, _ in found})
-  if missing:
-    raise InputError(f"{data} lacks the loader state of process {missing[0]} of the {written} that wrote it.")
-  return DataStates(written, {i: json.loads((data / f"process_{i}-of-{written}.json").read_text())
-                              for i in range(written)})
 
 
 class _Failed:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from albert_jax import engine, feature_batches, storage
+from albert_jax import engine, feature_batches, prediction, storage
 from albert_jax.errors import EnvironmentUserError, InputError
 from albert_jax.model import AlbertModel
 from albert_jax.run import Run, provenance
@@ -78,8 +78,8 @@ def embed(config, run: Run, args, kind) -> None:
   backbone = AlbertModel(model_config)
   s = engine.setup(config, kind.embedding_job(config, backbone))
   with s.context():
-    outputs = feature_batches.predict_features(embed_fn(backbone, args.pooling), s.replicate(encoder), features,
-                                               s, f"embedding {args.input}", feature_batches.length_buckets(config))
+    outputs = prediction.predict_features(embed_fn(backbone, args.pooling), s.replicate(encoder), features, s,
+                                          f"embedding {args.input}", feature_batches.length_buckets(config))
   if jax.process_index() == 0:
     _write_npy(args.output, outputs["embedding"].astype(np.float32))
     print(f"Wrote {args.pooling} embeddings {outputs['embedding'].shape} of {args.input} ({which}) to {args.output}",

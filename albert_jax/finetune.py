@@ -15,9 +15,9 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 
-from albert_jax import console, engine, loop, prediction_rows, storage
+from albert_jax import console, engine, loop, prediction, storage
 from albert_jax.errors import InputError
-from albert_jax.feature_batches import length_buckets, predict_features, training_batches
+from albert_jax.feature_batches import length_buckets, training_batches
 from albert_jax.head_identity import (check_head_trained_for, check_identity, describe, head_trained_for,
                                       task_for_weights)
 from albert_jax.model_config import model_config_from
@@ -28,19 +28,6 @@ from albert_jax.run.lock import WorkdirLock
 from albert_jax.tasks import Split, get_task, make_tokenizer
 from albert_jax.weights import loading, store
 from albert_jax.weights.resolve import Weights, resolve, resolve_init_checkpoint
-
-
-def evaluate_splits(task, model, params, splits: dict[str, Split], s: engine.Setup, lengths: tuple[int, ...]):
-  """Scores every eval split in batches cut to `lengths`; returns (flat metrics, {split: (split, predictions)})."""
-  metrics, predictions = {}, {}
-  for name, split in splits.items():
-    outputs = predict_features(task.predictor(model), params, split.features, s, lengths=lengths)
-    split_predictions = task.postprocess(split, outputs)
-    scores = task.score(split, split_predictions)
-    prefix = "" if name == "dev" else f"{name}/"
-    metrics.update({f"{prefix}{k}": float(v) for k, v in scores.items()})
-    predictions[name] = (split, split_predictions)
-  return metrics, predictions
 
 
 def _warm_start(config, task, model, weights: Weights | None):
@@ -103,61 +90,24 @@ def _task_and_model(config, weights: Weights | None = None, warm_start: bool = F
   return task, tokenizer, model_config, task.build_model(model_config, tokenizer.pair_layout)
 
 
-def predict_split_file(config, run: Run, task, model, params, split: Split, output: str | None = None,
-                       label: str | None = None) -> str:
-  """Predictions for a whole split (the unlabelled test set, the user's own file) written to `output`, by default
-  into the run's folder under the benchmark's file name; `label`: the progress line's (default: the split's name)."""
-  s = engine.setup(config, make_job(task, model))
-  with s.context():
-    outputs = predict_features(task.predictor(model), s.replicate(params), split.features, s,
-                               label or f"predicting split {split.name}", length_buckets(config, task))
-    path = output or run.predictions(task.submission_name(split.name))
-    if jax.process_index() == 0:
-      prediction_rows.write(task, split, outputs, path)
-  return path
-
-
 def train(config, run: Run, args=None) -> None:
-  """`--mode=train`: fine-tunes from init_checkpoint's weights (`_fine_tune`), or with train.num_train_steps=0 (a
-  prediction-only task: GLUE AX uses the MNLI model as it is) predicts the test split with them (`_predict_test`)."""
+  """`--mode=train`: fine-tunes from init_checkpoint's weights, keeps the best dev checkpoint, then predicts the test
+  splits with it."""
   weights = resolve_init_checkpoint(config, args and args.overrides)
   config = weights.config if weights else config
   if config.train.eval_batches:  # the metrics (SQuAD's, RACE's, MCC, F1) are defined over the whole split
     raise InputError(f"train.eval_batches={config.train.eval_batches} limits pretraining's held-out evaluation; "
                      "fine-tuning scores the whole dev split. Leave it at 0; to evaluate less often, raise "
                      "train.eval_every.")
-  trains = config.train.num_train_steps > 0
-  if trains:
-    engine.check_training_config(config)  # before head.json or anything is written
-  task, tokenizer, model_config, model = _task_and_model(config, weights, warm_start=trains)
-  if trains:
-    _fine_tune(config, run, weights, task, tokenizer, model_config, model)
-  else:
-    _predict_test(config, run, weights, task, tokenizer, model)
-
-
-def _predict_test(config, run: Run, weights: Weights | None, task, tokenizer, model) -> None:
-  """The test split predicted with `weights` as they are, refused unless their head was trained for the task."""
-  if weights is None:
-    raise InputError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
-                     "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
-  check_head_trained_for(task, weights.head, f"{weights.flag}={weights.path}")  # refused, naming both and the fix
-  params = loading.merge_init_params(
-      jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))), weights.params, required_prefix="",
-      head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
-               "to that run's workdir (for AX, the MNLI run's).")[0]
-  path = predict_split_file(config, run, task, model, params, task.load_split("test", tokenizer))
-  print(f"Wrote {path}", flush=True)
-
-
-def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model_config, model) -> None:
-  """Fine-tunes, keeps the best dev checkpoint, then predicts the test splits with it."""
+  engine.check_training_config(config)  # before head.json or anything is written
+  task, tokenizer, model_config, model = _task_and_model(config, weights, warm_start=True)
   train_split = task.load_split("train", tokenizer)
   dev_splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
   # Read now, so that a bad test file stops the run before training rather than after it.
   test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
                  if storage.path(task.split_path(name)).exists()]
   lengths = length_buckets(config, task)
+
   inputs = provenance.fine_tuning_inputs(config, task)  # checked by a resume, recorded with the run's config
   warm_start = _warm_start(config, task, model, weights)  # weights refused before the workdir is written
   with WorkdirLock(run, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
@@ -167,6 +117,7 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
       provenance.check_resume(run, inputs, config)
     keeper = BestKeeper(run, task, model_config, start, config.train.get("early_stopping_patience", 0),
                         config.train.eval_every)
+    stopped_early = keeper.stops_early(start)  # a rerun of a run that stopped early trains no further
     if jax.process_index() == 0:
       storage.write_atomic(run.head, json.dumps(task.identity(), indent=2))
 
@@ -174,7 +125,7 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
     return training_batches(train_split.features, lengths, split, config.seed)
 
   def score_dev(step, params, s, writer):
-    metrics, predictions = evaluate_splits(task, model, params, dev_splits, s, lengths)
+    metrics, predictions = prediction.evaluate_splits(task, model, params, dev_splits, s, lengths)
     writer.write(step, metrics, "dev/")
     keeper.update(step, metrics, params, predictions)
     if jax.process_index() == 0:
@@ -183,17 +134,21 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
             flush=True)
     return keeper.stops_early(step)
 
-  if not keeper.stops_early(start):  # a rerun of a run that stopped early trains no further
-    loop.fit(config, run, make_job(task, model, train_batches, score_dev, warm_start, inputs))
+  job = make_job(task, model, train_batches, score_dev, warm_start, inputs)
+  if not stopped_early:
+    loop.fit(config, run, job)
   best = keeper.record  # the same on every process, without waiting for process 0's best.json
   if best is None:
     return
   if test_splits:
-    params = store.load_pretrained(best["weights"])[1]
     task.use_tuning(best["weights"])
-  for split in test_splits:
-    print(f"Test predictions (best checkpoint): {predict_split_file(config, run, task, model, params, split)}",
-          flush=True)
+    s = engine.setup(config, job)
+    with s.context():
+      params = s.replicate(store.load_pretrained(best["weights"])[1])
+      for split in test_splits:
+        path = prediction.predict_split_file(s, task, model, params, split,
+                                             run.predictions(task.submission_name(split.name)), lengths)
+        print(f"Test predictions (best checkpoint): {path}", flush=True)
   print(json.dumps(best), flush=True)
   workdir, python = run.workdir, console.python()
   prefix = workdir.rstrip('/')
@@ -201,6 +156,36 @@ def _fine_tune(config, run: Run, weights: Weights | None, task, tokenizer, model
                    f"{python} -m albert_jax.main --workdir {workdir} --mode=predict --split=dev "
                    f"--output={prefix}_dev.tsv && {python} -m albert_jax.convert --to=hf --src={workdir} "
                    f"--dst={prefix}_hf")
+
+
+def predict_test(config, run: Run, args=None) -> None:
+  """`--mode=train` with train.num_train_steps=0, a prediction-only task (GLUE AX uses the MNLI model as it is):
+  the test split predicted with init_checkpoint's weights as they are, refused unless their head was trained for
+  the task."""
+  weights = resolve_init_checkpoint(config, args and args.overrides)
+  if weights is None:
+    raise InputError("num_train_steps=0 predicts with an already fine-tuned model: set --config.init_checkpoint "
+                     "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
+  config = weights.config
+  task, tokenizer, _, model = _task_and_model(config, weights)
+  check_head_trained_for(task, weights.head, f"{weights.flag}={weights.path}")  # refused, naming both and the fix
+  params = loading.merge_init_params(
+      jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))), weights.params, required_prefix="",
+      head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "
+               "to that run's workdir (for AX, the MNLI run's).")[0]
+  print(f"Wrote {_predict_split(config, run, task, model, params, task.load_split('test', tokenizer))}", flush=True)
+
+
+def _predict_split(config, run: Run, task, model, params, split: Split, output: str | None = None,
+                   label: str | None = None) -> str:
+  """`predict_split_file` of one split with `params` (host arrays), into `output`, by default into the run's folder
+  under the benchmark's file name."""
+  s = engine.setup(config, make_job(task, model))
+  with s.context():
+    path = prediction.predict_split_file(s, task, model, s.replicate(params), split,
+                                         output or run.predictions(task.submission_name(split.name)),
+                                         length_buckets(config, task), label)
+  return path
 
 
 def _trained_params(config, run: Run, weights: Weights, task, model, splits: tuple[str, ...] = ()):
@@ -230,8 +215,8 @@ def evaluate(config, run: Run, args=None) -> None:
   s = engine.setup(config, make_job(task, model))
   with s.context():
     splits = {name: task.load_split(name, tokenizer) for name in task.eval_splits}
-    metrics, predictions = evaluate_splits(task, model, s.replicate(params), splits, s,
-                                           length_buckets(config, task))
+    metrics, predictions = prediction.evaluate_splits(task, model, s.replicate(params), splits, s,
+                                                      length_buckets(config, task))
     if jax.process_index() == 0:
       for name, (split, split_predictions) in predictions.items():
         file_name = task.predictions_name(name)
@@ -251,14 +236,13 @@ def predict(config, run: Run, args) -> None:
   config = weights.config
   task, tokenizer, _, model = _task_and_model(config, weights)
   if output_path:
-    prediction_rows.check_output(task, output_path)
+    prediction.check_output(task, output_path)
   params, which = _trained_params(config, run, weights, task, model)
   if args.split:
-    path = predict_split_file(config, run, task, model, params, task.load_split(args.split, tokenizer),
-                              output_path)
+    path = _predict_split(config, run, task, model, params, task.load_split(args.split, tokenizer), output_path)
     print(f"Wrote predictions for split {args.split} ({which}) to {path}", flush=True)
     return
   split = task.read_user_file(input_path, tokenizer)
-  predict_split_file(config, run, task, model, params, split, output_path, f"predicting {input_path}")
+  _predict_split(config, run, task, model, params, split, output_path, f"predicting {input_path}")
   if jax.process_index() == 0:
     print(f"Wrote predictions for {len(split.examples)} examples ({which}) to {output_path}", flush=True)

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from albert_jax import checkpointing, console, engine, families, flops, loop, storage
+from albert_jax import checkpointing, console, engine, families, flops, loop, metrics as metrics_lib, storage
 from albert_jax.errors import InputError, MissingFileError
 from albert_jax.model import AlbertForPreTraining, dummy_inputs
 from albert_jax.model_config import model_config_from
@@ -354,7 +354,7 @@ def evaluate(config, s: engine.Setup, params) -> dict[str, float]:
   eval_iter = s.job.batches("eval", s.split)
   total: dict[str, float] = {}
   for _ in range(config.train.eval_batches):
-    total = loop.add(total, loop.fetch(s.eval_step(params, s.global_batch(next(eval_iter)))))
+    total = metrics_lib.add(total, metrics_lib.fetch(s.eval_step(params, s.global_batch(next(eval_iter)))))
   metrics = s.job.summarize(total, config.train.eval_batches)
   if "sentence_positives" in total:
     positives = total["sentence_positives"] / total["examples"]

@@ -75,7 +75,7 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
 def score(study: ps.Study, run: PilotRun, steps: tuple[int, ...]) -> list[dict[str, float]]:
   """The held-out scores of each of `steps` that the run has a checkpoint for."""
   import jax
-  from albert_jax import checkpointing, engine, loop
+  from albert_jax import checkpointing, engine, metrics as metrics_lib
   from albert_jax.families import electra_pretraining as electra
   from albert_jax.run import Run
   from data_pipeline.tokenization import Tokenizer
@@ -97,7 +97,7 @@ def score(study: ps.Study, run: PilotRun, steps: tuple[int, ...]) -> list[dict[s
         mlm_logits, disc_logits, replaced = forward(params, batch, jax.random.key(i))
         _, batch_sums = electra.electra_objective(mlm_logits, disc_logits, replaced, batch,
                                                   electra.electra_totals(batch), weight)
-        sums = loop.add(sums, loop.fetch(batch_sums))
+        sums = metrics_lib.add(sums, metrics_lib.fetch(batch_sums))
         kept = (host_batch["attention_mask"] > 0) & ~np.isin(host_batch["input_ids"],
                                                              (tokenizer.cls_id, tokenizer.sep_id))
         scores.append(np.asarray(disc_logits)[kept])

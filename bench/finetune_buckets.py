@@ -113,7 +113,7 @@ def train_run(workdir: str, buckets_spec: str, args: argparse.Namespace) -> dict
 
 
 def prediction_check(weights: str, args: argparse.Namespace) -> dict:
-  from albert_jax import engine, feature_batches, finetune
+  from albert_jax import engine, feature_batches, finetune, prediction
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import get_task, make_tokenizer
   from albert_jax.weights import store
@@ -129,8 +129,8 @@ def prediction_check(weights: str, args: argparse.Namespace) -> dict:
     for name, lengths in (("padded", (config.data.max_seq_length,)),
                           ("bucketed", feature_batches.length_buckets(config, task))):
       start = time.perf_counter()
-      logits = feature_batches.predict_features(task.predictor(model), params, split.features, s,
-                                                lengths=lengths)["logits"]
+      logits = prediction.predict_features(task.predictor(model), params, split.features, s,
+                                           lengths=lengths)["logits"]
       probabilities[name] = (jax.nn.softmax(np.asarray(logits, np.float64), -1), time.perf_counter() - start)
   (padded, padded_s), (bucketed, bucketed_s) = probabilities["padded"], probabilities["bucketed"]
   return {"examples": int(len(padded)), "labels_identical": bool((padded.argmax(-1) == bucketed.argmax(-1)).all()),

@@ -145,7 +145,7 @@ def rte_config(root, spm_model, *overrides):
 @pytest.mark.slow
 def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predicts_as_unbucketed(shared_data,
                                                                                                    tmp_path):
-  from albert_jax import engine, feature_batches, finetune
+  from albert_jax import engine, feature_batches, finetune, prediction
   from albert_jax.model_config import model_config_from
   from albert_jax.tasks import get_task, make_tokenizer
   from albert_jax.weights import store
@@ -176,8 +176,8 @@ def test_a_bucketed_run_compiles_one_step_per_bucket_resumes_exactly_and_predict
   weights = json.load(open(tmp_path / "straight" / "best" / "best.json"))["weights"]
   with s.context():
     params = s.replicate(store.load_pretrained(weights)[1])
-    logits = [feature_batches.predict_features(task.predictor(model), params, dev.features, s,
-                                               lengths=lengths)["logits"]
+    logits = [prediction.predict_features(task.predictor(model), params, dev.features, s,
+                                          lengths=lengths)["logits"]
               for lengths in ((128,), feature_batches.length_buckets(config, task))]
   assert len(set(buckets.assign(buckets.row_lengths(dev.features), (32, 64, 128)).tolist())) > 1
   probabilities = [jax.nn.softmax(np.asarray(x, np.float64), -1) for x in logits]

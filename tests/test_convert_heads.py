@@ -154,7 +154,7 @@ def test_glue_reads_a_converted_head_in_its_fixed_order_or_refuses_it(hf, shared
   assert not (tmp_path / "swapped" / "dev_predictions.tsv").exists()
   config.init_checkpoint, config.train.num_train_steps = swapped, 0
   with pytest.raises(ValueError, match=f"init_checkpoint={re.escape(swapped)} holds a head trained for .*fixed"):
-    finetune.train(config, Run(str(tmp_path / "predicted")))  # num_train_steps=0: predicts with the head as it is
+    finetune.predict_test(config, Run(str(tmp_path / "predicted")))  # predicts with the head as it is
 
   task = finetune.get_task(config)
   model = task.build_model(model_config_from(config))

@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from albert_jax import checkpointing, engine, loop, pretrain
+from albert_jax import data_states, engine, pretrain
 from albert_jax.cli import experiment_config
 from albert_jax.errors import InputError
 from albert_jax.run import Run
@@ -176,7 +176,8 @@ def _run_config(path, *overrides):
 def _resume_on_one_process(config, position, tmp_path):
   """A fresh run's batches, put by the loop at `position` as saved by both processes of a 2-process run."""
   batches = pretrain.pretraining_batches(config, "train", engine.BatchSplit(8, 8, 1, 1, 1, 0), Run(str(tmp_path)))
-  loop._resume_data(batches, checkpointing.DataStates(2, {0: position, 1: position}), "Step 3 in ckpt", config)
+  data_states.resume_position(batches, data_states.DataStates(2, {0: position, 1: position}), "Step 3 in ckpt",
+                              config.get("resume_with_changes", False))
   return batches
 
 

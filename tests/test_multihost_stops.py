@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from albert_jax import checkpointing
+from albert_jax import checkpointing, data_states
 from data_pipeline.tiny import ensure_tiny_dataset
 from tests.helpers import REPO, SMALL_RUN, assert_trees_equal, final_params, logged, pretrain_cli
 from tests.processes import communicate_all, free_port
@@ -168,11 +168,10 @@ def test_a_per_process_data_position_is_refused_on_another_process_count_in_one_
 def test_loader_states_of_another_process_count_are_read_and_a_missing_one_is_damage(tmp_path):
   for i in range(2):
     (tmp_path / f"process_{i}-of-2.json").write_text(json.dumps({"step": 4}))
-  assert checkpointing.read_data_states(str(tmp_path)) == checkpointing.DataStates(2, {0: {"step": 4},
-                                                                                       1: {"step": 4}})
+  assert data_states.read_data_states(str(tmp_path)) == data_states.DataStates(2, {0: {"step": 4}, 1: {"step": 4}})
   (tmp_path / "process_1-of-2.json").unlink()
   with pytest.raises(ValueError, match="lacks the loader state of process 1 of the 2 that wrote it"):
-    checkpointing.read_data_states(str(tmp_path))
+    data_states.read_data_states(str(tmp_path))
 
 
 # Two processes, each with its own half of every weight (fsdp over the processes), so each reads its own shards.

@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import engine, feature_batches, finetune
+from albert_jax import engine, finetune, prediction
+from albert_jax.model_config import model_config_from
 from albert_jax.tasks import get_task
 from experiments import glue
 
@@ -21,7 +22,7 @@ def test_prediction_runs_micro_batches_with_identical_outputs():
   config.data.max_seq_length = 16
   config.train.global_batch_size = 16
   task = get_task(config)
-  model = task.build_model(finetune.model_config_from(config))
+  model = task.build_model(model_config_from(config))
   rng = np.random.default_rng(0)
   features = {"input_ids": rng.integers(5, 1000, (23, 16)).astype(np.int32),
               "attention_mask": (np.arange(16) < rng.integers(4, 17, (23, 1))).astype(np.int32),
@@ -32,10 +33,10 @@ def test_prediction_runs_micro_batches_with_identical_outputs():
   for micro, per_device in ((0, 4), (1, 1)):  # 0: the whole global batch at once (4 per device), 1: one row
     config.train.micro_batch_size = micro
     s = _setup(config, task, model)
-    calls[micro] = feature_batches.prediction_split(s.split).global_batch
+    calls[micro] = prediction.prediction_split(s.split).global_batch
     with s.context():
-      outputs[micro] = feature_batches.predict_features(task.predictor(model), s.replicate(host_params),
-                                                        features, s)["logits"]
+      outputs[micro] = prediction.predict_features(task.predictor(model), s.replicate(host_params),
+                                                   features, s)["logits"]
     padded = {k: np.concatenate([v, v[:per_device]]) for k, v in features.items()}  # the last chunk filled up
     reference = np.concatenate([apply(host_params, {k: v[i:i + per_device] for k, v in padded.items()})["logits"]
                                 for i in range(0, 23, per_device)])[:23]
@@ -48,4 +49,4 @@ def test_a_micro_batch_that_does_not_divide_over_processes_is_refused():
   split = engine.BatchSplit(global_batch=12, micro_batch=1, data_parallel=3, accumulation_steps=4, process_count=2,
                             process_index=0)
   with pytest.raises(ValueError, match="do not divide over 2 processes"):
-    feature_batches.prediction_split(split)
+    prediction.prediction_split(split)

@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from albert_jax import prediction_rows
+from albert_jax import prediction
 from albert_jax.errors import InputError
 from tests.helpers import TINY_RUN, finetune_cli, glue_data, spm, squad_task
 
@@ -65,7 +65,7 @@ def test_predict_to_jsonl_writes_every_class_s_probability_and_logit(run):
 
 def test_a_jsonl_output_of_a_task_that_writes_json_is_refused():
   with pytest.raises(InputError) as refused:
-    prediction_rows.check_output(squad_task(1), "/tmp/answers.jsonl")
+    prediction.check_output(squad_task(1), "/tmp/answers.jsonl")
   assert str(refused.value) == ("--output=/tmp/answers.jsonl: squad_v1 predictions are written as .json, not JSON "
                                 "lines; name the output /tmp/answers.json.")
-  prediction_rows.check_output(squad_task(1), "/tmp/answers.json")
+  prediction.check_output(squad_task(1), "/tmp/answers.json")

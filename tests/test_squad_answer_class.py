@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from albert_jax import convert, engine, feature_batches, finetune
+from albert_jax import convert, engine, finetune, prediction
 from albert_jax.model import AlbertModel
+from albert_jax.model_config import model_config_from
 from albert_jax.tasks import get_task
 from albert_jax.tasks.base import Split, TaskSettings, pack
 from albert_jax.tasks.heads import answer_positions
@@ -102,7 +103,7 @@ def _tiny(**overrides):
   config.model.num_hidden_layers = 2
   config.data.update(max_seq_length=16, max_query_length=4, **overrides)
   task = get_task(config)
-  return config, task, task.build_model(finetune.model_config_from(config))
+  return config, task, task.build_model(model_config_from(config))
 
 
 def _batch():
@@ -199,7 +200,7 @@ def test_prediction_is_the_same_at_every_micro_batch():
     config.train.micro_batch_size = micro
     s = engine.setup(config, finetune.make_job(task, model), devices=jax.devices()[:4])
     with s.context():
-      outputs = feature_batches.predict_features(task.predictor(model), s.replicate(params), features, s)
+      outputs = prediction.predict_features(task.predictor(model), s.replicate(params), features, s)
     for name, value in reference.items():
       if value.dtype.kind == "i":
         np.testing.assert_array_equal(outputs[name], value)

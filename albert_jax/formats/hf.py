@@ -181,10 +181,11 @@ def converted(value: str, revision: str = "", flag: str = "init_checkpoint",
   """Our pretrained-weights folder for a Hugging Face folder or Hub name `value`, converted into
   `hf_hub.cache_dir()` on first use and read from there after; None when `value` is ours (a converted folder, a
   run), read as it is."""
+  hub_name = hf_hub.is_hub_name(value)
   folder = hf_hub.hf_folder(value, revision, flag, revision_flag)
   if folder is None:
     return None
-  if hf_hub.is_hub_name(value):  # a Hub snapshot folder is named after its commit
+  if hub_name:  # a Hub snapshot folder is named after its commit
     from huggingface_hub.file_download import repo_folder_name
     commit = os.path.basename(folder)
     target, origin = os.path.join(hf_hub.cache_dir(), repo_folder_name(repo_id=value, repo_type="model"), commit), (

@@ -117,8 +117,8 @@ def check_reader(run: Run | None, who: str, config, inputs: dict[str, str] | Non
   other `inputs` given): refused when the run recorded other bytes for them, `accept_changed_inputs` accepting the
   change."""
   if run is not None:
-    check(who, recorded(run), fingerprint(inputs or {TOKENIZER: tokenizer_of(config)}), config,
-          "accept_changed_inputs")
+    inputs = inputs or {TOKENIZER: tokenizer_of(config)}
+    check(who, recorded(run), fingerprint(inputs), config, "accept_changed_inputs")
 
 
 def check_export(run: Run | None, who: str, tokenizer: str) -> None:

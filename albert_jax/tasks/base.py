@@ -309,7 +309,7 @@ class Task(abc.ABC):
     ...
 
   def predictor(self, model):
-    """`predict_step` as a function of (params, batch), what `feature_batches.predict_features` runs."""
+    """`predict_step` as a function of (params, batch), what `prediction.predict_features` runs."""
     return lambda params, batch: self.predict_step(model, params, batch)
 
   # --- outputs --------------------------------------------------------------------------------------------
