@@ -66,8 +66,8 @@ def embed(config, run: Run, args, kind) -> None:
   max_len = config.data.max_seq_length
   model_config.check_seq_length(max_len)
   # Only the backbone is used, so a fine-tuning run's head (its task, its classes) does not matter here.
-  provenance.check_reader(weights.run, f"{name}={weights.path}", config)
-  which = weights.origin
+  provenance.check_reader(weights.run, weights.named, config)
+  which = weights.named
   encoder = kind.backbone_params(weights.params, which)
   texts = [line for _, line in text_lines(args.input)]  # a CR-only file is refused, not embedded as one text
   if texts[-1] == "":  # the newline that ends the last line starts no text

@@ -42,11 +42,11 @@ def _warm_start(config, task, model, weights: Weights | None):
     raise InputError("No pretrained weights: set --config.init_checkpoint=DIR (an `albert_jax.convert` output or a "
                      "pretraining workdir). Fine-tuning from random weights silently gives useless scores "
                      "(google-research/albert#132); pass --config.allow_random_init=True if that is intended.")
-  provenance.check_reader(weights.run, f"{weights.flag}={weights.path}", config)
+  provenance.check_reader(weights.run, weights.named, config)
   loaded = weights.params
   if set(loaded) - {"albert"} and not head_trained_for(task, weights.head):
     if jax.process_index() == 0:
-      print(f"{weights.flag}={weights.path} holds a head trained for {describe(weights.head)}, not for "
+      print(f"{weights.named} holds a head trained for {describe(weights.head)}, not for "
             f"this run's {describe(task.identity())}: it starts afresh.", flush=True)
     loaded = {"albert": loaded["albert"]}
   return loading.warm_start(loaded, lambda rng: task.init_params(model, rng))
@@ -168,7 +168,7 @@ def predict_test(config, run: Run, args=None) -> None:
                      "to it (for AX, the MNLI run's workdir: its best checkpoint is used).")
   config = weights.config
   task, tokenizer, _, model = _task_and_model(config, weights)
-  check_head_trained_for(task, weights.head, f"{weights.flag}={weights.path}")  # refused, naming both and the fix
+  check_head_trained_for(task, weights.head, weights.named)  # refused, naming both and the fix
   params = loading.merge_init_params(
       jax.device_get(nn.unbox(task.init_params(model, jax.random.key(0)))), weights.params, required_prefix="",
       head_fix="num_train_steps=0 predicts with a model fine-tuned for this task: set --config.init_checkpoint "

@@ -222,8 +222,8 @@ def check_head_trained_for(task, recorded: dict | None, where: str) -> None:
 SHAPELESS_FIELDS = ("num_attention_heads", "num_hidden_layers", "hidden_act", "layer_norm_eps", "position_offset")
 
 
-def check_same_model(saved: Mapping[str, Any] | None, model: Mapping[str, Any], path: str, name: str) -> None:
-  """Refuses weights at `path` whose recorded model `saved` differs from `model` (the config.model they are about
+def check_same_model(saved: Mapping[str, Any] | None, model: Mapping[str, Any], who: str) -> None:
+  """Refuses weights (named in the message as `who`: `flag=value`) whose recorded model `saved` differs from `model` (the config.model they are about
   to be loaded into) in a field that fixes their parameter tree (`run.config.SHAPE_FIELDS`: sizes, vocabulary,
   sharing, layer groups, the embedding projection) or what no weight shape shows (`SHAPELESS_FIELDS`): loaded,
   their layers would be dropped, reused or misfit, or compute another function. Each field is named with the
@@ -231,7 +231,7 @@ def check_same_model(saved: Mapping[str, Any] | None, model: Mapping[str, Any], 
   fields = [k for k in dict.fromkeys(SHAPE_FIELDS + SHAPELESS_FIELDS) if saved and k in saved]
   diffs = {k: (_meaning(saved, k), _meaning(model, k)) for k in fields if _differs(saved, model, k)}
   if diffs:
-    raise InputError(f"{name}={path} was saved with " + ", ".join(
+    raise InputError(f"{who} was saved with " + ", ".join(
         f"model.{k}={a!r} but this run has {b!r}" for k, (a, b) in diffs.items()) + "; loaded into this run's "
         "model, the weights would lose, reuse or misfit layers, or compute a different function. Pass " +
         " ".join(f"--config.model.{k}={a}" for k, (a, _) in diffs.items()) + ".")

@@ -183,8 +183,8 @@ class FineTuning(EncoderJob):
   def train(self, run: Run, args: RunArgs | None = None) -> None:
     from albert_jax import finetune
     # train.num_train_steps=0: a prediction-only task (GLUE AX uses the MNLI model as it is)
-    fine_tunes = self.config.train.num_train_steps > 0
-    (finetune.train if fine_tunes else finetune.predict_test)(self.config, run, args)
+    predicts = self.config.train.num_train_steps == 0
+    (finetune.predict_test if predicts else finetune.train)(self.config, run, args)
 
   def evaluate(self, run: Run, args: RunArgs | None = None) -> None:
     from albert_jax import finetune

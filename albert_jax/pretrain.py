@@ -297,7 +297,7 @@ def check_data_tokenizer(config: ml_collections.ConfigDict, weights) -> None:
   model_file, manifest = weights.tokenizer[0], records.read_manifest(config.data.path)
   if load_tokenizer(model_file).sha256 != manifest["tokenizer"]["sha256"]:
     prepared_with = manifest["tokenizer"]["model"]
-    raise InputError(f"{weights.flag}={weights.path} was trained with the tokenizer {model_file}, but the data at "
+    raise InputError(f"{weights.named} was trained with the tokenizer {model_file}, but the data at "
                      f"{config.data.path} was prepared with another (its copy: {prepared_with}); prepare the corpus "
                      f"with the model's own: python -m data_pipeline.prepare --spm_model={model_file} ...")
 
@@ -322,7 +322,7 @@ def train(config: ml_collections.ConfigDict, run: Run, args=None, job_for=make_j
   config = weights.config if weights else config
   resuming = run_config.latest_step(run) is not None
   if weights and not resuming:  # a warm start; a resume goes on from its own weights
-    provenance.check_reader(weights.run, f"{weights.flag}={weights.path}", config)
+    provenance.check_reader(weights.run, weights.named, config)
     check_data_tokenizer(config, weights)
   check_data(config)
   job = job_for(config, run)

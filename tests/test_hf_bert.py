@@ -3,6 +3,7 @@ transformers' logits, written back with the very tensors it was read from and re
 RoBERTa's positions; the refusals; convert both ways and the family of a run."""
 import importlib
 import json
+import re
 
 import flax.linen as nn
 import jax
@@ -231,6 +232,20 @@ def test_a_roberta_folder_as_init_checkpoint_gives_its_layout_and_its_head(tmp_p
           taken.model.max_position_embeddings) == (2, 1e-5, 1, 22)
   assert taken.data.max_seq_length == 20  # the positions the table holds past the offset
   assert taken.classifier_head == "roberta"
+
+
+def test_a_refusal_names_a_folder_as_given_not_its_conversion(tmp_path, monkeypatch):
+  """Weights read through their conversion are named as the flag gave them: an override that misfits a BERT
+  folder's weights is refused naming the folder, not the cache."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  hf_model(transformers.BertForMaskedLM, sizes=BERT_SIZES).save_pretrained(tmp_path / "bert")
+  config = glue.get_config("task=rte,size=tiny")
+  config.init_checkpoint, config.model.num_attention_heads = str(tmp_path / "bert"), 2
+  weights = resolve_init_checkpoint(config, overrides=("model.num_attention_heads",))
+  assert weights.path.startswith(str(tmp_path / "cache")) and weights.named == f"init_checkpoint={tmp_path / 'bert'}"
+  with pytest.raises(InputError, match=rf"^init_checkpoint={re.escape(str(tmp_path / 'bert'))} was saved with "
+                                       r"model.num_attention_heads=4 but this run has 2; "):
+    weights.params
 
 
 @pytest.mark.slow  # a fine-tuning run and two conversions checked through transformers

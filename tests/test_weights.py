@@ -46,7 +46,7 @@ def test_converted_weights_give_their_family_head_tokenizer_and_origin(tmp_path,
   path = converted(tmp_path / "electra", family=ELECTRA.name, head=HEAD)
   config = glue.get_config("task=rte,size=tiny")
   weights = resolve(path, config, flag="init_checkpoint")
-  assert (weights.path, weights.flag, weights.origin) == (path, "init_checkpoint", f"init_checkpoint {path}")
+  assert (weights.path, weights.flag, weights.named) == (path, "init_checkpoint", f"init_checkpoint={path}")
   assert (weights.family, weights.head) == (ELECTRA, HEAD)
   assert weights.tokenizer == (f"{path}/spiece.model", False)
   # the "auto" head of an ELECTRA backbone is ELECTRA's, said in one line; the rest of a Python config stays

@@ -151,7 +151,7 @@ def to_hf(weights, dst: str, encoder_only: bool = False, spm_model: str | None =
   column = COLUMNS[weights_family(weights, params, head).name]
   max_length = model_config.positions
   if tokenizer:
-    provenance.check_export(weights.run, f"{weights.flag}={weights.path}", tokenizer.model_path)
+    provenance.check_export(weights.run, weights.named, tokenizer.model_path)
     hf_tokenizer.check_tokenizer(tokenizer, model_config.vocab_size, max_length)
   clear()
   fix = f"remove what else --dst={dst} holds and convert again"

@@ -19,14 +19,16 @@ from albert_jax.weights.store import is_pretrained_dir, load_pretrained
 BACKBONE = "albert/"
 
 
-def load_init_params(path: str, name: str = "init_checkpoint", model: Mapping[str, Any] | None = None) -> Any:
+def load_init_params(path: str, name: str = "init_checkpoint", model: Mapping[str, Any] | None = None,
+                     given: str = "") -> Any:
   """Parameters to warm-start from, as host (numpy) arrays, which every process of a multi-host run can place on
   the mesh (`engine.Setup.replicate`): a `convert`/`save_pretrained` directory, or a training workdir: its best dev
   checkpoint when it is a fine-tuning run (the weights its scores were reported with), else its newest one.
-  `name`: what the user passed `path` as, for the messages. `model`: the config.model the params go into, checked
-  first by `check_same_function` (every caller that builds the model from the current config passes it)."""
+  `name`: what the user passed `path` as, for the messages (with `given`, the value it gave where `path` is its
+  conversion). `model`: the config.model the params go into, checked first by `check_same_function` (every caller
+  that builds the model from the current config passes it)."""
   if model is not None:
-    check_same_function(path, model, name)
+    check_same_function(path, model, name, given)
   params = jax.device_get(load_params(path, name))
   family = families.family_of(params)
   if family.run_marker is not None:  # a run whose backbone is one part of what it trained

@@ -29,12 +29,12 @@ from data_pipeline import records, tiny, wordpiece
 PASS_WORKDIR = "pass a training workdir as albert_jax.main wrote it"
 
 
-def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_checkpoint") -> None:
+def check_same_function(path: str, model: Mapping[str, Any], name: str = "init_checkpoint", given: str = "") -> None:
   """Refuses weights at `path` whose recorded model (model_config.json of a converted directory, config.json of a
   training workdir) differs from `model` (the config.model they are about to be loaded into) in a field of their
   parameter tree or one that no weight shape shows (`head_identity.check_same_model`): an override that would load
-  them into another model."""
-  check_same_model(recorded_model(path)[0], model, path, name)
+  them into another model. The refusal names them as `name`=`given` where `path` is the conversion of `given`."""
+  check_same_model(recorded_model(path)[0], model, f"{name}={given or path}")
 
 
 def recorded_model(path: str) -> tuple[dict[str, Any] | None, str]:

@@ -32,7 +32,9 @@ class Weights:
   head they were fine-tuned with (`run.best.recorded_identity`), None for a backbone. `tokenizer`: (model file,
   do_lower_case or None) they were trained with, None where none is recorded. `best`: the best record of the
   fine-tuning run whose folder `path` is (its params are that record's best/step_N), else None. `run`: the training
-  run they come from (`path` itself or WORKDIR of WORKDIR/best/step_N), None for converted weights."""
+  run they come from (`path` itself or WORKDIR of WORKDIR/best/step_N), None for converted weights. `given`: the
+  value the flag gave where `path` is its conversion (a Hugging Face folder or Hub name, a TF1 checkpoint), which
+  messages name; "" otherwise."""
   path: str
   flag: str
   config: ml_collections.ConfigDict
@@ -41,11 +43,13 @@ class Weights:
   tokenizer: tuple[str, bool | None] | None
   best: dict | None = None
   run: Run | None = None
+  given: str = ""
 
   @property
-  def origin(self) -> str:
-    """How messages name them: 'init_checkpoint /path'."""
-    return f"{self.flag} {self.path}"
+  def named(self) -> str:
+    """How messages name them: the flag and the value it was given ('init_checkpoint=bert-base-uncased', not the
+    conversion they are read from)."""
+    return f"{self.flag}={self.given or self.path}"
 
   @property
   def folder(self) -> str:
@@ -59,7 +63,7 @@ class Weights:
   @functools.cached_property
   def params(self) -> Any:
     """The params as host arrays (`loading.load_init_params`), loaded on first use, checked against config.model."""
-    return loading.load_init_params(self.path, self.flag, model=self.config.model)
+    return loading.load_init_params(self.path, self.flag, model=self.config.model, given=self.given)
 
   @functools.cached_property
   def stored_params(self) -> Any:
@@ -98,7 +102,7 @@ def resolve(source: str, config: ml_collections.ConfigDict, overrides: Collectio
     config, said = record.take_recorded(config, recorded, overrides)
     if said:
       record.say(said)
-  return _weights(recorded, flag, config)
+  return _weights(recorded, flag, config, "" if path == source else source)
 
 
 def _through_conversion(source: str, config: ml_collections.ConfigDict, flag: str
@@ -141,8 +145,8 @@ def resolve_ours(source: str, flag: str = "--src") -> Weights:
   return dataclasses.replace(weights, config=ml_collections.ConfigDict(record.recorded_config(weights.folder, flag)))
 
 
-def _weights(recorded: record.Recorded, flag: str, config: ml_collections.ConfigDict) -> Weights:
+def _weights(recorded: record.Recorded, flag: str, config: ml_collections.ConfigDict, given: str = "") -> Weights:
   own = as_run(recorded.path)
   best = read_best(own)
   return Weights(recorded.path, flag, config, recorded.family, recorded_identity(own, best), recorded.tokenizer, best,
-                 run_of_weights(recorded.path))
+                 run_of_weights(recorded.path), given)
