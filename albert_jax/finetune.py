@@ -107,7 +107,6 @@ def train(config, run: Run, args=None) -> None:
   test_splits = [task.load_split(name, tokenizer) for name in task.test_splits
                  if storage.path(task.split_path(name)).exists()]
   lengths = length_buckets(config, task)
-
   inputs = provenance.fine_tuning_inputs(config, task)  # checked by a resume, recorded with the run's config
   warm_start = _warm_start(config, task, model, weights)  # weights refused before the workdir is written
   with WorkdirLock(run, owner=jax.process_index() == 0):  # best/ of a run still going is not ours to prune
@@ -182,10 +181,9 @@ def _predict_split(config, run: Run, task, model, params, split: Split, output: 
   under the benchmark's file name."""
   s = engine.setup(config, make_job(task, model))
   with s.context():
-    path = prediction.predict_split_file(s, task, model, s.replicate(params), split,
+    return prediction.predict_split_file(s, task, model, s.replicate(params), split,
                                          output or run.predictions(task.submission_name(split.name)),
                                          length_buckets(config, task), label)
-  return path
 
 
 def _trained_params(config, run: Run, weights: Weights, task, model, splits: tuple[str, ...] = ()):
