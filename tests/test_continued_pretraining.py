@@ -154,7 +154,8 @@ def test_training_lowers_the_loss_and_a_stopped_run_resumes_exactly(released, tm
 
 
 def test_a_corpus_prepared_with_another_tokenizer_is_refused_before_the_run_starts(released, tmp_path):
-  """The other family's kind of tokenizer, trained on the same corpus."""
+  """The other family's kind of tokenizer, trained on the same corpus: refused naming the folder given and the
+  tokenizer of its conversion, which the data is to be prepared with."""
   family, folder, _, _, _ = released
   tokenizer_file = FAMILIES[family].tokenizer_file
   other = next(spec for name, spec in FAMILIES.items() if name != family)
@@ -168,7 +169,7 @@ def test_a_corpus_prepared_with_another_tokenizer_is_refused_before_the_run_star
     train(folder, family, tmp_path / "run", tmp_path / "prepared")
   converted = next((tmp_path / "cache" / "albert_jax" / "hf" / "folders").iterdir())
   assert str(refused.value) == (
-      f"init_checkpoint={converted} was trained with the tokenizer {converted / tokenizer_file}, but the data at "
+      f"init_checkpoint={folder} was trained with the tokenizer {converted / tokenizer_file}, but the data at "
       f"{tmp_path / 'prepared'} was prepared with another (its copy: {other_file}); prepare the corpus with the "
       f"model's own: python -m data_pipeline.prepare --spm_model={converted / tokenizer_file} ...")
   assert not (tmp_path / "run").exists()
