@@ -28,7 +28,7 @@ _DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 def read_data_states(directory: str) -> DataStates:
   """The states in a step's `data` item, written by grain's handler as `process_<i>-of-<n>.json`. A missing or
   garbled file raises (damage); files written by another process count are read, not refused: whether they fit
-  this run is the loop's decision."""
+  this run is `resume_position`'s decision."""
   data = storage.path(directory)
   index, count = jax.process_index(), jax.process_count()
   own = data / f"process_{index}-of-{count}.json"
