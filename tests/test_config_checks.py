@@ -149,7 +149,8 @@ def test_a_grid_rate_that_is_0_or_infinite_in_float32_is_refused(value, message)
 
 def test_fine_tuning_lengths_and_rates_that_train_nothing_are_refused_before_anything_is_written(shared_data,
                                                                                                   tmp_path):
-  """RTE's pairs need 5 positions, SST-2's single sentences 3; pretraining's rates the same as fine-tuning's."""
+  """RTE's pairs need 5 positions, SST-2's single sentences 3; pretraining's rates the same as fine-tuning's. A
+  step count below 0 is refused (0 alone is a prediction-only task)."""
   data = glue_data(shared_data, "rte", glue_data(shared_data, "sst-2", tmp_path / "glue"))
   glue = lambda task: [f"--config=experiments/glue.py:task={task},size=tiny,data={data},spm={spm(shared_data)}",
                        *TINY_RUN]
@@ -159,6 +160,7 @@ def test_fine_tuning_lengths_and_rates_that_train_nothing_are_refused_before_any
       "sst-2": (glue("sst-2") + ["--config.data.max_seq_length=2"],
                 "data.max_seq_length=2 leaves no room for [CLS] text [SEP]; give --config.data.max_seq_length=3"),
       "rate": (glue("sst-2") + ["--config.train.learning_rate=5e-324"], "train.learning_rate=5e-324 is 0 in"),
+      "steps": (glue("sst-2") + ["--config.train.num_train_steps=-1"], "train.num_train_steps=-1 must be positive"),
       "pretraining": ([PRETRAINING, *SMALL_RUN, "--config.train.learning_rate=1e-45"], "train.learning_rate=1e-45 is "),
   }
   workdirs = {name: tmp_path / name for name in cases}
